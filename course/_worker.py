@@ -1,0 +1,185 @@
+"""One rank: the process `course.launch` starts for each rank.
+
+It joins the process group, runs the cell's function with communication
+recorded, sends the result (or the error) to the parent over its control
+pipe, and waits for the parent's word before it leaves, so that a rank that
+finished early never looks like a crash to a rank still waiting for it.
+"""
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import io
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from course import comm
+
+# The frame of this function marks where the user's code begins, in tracebacks
+# and in stack dumps; the parent trims everything above it.
+USER_ENTRY = "_call_user_function"
+_COURSE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class RankSpec:
+    rank: int
+    world_size: int
+    backend: str
+    device: str
+    store_port: int
+    store_prefix: str
+    collective_timeout: float  # seconds, longer than the parent's deadline
+    num_threads: int
+    payload: bytes  # cloudpickle of (fn, args, kwargs)
+    env: dict = field(default_factory=dict)
+
+
+def main(spec: RankSpec, control, stdout_pipe, stderr_pipe, stack_pipe) -> None:
+    os.setpgid(0, 0)  # own process group: the parent ends us and our children at once
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when ranks stop
+    _redirect_output(stdout_pipe, stderr_pipe)
+    faulthandler.enable(file=sys.stderr)  # a segfault still shows a Python stack
+    faulthandler.register(signal.SIGUSR1, file=stack_pipe.fileno(), all_threads=True)
+    released = threading.Event()
+    threading.Thread(target=_watch_parent, args=(control, released), daemon=True,
+                     name="course-watch-parent").start()
+
+    os.environ.update(spec.env)
+    torch.set_num_threads(spec.num_threads)
+    try:
+        result, log, seconds = _run(spec)
+        try:
+            reply = ("result", _ResultPickler.dumps(result), cloudpickle.dumps(log), seconds)
+        except Exception as error:  # noqa: BLE001 - e.g. a generator, an open file
+            reply = ("error", error_report(error, spec.rank,
+                                           while_doing="sending its return value to the cell"))
+    except BaseException as error:  # noqa: BLE001 - everything goes to the parent
+        reply = ("error", error_report(error, spec.rank))
+    _flush()
+    control.send(reply)
+    released.wait()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _flush()
+
+
+def _run(spec: RankSpec):
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    from course import launch
+    launch._rank_device = device
+    store = dist.TCPStore("127.0.0.1", spec.store_port, None, False,
+                          timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(spec.backend, store=dist.PrefixStore(spec.store_prefix, store),
+                            rank=spec.rank, world_size=spec.world_size,
+                            timeout=datetime.timedelta(seconds=spec.collective_timeout))
+    fn, args, kwargs = cloudpickle.loads(spec.payload)
+    recorder = comm.Recorder(spec.rank, spec.backend)
+    started = time.perf_counter()
+    with recorder.patch():
+        result = _call_user_function(fn, args, kwargs)
+    return result, recorder.log, time.perf_counter() - started
+
+
+def _call_user_function(fn, args, kwargs):
+    return fn(*args, **kwargs)
+
+
+def _watch_parent(control, released: threading.Event) -> None:
+    """Leave when the parent says so, or at once if the parent is gone."""
+    try:
+        while control.recv() != "exit":
+            pass
+        released.set()
+    except (EOFError, OSError):
+        os._exit(70)
+
+
+def _redirect_output(stdout_pipe, stderr_pipe) -> None:
+    """Send fd 1 and 2 (Python's prints and C++ messages alike) to the parent."""
+    for fd, pipe, name in ((1, stdout_pipe, "stdout"), (2, stderr_pipe, "stderr")):
+        os.dup2(pipe.fileno(), fd)
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def error_report(error: BaseException, rank: int, while_doing: str | None = None) -> dict:
+    """What the parent needs to re-raise `error` in the cell: the exception
+    itself if it survives pickling, and its traceback with our frames cut."""
+    summary = traceback.TracebackException.from_exception(error, lookup_lines=False)
+    _trim_to_user_code(summary)
+    report = {"rank": rank, "time": time.time(), "type": type(error).__qualname__,
+              "message": str(error), "while": while_doing, "summary": None, "exception": None,
+              "text": "".join(summary.format())}
+    try:
+        report["summary"] = cloudpickle.dumps(summary)
+    except Exception:  # noqa: BLE001 - the text above still carries the traceback
+        pass
+    try:
+        error.__traceback__ = None
+        report["exception"] = cloudpickle.dumps(error)
+        cloudpickle.loads(report["exception"])
+    except Exception:  # noqa: BLE001 - unpicklable: the parent raises RankError instead
+        report["exception"] = None
+    return report
+
+
+def _trim_to_user_code(summary: traceback.TracebackException) -> None:
+    """Drop the frames of the course's own plumbing from a traceback chain."""
+    todo, seen = [summary], set()
+    while todo:
+        summary = todo.pop()
+        if summary is None or id(summary) in seen:
+            continue
+        seen.add(id(summary))
+        frames = list(summary.stack)
+        names = [f.name for f in frames]
+        if USER_ENTRY in names:
+            frames = frames[names.index(USER_ENTRY) + 1:]
+        frames = [f for f in frames if not f.filename.startswith(_COURSE_DIR)]
+        summary.stack = traceback.StackSummary.from_list(frames)
+        todo += [summary.__cause__, summary.__context__]
+
+
+class _ResultPickler(cloudpickle.Pickler):
+    """Results come back to the cell on the CPU: the cell is not a rank and
+    holds no device of its own."""
+
+    @classmethod
+    def dumps(cls, obj) -> bytes:
+        buffer = io.BytesIO()
+        cls(buffer).dump(obj)
+        return buffer.getvalue()
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
+            on_cpu = obj.detach().cpu()
+            if isinstance(obj, torch.nn.Parameter):
+                on_cpu = torch.nn.Parameter(on_cpu, requires_grad=obj.requires_grad)
+            return _same, (on_cpu,)
+        return super().reducer_override(obj)
+
+
+def _same(obj):
+    return obj

@@ -1,0 +1,84 @@
+"""Which backend and which device each rank gets.
+
+NCCL needs one GPU per rank, so it is chosen only when there are at least as
+many GPUs as ranks. Otherwise the ranks use gloo: on the CPU, or sharing the
+GPUs there are (gloo copies through host memory, NCCL refuses two ranks on
+one GPU).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Placement:
+    backend: str
+    devices: tuple[str, ...]  # one per rank: "cpu" or "cuda:i"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+
+def choose(world_size: int, backend: str | None = None, device: str | None = None,
+           gpu_count: int | None = None) -> Placement:
+    """Backend and per-rank devices for `world_size` ranks on this machine.
+
+    backend: None picks for the machine; "gloo" or "nccl" forces one.
+    device: None picks for the machine; "cpu" keeps every rank on the CPU,
+        "cuda" puts rank i on GPU i % gpu_count.
+    gpu_count: how many GPUs to assume (default: what torch sees).
+    """
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be a positive whole number, got {world_size!r}")
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"backend must be None, 'gloo' or 'nccl', got {backend!r}")
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"device must be None, 'cpu' or 'cuda', got {device!r}")
+    if gpu_count is None:
+        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    if device == "cuda" and gpu_count == 0:
+        raise ValueError("device='cuda' was asked for, but torch sees no GPU on this machine; "
+                         "use device='cpu' (or leave it out)")
+    on_gpu = device == "cuda" or (device is None and gpu_count > 0)
+    if backend == "nccl":
+        if device == "cpu":
+            raise ValueError("NCCL runs on GPUs only; use backend='gloo' for CPU ranks")
+        if gpu_count < world_size:
+            raise ValueError(
+                f"NCCL needs one GPU per rank: {world_size} ranks asked for, "
+                f"{gpu_count} GPU(s) here. Use fewer ranks, or backend='gloo' to let ranks share.")
+    if backend is None:
+        backend = "nccl" if on_gpu and gpu_count >= world_size else "gloo"
+
+    if on_gpu:
+        devices = tuple(f"cuda:{rank % gpu_count}" for rank in range(world_size))
+    else:
+        devices = ("cpu",) * world_size
+    return Placement(backend, devices)
+
+
+# --- already a rank? (torchrun, or inside a course worker) -------------------------
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    """True when this process was started as a rank by torchrun (or any
+    launcher that sets the standard environment variables)."""
+    return all(name in os.environ for name in _TORCHRUN_VARS)
+
+
+def torchrun_placement() -> tuple[int, int, Placement]:
+    """(rank, world_size, placement of this one rank) from torchrun's variables."""
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus > local_rank:
+        return rank, world_size, Placement("nccl", (f"cuda:{local_rank}",))
+    return rank, world_size, Placement("gloo", ("cpu",))

@@ -6,7 +6,8 @@
 """
 from course import comm, transfer
 from course.errors import RankError, RankExited, RankTimeout, RemoteTraceback
-from course.launch import RankResults, device, launch
+from course.launch import RankResults, launch
+from course.placement import device
 
 __all__ = ["launch", "device", "RankResults", "RankError", "RankExited", "RankTimeout",
            "RemoteTraceback", "comm", "transfer"]

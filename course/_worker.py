@@ -22,7 +22,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from course import comm
+from course import comm, placement
 
 # The frame of this function marks where the user's code begins, in tracebacks
 # and in stack dumps; the parent trims everything above it.
@@ -77,8 +77,7 @@ def _run(spec: RankSpec):
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    from course import launch
-    launch._rank_device = device
+    placement.rank_device = device
     store = dist.TCPStore("127.0.0.1", spec.store_port, None, False,
                           timeout=datetime.timedelta(seconds=60))
     dist.init_process_group(spec.backend, store=dist.PrefixStore(spec.store_prefix, store),
@@ -130,12 +129,12 @@ def error_report(error: BaseException, rank: int, while_doing: str | None = None
     summary = traceback.TracebackException.from_exception(error, lookup_lines=False)
     _trim_to_user_code(summary)
     report = {"rank": rank, "time": time.time(), "type": type(error).__qualname__,
-              "message": str(error), "while": while_doing, "summary": None, "exception": None,
-              "text": "".join(summary.format())}
-    try:
+              "message": str(error), "while": while_doing, "summary": None, "exception": None}
+    try:  # before formatting: formatting caches source lines, and ours has no cells
         report["summary"] = cloudpickle.dumps(summary)
-    except Exception:  # noqa: BLE001 - the text above still carries the traceback
+    except Exception:  # noqa: BLE001 - the text below still carries the traceback
         pass
+    report["text"] = "".join(summary.format())
     try:
         error.__traceback__ = None
         report["exception"] = cloudpickle.dumps(error)

@@ -38,18 +38,9 @@ from course import _worker, comm, errors, placement
 from course._output import RankOutput
 from course.errors import RankError, RankExited, RankTimeout
 
-_rank_device: torch.device | None = None  # set inside a rank
 _GRACE = 0.1  # seconds to gather errors raised at the same moment on other ranks
 _PARTNER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe",
                  "connection refused", "communicator was aborted", "socket closed")
-
-
-def device() -> torch.device:
-    """The device of the rank this runs on; outside a rank, the device one
-    process would train on (the GPU if there is one)."""
-    if _rank_device is not None:
-        return _rank_device
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class RankResults(Sequence):
@@ -109,7 +100,7 @@ def launch(fn, world_size: int | None, args=(), kwargs=None, *, backend: str | N
         raise ValueError(f"num_threads must be a positive whole number, got {num_threads!r}")
     if placement.under_torchrun():
         return _launch_in_process(fn, world_size, args, kwargs, num_threads)
-    if _rank_device is not None:
+    if placement.rank_device is not None:
         raise RuntimeError("course.launch was called inside a rank; call the function "
                            "directly there, or launch from the notebook")
     if world_size is None:
@@ -131,15 +122,14 @@ def _name(fn) -> str:
 # --- under torchrun ----------------------------------------------------------------
 
 def _launch_in_process(fn, world_size, args, kwargs, num_threads) -> RankResults:
-    global _rank_device
     rank, size, here = placement.torchrun_placement()
     if world_size is not None and world_size != size:
         raise ValueError(f"launch asked for {world_size} ranks but torchrun started {size}; "
                          "pass world_size=None to take torchrun's")
-    _rank_device = torch.device(here.devices[0])
+    placement.rank_device = device = torch.device(here.devices[0])
     if not dist.is_initialized():
-        if _rank_device.type == "cuda":
-            torch.cuda.set_device(_rank_device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         else:
             torch.set_num_threads(num_threads)
         dist.init_process_group(here.backend)
@@ -149,7 +139,7 @@ def _launch_in_process(fn, world_size, args, kwargs, num_threads) -> RankResults
     started = time.perf_counter()
     with recorder.patch():
         value = fn(*args, **kwargs)
-    return RankResults({rank: value}, size, recorder.log, backend, [str(_rank_device)],
+    return RankResults({rank: value}, size, recorder.log, backend, [str(device)],
                        {rank: time.perf_counter() - started})
 
 

@@ -62,6 +62,19 @@ def choose(world_size: int, backend: str | None = None, device: str | None = Non
     return Placement(backend, devices)
 
 
+# --- the rank this process is -------------------------------------------------------
+
+rank_device: torch.device | None = None  # set when this process becomes a rank
+
+
+def device() -> torch.device:
+    """The device of the rank this runs on; outside a rank, the device one
+    process would train on (the GPU if there is one)."""
+    if rank_device is not None:
+        return rank_device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 # --- already a rank? (torchrun, or inside a course worker) -------------------------
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

@@ -1,0 +1,56 @@
+# Setup and everyday commands of the course. From a fresh clone, `make test`
+# (or `make lab`) creates the virtualenv and installs everything first.
+
+VENV ?= .venv
+PYTHON ?= python3
+PYTEST_ARGS ?=
+# Extra flags for `jupyter lab`, e.g. LAB_ARGS='--port=8889 --no-browser'.
+LAB_ARGS ?=
+# JupyterLab refuses to run as root without this; containers and CI often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# Installed on its own, before the project: on the course machines this exact
+# version is a local CPU wheel, while any other version (including the newest
+# release that a bare torch>=2.4 would pick) downloads several GB of CUDA
+# packages. Once it is installed, the project's torch>=2.4 is already satisfied.
+TORCH_PIN := torch==2.13.0
+
+INSTALL_STAMP := $(VENV)/.installed
+LAB_INDEX := labs/index.ipynb
+BENCH_SCRIPTS = $(sort $(wildcard bench/*.py))
+
+.PHONY: install test lab release bench clean
+
+install: $(INSTALL_STAMP)
+
+# Redone when pyproject.toml changes; pip skips what is already installed.
+$(INSTALL_STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q $(TORCH_PIN)
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	touch $@
+
+test: $(INSTALL_STAMP)
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# default_url (not a file argument) so that the printed URL, the browser and a
+# visit to / all land on the index, also with --no-browser on a remote machine.
+# Listing the index as a prerequisite makes a missing one an error, not a 404 page.
+lab: $(INSTALL_STAMP) $(LAB_INDEX)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir='$(CURDIR)' --LabApp.default_url=/lab/tree/$(LAB_INDEX) $(ROOT_FLAG) $(LAB_ARGS)
+
+# Regenerates labs/ from solutions/.
+release: $(INSTALL_STAMP)
+	$(VENV)/bin/python -m grader release
+
+bench: $(INSTALL_STAMP)
+	@test -n "$(BENCH_SCRIPTS)" || { echo "no bench/*.py to run" >&2; exit 1; }
+	@set -e; for script in $(BENCH_SCRIPTS); do \
+		echo "== $$script"; \
+		$(VENV)/bin/python $$script; \
+	done
+
+# grader/work/ (submissions and the gradebook) is deliberately left alone.
+clean:
+	rm -rf $(VENV) .pytest_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,336 @@
+"""course.launch from a plain Python process: results, errors, hangs, leaks."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+import course
+from course import placement
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- functions the ranks run (module level: importable, like a notebook's) --------
+
+def rank_and_sum(offset, scale=1):
+    t = torch.ones(3) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(),
+            "sum": t[0].item() * scale + offset, "device": str(course.device())}
+
+
+def threads_per_rank():
+    return torch.get_num_threads()
+
+
+def prints_lines():
+    rank = dist.get_rank()
+    print(f"hello from {rank}")
+    print(f"to stderr {rank}", file=sys.stderr)
+    print(f"no newline {rank}", end="")
+
+
+def raises_on_rank_1():
+    t = torch.ones(4)
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 found a bad shape")
+    dist.all_reduce(t)  # rank 0 waits here for a partner that will never come
+
+
+class Unpicklable(Exception):
+    def __init__(self, a, b):  # pickling re-calls __init__ with one argument and fails
+        super().__init__(f"{a}-{b}")
+        self.lock = threading.Lock()
+
+
+def raises_unpicklable():
+    raise Unpicklable(1, 2)
+
+
+def exits_on_rank_1(code):
+    if dist.get_rank() == 1:
+        os._exit(code)
+    dist.all_reduce(torch.ones(4))
+
+
+def signals_rank_0(signum):
+    if dist.get_rank() == 0:
+        os.kill(os.getpid(), signum)
+    dist.all_reduce(torch.ones(4))
+
+
+def rank_0_skips_nothing_rank_1_skips_all_reduce():
+    t = torch.ones(4)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    return "done"
+
+
+def rank_1_loops_forever():
+    if dist.get_rank() == 1:
+        while True:
+            pass
+    return "done"
+
+
+def returns_generator():
+    return (i for i in range(3))
+
+
+def launches_again():
+    return course.launch(threads_per_rank, 2)
+
+
+def sleeps_forever(pid_dir):
+    Path(pid_dir, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    time.sleep(3600)
+
+
+# --- results ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_results_come_back_by_rank(world_size):
+    results = course.launch(rank_and_sum, world_size, args=(10,), kwargs={"scale": 2})
+    total = world_size * (world_size + 1) / 2
+    assert [r["rank"] for r in results] == list(range(world_size))
+    assert all(r["world"] == world_size and r["sum"] == total * 2 + 10 for r in results)
+    assert all(r["device"] == "cpu" for r in results)
+    assert results.ranks == tuple(range(world_size)) and len(results) == world_size
+    assert results.backend == "gloo" and results.devices == ("cpu",) * world_size
+    assert set(results.seconds) == set(range(world_size))
+    with pytest.raises(IndexError, match=f"no result for rank {world_size}"):
+        results[world_size]
+
+
+def test_one_thread_per_rank_by_default():
+    assert list(course.launch(threads_per_rank, 2)) == [1, 1]
+    assert list(course.launch(threads_per_rank, 2, num_threads=2)) == [2, 2]
+
+
+def test_output_reaches_the_caller_prefixed_by_rank(capfd):
+    course.launch(prints_lines, 2)
+    out, err = capfd.readouterr()
+    for rank in (0, 1):
+        assert f"[rank {rank}] hello from {rank}\n" in out
+        assert f"[rank {rank}] no newline {rank}\n" in out
+        assert f"[rank {rank}] to stderr {rank}\n" in err
+
+
+def test_output_keeps_lines_whole_and_carriage_returns(capfd):
+    from course._output import RankOutput
+    output = RankOutput()
+    output.write(0, "stdout", b"par")
+    output.write(1, "stdout", b"other\n")
+    output.write(0, "stdout", b"tial\n 50%\r100%\r")
+    output.write(0, "stdout", "caf\u00e9".encode()[:4])  # a character split across reads
+    output.write(0, "stdout", "caf\u00e9".encode()[4:] + b"\n")
+    output.flush()
+    out = capfd.readouterr().out
+    assert out == ("[rank 1] other\n[rank 0] partial\n[rank 0]  50%\r[rank 0] 100%\r"
+                   "[rank 0] caf\u00e9\n")
+
+
+# --- a rank that raises -------------------------------------------------------------
+
+def test_a_rank_exception_reaches_the_caller_with_its_traceback():
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="rank 1 found a bad shape") as caught:
+        course.launch(raises_on_rank_1, 2, timeout=60)
+    assert time.monotonic() - started < 30  # reported at once, not at the timeout
+    error = caught.value
+    assert error.rank == 1
+    assert any("raised on rank 1 of 2" in note for note in error.__notes__)
+    remote = str(error.__cause__)
+    assert isinstance(error.__cause__, course.RemoteTraceback)
+    assert remote.startswith("Traceback on rank 1 (most recent call last):")
+    assert 'raise ValueError("rank 1 found a bad shape")' in remote  # the source line
+    assert "_worker.py" not in remote and "comm.py" not in remote  # our plumbing is cut
+    # the cause is rank 1's error, never rank 0's lost connection
+    assert "Connection closed" not in remote and "Connection closed" not in str(error)
+
+
+def test_an_exception_that_cannot_travel_becomes_a_rank_error():
+    with pytest.raises(course.RankError, match="rank 0 raised Unpicklable: 1-2") as caught:
+        course.launch(raises_unpicklable, 2)
+    assert caught.value.ranks == (0,)
+    assert "raise Unpicklable(1, 2)" in str(caught.value.__cause__)
+
+
+def test_a_result_that_cannot_travel_is_reported():
+    with pytest.raises(TypeError, match="generator") as caught:
+        course.launch(returns_generator, 2)
+    assert any("sending its return value to the cell" in n for n in caught.value.__notes__)
+
+
+# --- a rank that dies -----------------------------------------------------------------
+
+def test_a_rank_that_exits_is_reported_by_rank_and_code():
+    started = time.monotonic()
+    with pytest.raises(course.RankExited, match="rank 1 exited with code 3") as caught:
+        course.launch(exits_on_rank_1, 2, args=(3,), timeout=60)
+    assert caught.value.ranks == (1,)
+    assert time.monotonic() - started < 5  # the exit is seen at once, not at the timeout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSEGV])
+def test_a_rank_killed_by_a_signal_is_reported(signum, capfd):
+    name = signal.Signals(signum).name
+    with pytest.raises(course.RankExited, match=f"rank 0 was killed by signal {signum} "
+                                                 rf"\({name}\)"):
+        course.launch(signals_rank_0, 2, args=(signum,), timeout=60)
+    if signum == signal.SIGSEGV:  # faulthandler shows where, in the rank's stderr
+        assert "[rank 0] Fatal Python error: Segmentation fault" in capfd.readouterr().err
+
+
+# --- ranks that hang ------------------------------------------------------------------
+
+def test_a_deadlock_ends_at_the_timeout_naming_each_rank_and_where_it_waits():
+    started = time.monotonic()
+    with pytest.raises(course.RankTimeout) as caught:
+        course.launch(rank_0_skips_nothing_rank_1_skips_all_reduce, 2, timeout=2)
+    elapsed = time.monotonic() - started
+    assert 2 <= elapsed < 15
+    message = str(caught.value)
+    assert caught.value.ranks == (0,)
+    assert "rank 0 is waiting here:" in message
+    assert "    dist.all_reduce(t)" in message  # the source line it waits on
+    assert "waiting in torch.distributed.distributed_c10d.all_reduce" in message
+    assert "rank 1 returned from rank_0_skips_nothing_rank_1_skips_all_reduce" in message
+    assert isinstance(caught.value, TimeoutError)
+
+
+def test_a_rank_stuck_in_python_shows_its_line():
+    with pytest.raises(course.RankTimeout, match="rank 1 is waiting here") as caught:
+        course.launch(rank_1_loops_forever, 2, timeout=1)
+    assert "while True:" in str(caught.value) or "pass" in str(caught.value)
+
+
+# --- nothing outlives a call ------------------------------------------------------------
+
+def _footprint():
+    me = psutil.Process()
+    children = {p.pid for p in me.children(recursive=True)}
+    listening = [c for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    return children, len(os.listdir("/proc/self/fd")), len(listening)
+
+
+def test_fifty_runs_leak_no_process_fd_or_port():
+    course.launch(threads_per_rank, 2)  # the forkserver starts once and stays
+    before = _footprint()
+    for i in range(50):
+        if i % 10 == 3:
+            with pytest.raises(ValueError):
+                course.launch(raises_on_rank_1, 2)
+        elif i % 10 == 7:
+            with pytest.raises(course.RankExited):
+                course.launch(exits_on_rank_1, 2, args=(1,))
+        elif i == 25:
+            with pytest.raises(course.RankTimeout):
+                course.launch(rank_0_skips_nothing_rank_1_skips_all_reduce, 2, timeout=0.5)
+        else:
+            course.launch(threads_per_rank, 2)
+    assert _footprint() == before
+
+
+def test_an_interrupt_ends_every_rank_within_two_seconds(tmp_path):
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(REPO)!r}); sys.path.insert(0, {str(REPO / 'tests')!r})
+        import course, test_launch
+        try:
+            course.launch(test_launch.sleeps_forever, 2, args=({str(tmp_path)!r},), timeout=None)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """))
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2:
+            assert time.monotonic() < deadline and process.poll() is None, "ranks never started"
+            time.sleep(0.05)
+        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+        process.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        out, _ = process.communicate(timeout=10)
+        while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                  for pid in pids):
+            assert time.monotonic() - interrupted < 2, "a rank outlived the interrupt"
+            time.sleep(0.02)
+        assert "interrupted" in out
+    finally:
+        process.kill()
+
+
+# --- arguments and placement ----------------------------------------------------------
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: course.launch(threads_per_rank, 0), ValueError, "positive whole number"),
+    (lambda: course.launch(threads_per_rank, "2"), ValueError, "positive whole number"),
+    (lambda: course.launch(threads_per_rank, 2, backend="mpi"), ValueError, "'gloo' or 'nccl'"),
+    (lambda: course.launch(rank_and_sum, 2, args=5), TypeError, "args=\\(x,\\)"),
+    (lambda: course.launch(threads_per_rank, 2, timeout=-1), ValueError, "timeout"),
+    (lambda: course.launch(threads_per_rank, 2, num_threads=0), ValueError, "num_threads"),
+    (lambda: course.launch("not a function", 2), TypeError, "needs a function"),
+    (lambda: course.launch(rank_and_sum, 2, args=(threading.Lock(),)), TypeError,
+     "could not send rank_and_sum"),
+])
+def test_bad_arguments_say_what_to_do(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_nccl_without_gpus_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="NCCL needs one GPU per rank: 2 ranks asked for, 0"):
+        course.launch(threads_per_rank, 2, backend="nccl")
+
+
+def test_launch_inside_a_rank_is_refused():
+    with pytest.raises(RuntimeError, match="called inside a rank"):
+        course.launch(launches_again, 2)
+
+
+@pytest.mark.parametrize("world_size, backend, device, gpus, expected", [
+    (2, None, None, 0, ("gloo", ("cpu", "cpu"))),
+    (2, None, None, 1, ("gloo", ("cuda:0", "cuda:0"))),
+    (4, None, None, 2, ("gloo", ("cuda:0", "cuda:1", "cuda:0", "cuda:1"))),
+    (2, None, None, 2, ("nccl", ("cuda:0", "cuda:1"))),
+    (2, None, None, 8, ("nccl", ("cuda:0", "cuda:1"))),
+    (2, "gloo", None, 8, ("gloo", ("cuda:0", "cuda:1"))),
+    (2, None, "cpu", 8, ("gloo", ("cpu", "cpu"))),
+])
+def test_placement_picks_backend_and_devices(world_size, backend, device, gpus, expected):
+    chosen = placement.choose(world_size, backend, device, gpu_count=gpus)
+    assert (chosen.backend, chosen.devices) == expected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(backend="nccl", gpu_count=1), "NCCL needs one GPU per rank"),
+    (dict(backend="nccl", device="cpu", gpu_count=4), "NCCL runs on GPUs only"),
+    (dict(device="cuda", gpu_count=0), "sees no GPU"),
+    (dict(device="tpu", gpu_count=0), "device must be"),
+])
+def test_placement_refuses_what_cannot_run(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        placement.choose(2, **kwargs)
+
+
+def test_torchrun_is_detected_from_its_environment(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert not placement.under_torchrun()
+    for name, value in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT="1").items():
+        monkeypatch.setenv(name, value)
+    assert placement.under_torchrun()
+    rank, size, here = placement.torchrun_placement()
+    assert (rank, size) == (1, 2) and here.world_size == 1

@@ -192,9 +192,12 @@ class Recorder:
     def call(self, wrapper: _Recorded, args, kwargs):
         if getattr(self._inside, "active", False):
             return wrapper._original(*args, **kwargs)
-        arguments = wrapper._signature.bind(*args, **kwargs).arguments
-        record = self._record(wrapper._name, arguments)
-        if record is None:  # this rank is not in the group: torch does nothing
+        try:
+            arguments = wrapper._signature.bind(*args, **kwargs).arguments
+            record = self._record(wrapper._name, arguments)
+        except Exception:  # noqa: BLE001 - bad arguments: torch says what is wrong
+            record = None
+        if record is None:  # or this rank is not in the group: torch does nothing
             return wrapper._original(*args, **kwargs)
         self._begin(record)
         self._inside.active = True

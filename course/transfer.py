@@ -119,9 +119,9 @@ def predict(op: str, nbytes: int, n: int, *, rank: int = 0, root: int = 0,
         raise ValueError(f"no transfer formula for {op!r}; known: {', '.join(SIZE_OF)}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    _check(nbytes, n)
     if not 0 <= rank < n or not 0 <= root < n:
         raise ValueError(f"rank {rank} and root {root} must lie in 0..{n - 1}")
-    _check(nbytes, n)
     rel = (rank - root) % n
     is_root = rank == root
     gloo = backend == "gloo"

@@ -24,7 +24,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-import torch
 import torch.distributed as dist
 
 from course import transfer

@@ -25,7 +25,6 @@ import os
 import selectors
 import signal
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Sequence

@@ -53,7 +53,9 @@ class Unpicklable(Exception):
 
 
 def raises_unpicklable():
-    raise Unpicklable(1, 2)
+    if dist.get_rank() == 0:
+        raise Unpicklable(1, 2)
+    dist.barrier()
 
 
 def exits_on_rank_1(code):
@@ -99,7 +101,8 @@ def sleeps_forever(pid_dir):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_results_come_back_by_rank(world_size):
-    results = course.launch(rank_and_sum, world_size, args=(10,), kwargs={"scale": 2})
+    results = course.launch(rank_and_sum, world_size, args=(10,), kwargs={"scale": 2},
+                            device="cpu")
     total = world_size * (world_size + 1) / 2
     assert [r["rank"] for r in results] == list(range(world_size))
     assert all(r["world"] == world_size and r["sum"] == total * 2 + 10 for r in results)

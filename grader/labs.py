@@ -1,0 +1,161 @@
+"""The labs of the course: finding them in solutions/ and checking each one.
+
+A lab is ``solutions/<lab>/<lab>.ipynb`` (nbgrader source format) with a
+two-digit name such as ``00_ranks`` and a ``# Title`` heading. A malformed
+lab is a GraderError that names the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from . import COURSE_ROOT, GraderError
+
+SOURCE_DIR = "solutions"  # must match c.CourseDirectory.source_directory
+RELEASE_DIR = "labs"  # must match c.CourseDirectory.release_directory
+INDEX_NAME = "index.ipynb"
+LAB_NAME_RE = re.compile(r"^\d{2}_[a-z0-9][a-z0-9_]*$")  # e.g. 00_ranks
+
+
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+_HEADING_RE = re.compile(r"^#[ \t]+(.*?)[ \t#]*$")  # a level-1 ATX heading
+
+
+@dataclass(frozen=True)
+class Lab:
+    name: str  # folder name, e.g. "00_ranks"; also nbgrader's assignment id
+    notebook: Path  # solutions/<lab>/<lab>.ipynb
+    title: str  # first "# ..." heading of the notebook
+
+
+# --------------------------------------------------------------------------
+# Finding and checking labs
+# --------------------------------------------------------------------------
+
+
+def display_path(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _source_text(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def read_notebook(path: Path, root: Path = COURSE_ROOT) -> dict:
+    """Parse and validate one source notebook; GraderError names the file."""
+    name = display_path(path, root)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise GraderError(f"{name}: not UTF-8 text ({e})") from None
+    except json.JSONDecodeError as e:
+        raise GraderError(f"{name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(data, dict) or data.get("nbformat") != 4:
+        raise GraderError(f"{name}: not a Jupyter notebook in nbformat 4")
+    # nbformat would replace a missing/duplicate cell id by a random one on
+    # write, making the release differ on every run.
+    cells = data.get("cells")
+    if data.get("nbformat_minor", 0) >= 5 and isinstance(cells, list):
+        seen: dict[str, int] = {}
+        for i, cell in enumerate(cells):
+            cid = cell.get("id") if isinstance(cell, dict) else None
+            if cid is None:
+                raise GraderError(
+                    f"{name}: cell {i} has no id; open and save the notebook in "
+                    "JupyterLab (or run nbformat.validator.normalize) to add ids"
+                )
+            if cid in seen:
+                raise GraderError(
+                    f"{name}: cells {seen[cid]} and {i} have the same id {cid!r}; "
+                    "give one of them a new unique id"
+                )
+            seen[cid] = i
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nbformat.validate(nbformat.from_dict(data))
+    except nbformat.ValidationError as e:
+        raise GraderError(f"{name}: not a valid Jupyter notebook: {e.message}") from None
+    return data
+
+
+def notebook_title(nb: dict) -> str | None:
+    """The text of the first level-1 markdown heading ("# Title"), if any."""
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "markdown":
+            continue
+        for line in _source_text(cell).splitlines():
+            m = _HEADING_RE.match(line)
+            if m and m.group(1):
+                return m.group(1)
+    return None
+
+
+def find_labs(root: Path = COURSE_ROOT) -> list[Lab]:
+    """All labs ``solutions/<lab>/<lab>.ipynb`` in lab order, checked.
+
+    Raises GraderError listing every problem found (each naming its file).
+    """
+    root = Path(root).resolve()
+    source = root / SOURCE_DIR
+    if not source.is_dir():
+        raise GraderError(f"{display_path(source, root)}/: no such directory")
+    labs, problems = [], []
+    for entry in sorted(source.iterdir()):
+        if entry.name.startswith(".") or entry.name == "__pycache__":
+            continue
+        if not entry.is_dir():
+            if entry.suffix == ".ipynb":
+                problems.append(
+                    f"{display_path(entry, root)}: notebooks belong in a lab folder, "
+                    f"as {SOURCE_DIR}/<lab>/<lab>.ipynb"
+                )
+            continue
+        if not LAB_NAME_RE.match(entry.name):
+            problems.append(
+                f"{display_path(entry, root)}/: bad lab folder name; expected two digits, "
+                "an underscore and a lowercase slug, e.g. 00_ranks"
+            )
+            continue
+        notebook = entry / f"{entry.name}.ipynb"
+        if not notebook.is_file():
+            problems.append(f"{display_path(notebook, root)}: missing (each lab folder needs <lab>/<lab>.ipynb)")
+            continue
+        try:
+            # nbgrader converts every notebook at the top of the lab folder.
+            for extra in sorted(entry.glob("*.ipynb")):
+                if extra != notebook:
+                    read_notebook(extra, root)
+            nb = read_notebook(notebook, root)
+        except GraderError as e:
+            problems.append(str(e))
+            continue
+        title = notebook_title(nb)
+        if title is None:
+            problems.append(f"{display_path(notebook, root)}: no '# Title' markdown heading (the index needs one)")
+            continue
+        labs.append(Lab(entry.name, notebook, title))
+    if problems:
+        raise GraderError("malformed lab(s):\n  " + "\n  ".join(problems))
+    if not labs:
+        raise GraderError(f"no labs found: expected {SOURCE_DIR}/<lab>/<lab>.ipynb under {root}")
+    return labs
+
+
+def ignore_patterns(root: Path = COURSE_ROOT) -> list[str]:
+    """nbgrader's CourseDirectory.ignore from the course config (never released)."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    return list(cfg.CourseDirectory.ignore)

@@ -1,0 +1,68 @@
+"""nbgrader configuration for the multi-GPU training course.
+
+The nbgrader CLI reads this file only from the course root (run it from the
+repository root); `python -m grader` does that for you. Every path is derived
+from this file's location, so loading it explicitly works from any cwd.
+
+Layout: solutions/<lab>/<lab>.ipynb (instructor source) -> labs/<lab>/<lab>.ipynb
+(student release). Everything nbgrader writes while grading lives under
+grader/work/, which .gitignore keeps out of the repository.
+"""
+
+import os
+
+c = get_config()  # noqa: F821 -- injected by traitlets when it loads this file
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+WORK = os.path.join(ROOT, "grader", "work")
+# nbgrader creates the gradebook but not its parent folder, and grader/work is
+# not in git, so create it on load.
+os.makedirs(WORK, exist_ok=True)
+
+# --- Course layout ----------------------------------------------------------
+c.CourseDirectory.root = ROOT  # not cwd: works however the file is loaded
+c.CourseDirectory.course_id = "multi-gpu-course"
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "labs"
+# Grading work folders and the gradebook hold student data: keep them under
+# grader/work/ (git-ignored) instead of nbgrader's defaults at the course root.
+c.CourseDirectory.submitted_directory = "grader/work/submitted"
+c.CourseDirectory.autograded_directory = "grader/work/autograded"
+c.CourseDirectory.feedback_directory = "grader/work/feedback"
+c.CourseDirectory.solution_directory = "grader/work/solution"
+c.CourseDirectory.source_with_tests_directory = "grader/work/source_with_tests"
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(WORK, "gradebook.db")
+# Editor/OS litter that must never be copied from solutions/ into labs/
+# (nbgrader copies every non-notebook file of a lab folder into the release).
+c.CourseDirectory.ignore = [
+    ".ipynb_checkpoints",
+    "*.pyc",
+    "__pycache__",
+    "feedback",
+    ".DS_Store",
+    ".virtual_documents",
+    ".pytest_cache",
+]
+
+# --- Release ----------------------------------------------------------------
+# Same as nbgrader's default python stub, pinned so the release stays stable
+# across nbgrader versions (labs/ is committed and compared in tests).
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+
+# --- Autograding ------------------------------------------------------------
+# Labs train small models on CPU: nbgrader's 30 s per-cell default is too short.
+c.Execute.timeout = 300
+# A hung cell is interrupted and recorded as an error; grading goes on.
+c.Execute.interrupt_on_timeout = True
+# A late/missing output message must not abort grading of the whole notebook.
+c.Execute.raise_on_iopub_timeout = False
+# nbclient skips cells tagged "skip-execution" by default: a student could tag a
+# test cell and get its points without it running. Only skip this secret tag.
+c.Execute.skip_cells_with_tag = "nbgrader-skip-5c1e9a07d3b84f26a9e0b71c4d62f8e3"
+# c.Execute.allow_errors is deliberately not set: in nbgrader 0.9.6 it is not
+# configurable and is always True, which autograde needs (a failing test cell
+# is recorded as 0 points and the remaining cells still run).
+
+# A graded test cell deleted from a submission is restored from the gradebook
+# and run, instead of silently dropping out of the grading.
+c.OverwriteCells.add_missing_cells = True

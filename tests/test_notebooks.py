@@ -1,0 +1,151 @@
+"""Every solution notebook runs top to bottom, headless, on CPU, in time.
+
+Each ``solutions/*/*.ipynb`` is executed with nbclient in its own folder, with
+the ``python3`` kernel of the interpreter running pytest, matplotlib's ``Agg``
+backend, a 300 s per-cell timeout, and a 120 s budget per notebook (the course
+promises well under two minutes each on 2 CPU cores). Notebooks are only read:
+outputs are not written back.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from fnmatch import fnmatch
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+from grader.labs import ignore_patterns
+
+REPO = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
+
+CELL_TIMEOUT_S = 300
+NOTEBOOK_BUDGET_S = 120
+KERNEL_NAME = "python3"
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _kernel_manager() -> AsyncKernelManager:
+    """The python3 kernel of *this* interpreter (sys.executable).
+
+    Jupyter's kernelspec search would let a stale user-level
+    ~/.local/share/jupyter/kernels/python3 win; with no kernel dirs,
+    jupyter_client falls back to ipykernel's native spec, whose argv is
+    [sys.executable, "-m", "ipykernel_launcher", ...].
+    """
+    ksm = KernelSpecManager(kernel_dirs=[])
+    return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=ksm)
+
+
+def _execute(nb: nbformat.NotebookNode, cwd: Path, progress: dict | None = None) -> float:
+    """Run all cells of nb (in place) with cwd; returns the wall time in seconds.
+
+    progress["index"] is kept at the index of the cell being executed.
+    """
+    progress = {} if progress is None else progress
+
+    def on_cell_start(cell, cell_index, **_):
+        progress["index"] = cell_index
+
+    client = NotebookClient(
+        nb,
+        km=_kernel_manager(),
+        kernel_name=KERNEL_NAME,
+        timeout=CELL_TIMEOUT_S,
+        allow_errors=False,
+        resources={"metadata": {"path": str(cwd)}},
+        on_cell_start=on_cell_start,
+    )
+    t0 = time.perf_counter()
+    client.execute()
+    return time.perf_counter() - t0
+
+
+def _snapshot(folder: Path, patterns: list[str]) -> set[Path]:
+    """Paths under folder, except nbgrader-ignored litter (never released)."""
+    return {
+        p
+        for p in folder.rglob("*")
+        if not any(fnmatch(part, pat) for part in p.relative_to(folder).parts for pat in patterns)
+    }
+
+
+@pytest.fixture(autouse=True)
+def _headless(monkeypatch):
+    # The kernel inherits this process's environment.
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+
+
+@pytest.fixture(scope="module")
+def wall_times(request):
+    times: dict[str, float] = {}
+    yield times
+    tr = request.config.pluginmanager.getplugin("terminalreporter")
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    if tr is None or capman is None or not times:
+        return
+    with capman.global_and_fixture_disabled():  # show it, don't capture it
+        tr.ensure_newline()
+        tr.write_sep("-", "solution notebook wall times")
+        for name, secs in times.items():
+            tr.write_line(f"{secs:7.1f} s  {name}")
+
+
+def test_solution_notebooks_exist():
+    # Without this, an empty solutions/ would make the parametrized test below
+    # a single skip, and the suite would pass having executed nothing.
+    assert SOLUTIONS, f"no solution notebooks found: expected {REPO}/solutions/<lab>/<lab>.ipynb"
+
+
+def test_kernel_setup(tmp_path):
+    code = "import os, sys; print(sys.prefix, os.getcwd(), os.environ.get('MPLBACKEND'), sep='\\n')"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    _execute(nb, tmp_path)
+    prefix, cwd, backend = nb.cells[0].outputs[0]["text"].splitlines()
+    assert prefix == sys.prefix, f"the kernel runs in {prefix}, pytest in {sys.prefix}"
+    assert Path(cwd).resolve() == tmp_path.resolve()
+    assert backend == "Agg"
+
+
+@pytest.mark.timeout(CELL_TIMEOUT_S * 3)
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[str(p.relative_to(REPO)) for p in SOLUTIONS])
+def test_notebook_executes(path: Path, wall_times, record_property):
+    name = str(path.relative_to(REPO))
+    nb = nbformat.read(path, as_version=4)
+    patterns = ignore_patterns(REPO)
+    before = _snapshot(path.parent, patterns)
+    progress: dict = {}
+    failure = None
+    try:
+        wall = _execute(nb, path.parent, progress)
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
+        i = progress.get("index")
+        failure = f"{name}: execution failed at " + (f"cell {i}" if i is not None else "kernel start")
+        failure += ":\n" + _ANSI.sub("", str(e))
+        if i is not None and isinstance(e, DeadKernelError):  # the others quote the cell already
+            failure += "\n------------------\n" + nb.cells[i].source
+    if failure:  # outside the except block: no chained traceback in the report
+        pytest.fail(failure, pytrace=False)
+    new = _snapshot(path.parent, patterns) - before
+    created = sorted(p for p in new if p.parent not in new)  # top-most only
+    wall_times[name] = wall
+    record_property("wall_time_s", round(wall, 2))
+    print(f"{name}: executed in {wall:.1f} s")
+    # nbgrader copies every file of the lab folder into the student release.
+    assert not created, (
+        f"{name}: executing it created {', '.join(str(p.relative_to(path.parent)) for p in created)} "
+        f"in {path.parent.relative_to(REPO)}/. `make release` would ship them to students in labs/: "
+        "delete them, and make the notebook write to a temporary directory instead."
+    )
+    assert wall <= NOTEBOOK_BUDGET_S, (
+        f"{name}: took {wall:.0f} s to execute, over the {NOTEBOOK_BUDGET_S} s budget per notebook"
+    )

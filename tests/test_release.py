@@ -1,0 +1,258 @@
+"""The student release labs/ is what `python -m grader release` makes of solutions/.
+
+(a) The committed labs/ equals a fresh release of solutions/ (so nobody edits
+    labs/ by hand or forgets to regenerate it), and the two trees pair up.
+(b) The release pipeline itself, on a tiny throwaway course in a temp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from grader import COURSE_ROOT, GraderError
+from grader.compare import compare_releases
+from grader.labs import ignore_patterns
+from grader.release import release
+
+REPO = COURSE_ROOT
+SOLUTIONS = REPO / "solutions"
+LABS = REPO / "labs"
+
+
+# --------------------------------------------------------------------------
+# (a) the committed release is up to date
+# --------------------------------------------------------------------------
+
+
+def test_labs_match_fresh_release(tmp_path):
+    fresh = tmp_path / "labs"
+    release(root=REPO, dest=fresh, quiet=True)
+    # Nothing in nbgrader's output is volatile (cell ids are checked up front),
+    # so notebooks are compared as parsed JSON with no field ignored; only
+    # local litter such as .ipynb_checkpoints/ is skipped.
+    problems = compare_releases(fresh, LABS, ignore_patterns(REPO))
+    assert not problems, (
+        "labs/ differs from a fresh release of solutions/ (missing = not in labs/, "
+        "extra = only in labs/); run `make release` (it rewrites labs/, so any work "
+        "done in labs/ itself is lost):\n  " + "\n  ".join(problems)
+    )
+
+
+def test_labs_and_solutions_pair_up():
+    sources = {p.relative_to(SOLUTIONS) for p in SOLUTIONS.glob("*/*.ipynb")}
+    released = {p.relative_to(LABS) for p in LABS.glob("*/*.ipynb")}
+    assert sources, "no solutions/<lab>/<lab>.ipynb found"
+    assert (LABS / "index.ipynb").is_file(), "labs/index.ipynb is missing; run `make release`"
+    no_source = sorted(str(p) for p in released - sources)
+    no_release = sorted(str(p) for p in sources - released)
+    assert not no_source, f"notebooks in labs/ without a source in solutions/: {no_source}"
+    assert not no_release, f"notebooks in solutions/ not released to labs/: {no_release}; run `make release`"
+
+
+# --------------------------------------------------------------------------
+# (b) the pipeline, on a throwaway course
+# --------------------------------------------------------------------------
+
+SOLUTION_SRC = "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
+TEST_SRC = "assert add(1, 2) == 3\n### BEGIN HIDDEN TESTS\nassert add(20, 22) == 42\n### END HIDDEN TESTS"
+STUB = "def add(a, b):\n    # YOUR CODE HERE\n    raise NotImplementedError()"
+
+# Created in this (non-sorted) order; the index must list them sorted.
+TINY_LABS = {
+    "02_data_parallel": "Lab 2: Data parallel",
+    "00_ranks": "Lab 0: Ranks",
+    "01_single_gpu": "Lab 1: A single GPU",
+}
+
+
+def _nbgrader(**kw) -> dict:
+    meta = {"grade": False, "locked": False, "schema_version": 3, "solution": False, "task": False}
+    meta.update(kw)
+    return {"nbgrader": meta}
+
+
+def lab_notebook(title: str) -> nbformat.NotebookNode:
+    solution = new_code_cell(SOLUTION_SRC, metadata=_nbgrader(solution=True, grade_id="add"))
+    solution.execution_count = 1  # an executed source: the release must clear this
+    solution.outputs = [nbformat.v4.new_output("stream", name="stdout", text="instructor output\n")]
+    tests = new_code_cell(TEST_SRC, metadata=_nbgrader(grade=True, locked=True, points=2, grade_id="test_add"))
+    nb = new_notebook(
+        cells=[new_markdown_cell(f"Some preamble.\n\n# {title}\n\nIntro."), solution, tests],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i}"  # fixed ids, like a notebook saved by JupyterLab
+    return nb
+
+
+def make_course(root: Path, labs: dict[str, str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
+    for name, title in labs.items():
+        (root / "solutions" / name).mkdir(parents=True)
+        nbformat.write(lab_notebook(title), root / "solutions" / name / f"{name}.ipynb")
+    return root
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory) -> Path:
+    """A released tiny course (released once: nbgrader takes ~2 s per lab)."""
+    root = make_course(tmp_path_factory.mktemp("course"), TINY_LABS)
+    (root / "solutions" / "01_single_gpu" / "data").mkdir()
+    (root / "solutions" / "01_single_gpu" / "data" / "points.csv").write_text("x,y\n1,2\n")
+    (root / "solutions" / "01_single_gpu" / "__pycache__").mkdir()
+    (root / "solutions" / "01_single_gpu" / "__pycache__" / "x.pyc").write_bytes(b"junk")
+    release(root=root, quiet=True)
+    return root
+
+
+def released_cells(course: Path, lab: str = "00_ranks") -> list:
+    return nbformat.read(course / "labs" / lab / f"{lab}.ipynb", as_version=4).cells
+
+
+def test_solution_region_replaced_by_stub(course):
+    cells = released_cells(course)
+    assert cells[1].source == STUB
+    text = (course / "labs" / "00_ranks" / "00_ranks.ipynb").read_text()
+    assert "return a + b" not in text and "BEGIN SOLUTION" not in text
+
+
+def test_hidden_tests_removed(course):
+    cells = released_cells(course)
+    assert cells[2].source.strip() == "assert add(1, 2) == 3"
+    text = (course / "labs" / "00_ranks" / "00_ranks.ipynb").read_text()
+    assert "add(20, 22)" not in text and "HIDDEN TESTS" not in text
+
+
+def test_outputs_cleared_and_test_cells_locked(course):
+    cells = released_cells(course)
+    assert cells[1].outputs == [] and cells[1].execution_count is None
+    assert cells[2].metadata.get("editable") is False and cells[2].metadata.get("deletable") is False
+
+
+def test_other_files_copied_but_not_litter(course):
+    lab = course / "labs" / "01_single_gpu"
+    assert (lab / "data" / "points.csv").read_text() == "x,y\n1,2\n"
+    assert not (lab / "__pycache__").exists()
+
+
+def test_index_lists_labs_in_order_with_titles(course):
+    index = nbformat.read(course / "labs" / "index.ipynb", as_version=4)
+    nbformat.validate(index)
+    assert index.nbformat == 4
+    assert index.metadata.kernelspec.name == "python3"
+    assert {c.cell_type for c in index.cells} == {"markdown"}
+    text = "\n".join(c.source for c in index.cells)
+    assert text.lstrip().startswith("# ")
+    links = re.findall(r"\[([^\]]+)\]\(([^)]+)\)", text)
+    expected = [(TINY_LABS[n], f"{n}/{n}.ipynb") for n in sorted(TINY_LABS)]
+    assert links == expected
+    for _, target in links:
+        assert (course / "labs" / target).is_file()
+
+
+def test_gradebook_records_release(course):
+    # nbgrader autograde needs the graded cells of each lab in the gradebook.
+    from nbgrader.api import Gradebook
+
+    db = course / "grader" / "work" / "gradebook.db"
+    with Gradebook(f"sqlite:///{db}", "multi-gpu-course") as gb:
+        assert sorted(a.name for a in gb.assignments) == sorted(TINY_LABS)
+        assert gb.find_grade_cell("test_add", "00_ranks", "00_ranks").max_score == 2
+
+
+def test_release_is_deterministic_and_leaves_gradebook_alone(course, tmp_path):
+    db = course / "grader" / "work" / "gradebook.db"
+    db_before = db.read_bytes()
+    again = tmp_path / "labs"
+    release(root=course, dest=again, quiet=True)
+    assert compare_releases(course / "labs", again) == []
+    for p in (course / "labs").rglob("*"):  # byte for byte, not only as JSON
+        if p.is_file():
+            assert p.read_bytes() == (again / p.relative_to(course / "labs")).read_bytes(), p
+    assert db.read_bytes() == db_before, "a release with dest= must not touch the course gradebook"
+
+
+def test_compare_releases_reports_changes(course, tmp_path):
+    copy = tmp_path / "labs"
+    shutil.copytree(course / "labs", copy)
+    nb = json.loads((copy / "00_ranks" / "00_ranks.ipynb").read_text())
+    nb["cells"][1]["source"] = ["def add(a, b):\n", "    return a + b"]
+    (copy / "00_ranks" / "00_ranks.ipynb").write_text(json.dumps(nb))  # also reformatted
+    (copy / "01_single_gpu" / "data" / "points.csv").unlink()
+    (copy / "02_data_parallel" / "stray.txt").write_text("hand-made")
+    (copy / "00_ranks" / ".ipynb_checkpoints").mkdir()
+    (copy / "00_ranks" / ".ipynb_checkpoints" / "x.ipynb").write_text("{}")
+    problems = compare_releases(course / "labs", copy, ignore_patterns(course))
+    assert problems == [
+        "missing: 01_single_gpu/data/points.csv",
+        "extra: 02_data_parallel/stray.txt",
+        "differs: 00_ranks/00_ranks.ipynb (first at cells[1].source[1])",
+    ]
+
+
+# --- malformed labs fail, naming the file ------------------------------------
+
+
+@pytest.fixture
+def small_course(tmp_path) -> Path:
+    return make_course(tmp_path / "course", {"00_ranks": "Lab 0: Ranks"})
+
+
+def test_lab_folder_without_notebook(small_course):
+    (small_course / "solutions" / "03_x").mkdir()
+    with pytest.raises(GraderError, match=re.escape("solutions/03_x/03_x.ipynb")):
+        release(root=small_course, quiet=True)
+    assert not (small_course / "labs").exists()
+
+
+def test_notebook_not_json(small_course):
+    (small_course / "solutions" / "03_x").mkdir()
+    (small_course / "solutions" / "03_x" / "03_x.ipynb").write_text('{"cells": [')
+    with pytest.raises(GraderError, match=r"solutions/03_x/03_x\.ipynb: not valid JSON"):
+        release(root=small_course, quiet=True)
+
+
+def test_duplicate_cell_ids_rejected(small_course):
+    # nbformat would silently replace the duplicate by a random id: the
+    # release would then differ on every run.
+    path = small_course / "solutions" / "00_ranks" / "00_ranks.ipynb"
+    nb = json.loads(path.read_text())
+    nb["cells"][2]["id"] = nb["cells"][1]["id"]
+    path.write_text(json.dumps(nb))
+    with pytest.raises(GraderError, match=r"00_ranks\.ipynb: cells 1 and 2 have the same id"):
+        release(root=small_course, quiet=True)
+
+
+def test_nbgrader_error_names_lab_and_changes_nothing(small_course):
+    release(root=small_course, quiet=True)
+    before = (small_course / "labs" / "00_ranks" / "00_ranks.ipynb").read_bytes()
+    path = small_course / "solutions" / "00_ranks" / "00_ranks.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].metadata = {}  # a solution region outside a solution cell
+    nbformat.write(nb, path)
+    with pytest.raises(GraderError, match=r"solutions/00_ranks/00_ranks\.ipynb") as err:
+        release(root=small_course, quiet=True)
+    assert "Solution region detected in a non-solution cell" in str(err.value)
+    assert (small_course / "labs" / "00_ranks" / "00_ranks.ipynb").read_bytes() == before
+
+
+def test_cli_exits_nonzero_naming_the_file(small_course):
+    (small_course / "solutions" / "03_x").mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "release", "--root", str(small_course)],
+        cwd=small_course.parent, env=env, capture_output=True, text=True,
+    )
+    assert proc.returncode != 0
+    assert "solutions/03_x/03_x.ipynb" in proc.stderr

@@ -22,7 +22,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from course import comm, placement
+from course import placement, recorder
 
 # The frame of this function marks where the user's code begins, in tracebacks
 # and in stack dumps; the parent trims everything above it.
@@ -84,11 +84,11 @@ def _run(spec: RankSpec):
                             rank=spec.rank, world_size=spec.world_size,
                             timeout=datetime.timedelta(seconds=spec.collective_timeout))
     fn, args, kwargs = cloudpickle.loads(spec.payload)
-    recorder = comm.Recorder(spec.rank, spec.backend)
+    calls = recorder.Recorder(spec.rank, spec.backend)
     started = time.perf_counter()
-    with recorder.patch():
+    with calls.patch():
         result = _call_user_function(fn, args, kwargs)
-    return result, recorder.log, time.perf_counter() - started
+    return result, calls.log, time.perf_counter() - started
 
 
 def _call_user_function(fn, args, kwargs):

@@ -8,12 +8,14 @@ a `RankError` says which ranks and what happened.
 """
 from __future__ import annotations
 
-import linecache
-import os
-import re
-import sys
+import signal
 
-_COURSE_DIR = os.path.dirname(os.path.abspath(__file__))
+import cloudpickle
+
+from course import _tracebacks
+
+_PARTNER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe",
+                 "connection refused", "communicator was aborted", "socket closed")
 
 
 class RankError(RuntimeError):
@@ -39,86 +41,82 @@ class RemoteTraceback(Exception):
         return self.args[0]
 
 
-# --- where code lives, in words a student recognises ------------------------------
+# --- the reports, from what the ranks sent back ---------------------------------------
 
-def cell_label(filename: str) -> str | None:
-    """'Cell In[5]' for code typed in a Jupyter cell, else None."""
-    shell = sys.modules.get("IPython") and _ipython_shell()
-    mapping = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
-    count = mapping.get(filename)
-    return None if count is None else f"Cell In[{count}]"
+def lost_partner(report: dict) -> bool:
+    """True for the errors a rank gets because another rank went away."""
+    message = f"{report['type']}: {report['message']}".lower()
+    return any(phrase in message for phrase in _PARTNER_LOST)
 
 
-def _ipython_shell():
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
+def rank_exception(rank: int, report: dict, others: dict, world_size: int) -> BaseException:
+    """The exception rank `rank` raised, to raise again in the cell, chained
+    to its traceback. `others` maps the other failed ranks to their reports."""
+    text = report["text"]
+    if report["summary"] is not None:  # format here, where the cells' source is
+        text = "".join(cloudpickle.loads(report["summary"]).format())
+    text = _tracebacks.relabel_cells(text.replace(
+        "Traceback (most recent call last):",
+        f"Traceback on rank {rank} (most recent call last):", 1))
+    note = f"raised on rank {rank} of {world_size}"
+    if report["while"]:
+        note += f" while {report['while']}"
+    for other, theirs in sorted(others.items()):
+        if lost_partner(theirs):
+            note += f"; rank {other} then lost its partner"
+        elif (theirs["type"], theirs["message"]) == (report["type"], report["message"]):
+            note += f"; rank {other} raised the same {theirs['type']}"
+        else:
+            note += f"; rank {other} raised {theirs['type']}: {theirs['message']}"
+    note += "; every rank was stopped"
+    exception = None
+    if report["exception"] is not None:
+        try:
+            exception = cloudpickle.loads(report["exception"])
+            exception.add_note(note)
+            exception.rank = rank
+        except Exception:  # noqa: BLE001 - fall back to a RankError
+            exception = None
+    if exception is None:
+        exception = RankError(f"rank {rank} raised {report['type']}: {report['message']}\n"
+                              f"({note})", [rank])
+    exception.__cause__ = RemoteTraceback(text)
+    return exception
 
 
-def describe_frame(filename: str, lineno: int, name: str) -> str:
-    """One traceback entry, with its source line from this process's cache
-    (where the notebook's cells live)."""
-    label = cell_label(filename)
-    where = f"{label}, line {lineno}" if label else f'File "{filename}", line {lineno}'
-    line = linecache.getline(filename, lineno).strip()
-    return f"  {where}, in {name}\n" + (f"    {line}\n" if line else "")
+def exit_error(exit_codes: dict, fn_name: str) -> RankExited:
+    """Ranks that ended without a word, in the order they ended: rank -> code
+    (negative: the signal that killed it)."""
+    lines = []
+    for rank, code in exit_codes.items():
+        if code is not None and code < 0:
+            how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
+        else:
+            how = f"exited with code {code}"
+        line = f"rank {rank} {how} before {fn_name} returned"
+        if code == -signal.SIGKILL:
+            line += " (SIGKILL often comes from the out-of-memory killer)"
+        lines.append(line)
+    return RankExited("; ".join(lines) + ". Every other rank was stopped.", list(exit_codes))
 
 
-def relabel_cells(text: str) -> str:
-    """Rewrite 'File "/tmp/ipykernel_1/23.py", line 4' as 'Cell In[7], line 4'."""
-    def replace(match):
-        label = cell_label(match.group(1))
-        return f"{label}, line {match.group(2)}" if label else match.group(0)
-    return re.sub(r'File "([^"]+)", line (\d+)', replace, text)
-
-
-# --- faulthandler's stack dumps -----------------------------------------------------
-
-_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.M)
-_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
-
-
-def user_stack(dump: str, entry: str) -> list[tuple[str, int, str]] | None:
-    """The frames of the thread that runs the user's function, oldest first,
-    starting below `entry` (the course's call into user code) and without
-    the course's own wrappers. None if no thread is inside user code."""
-    blocks = _THREAD.split(dump)
-    # split() gives [before, kind, id, body, kind, id, body, ...]
-    for body in blocks[3::3]:
-        frames = [(f, int(n), name) for f, n, name in _FRAME.findall(body)][::-1]
-        names = [name for _, _, name in frames]
-        if entry in names:
-            frames = frames[names.index(entry) + 1:]
-            return [fr for fr in frames if not fr[0].startswith(_COURSE_DIR)]
-    return None
-
-
-def main_thread_stack(dump: str) -> list[tuple[str, int, str]]:
-    """Oldest-first frames of the thread faulthandler lists last (the first
-    thread Python started): used when no user code is running yet."""
-    blocks = _THREAD.split(dump)
-    if len(blocks) < 4:
-        return []
-    return [(f, int(n), name) for f, n, name in _FRAME.findall(blocks[-1])][::-1]
-
-
-def format_waiting(frames: list[tuple[str, int, str]]) -> str:
-    """Where a stack is: the user's frames with their source, then the
-    innermost frame inside torch or other installed code, where it blocks."""
-    def in_library(filename):
-        return "site-packages" in filename or filename.startswith(sys.base_prefix)
-    out = [describe_frame(*frame) for frame in frames if not in_library(frame[0])]
-    if frames and in_library(frames[-1][0]):
-        filename, lineno, name = frames[-1]
-        out.append(f"  waiting in {_module_name(filename)}.{name}  "
-                   f"({os.path.basename(filename)}:{lineno})\n")
-    return "".join(out) or "  (no Python frames)\n"
-
-
-def _module_name(filename: str) -> str:
-    parts = filename.replace(os.sep, "/").split("/")
-    if "site-packages" in parts:
-        parts = parts[parts.index("site-packages") + 1:]
-    return ".".join(parts)[:-3] if parts[-1].endswith(".py") else ".".join(parts)
+def timeout_error(timeout: float, fn_name: str, returned_after: dict, stack_dumps: dict,
+                  entry: str) -> RankTimeout:
+    """Ranks still running at the deadline: where each one waits (from its
+    faulthandler dump), and which ones already returned (rank -> seconds)."""
+    waiting = sorted(stack_dumps)
+    lines = [f"ranks {waiting} did not finish {fn_name} within {timeout:g} s. Usually a rank "
+             "waits in a collective that another rank never calls. Where each rank was:"]
+    for rank in sorted([*returned_after, *stack_dumps]):
+        if rank in returned_after:
+            lines.append(f"rank {rank} returned from {fn_name} after "
+                         f"{returned_after[rank]:.2f} s and is waiting for the others.")
+            continue
+        frames = _tracebacks.user_stack(stack_dumps[rank], entry)
+        if frames is None:
+            frames = _tracebacks.main_thread_stack(stack_dumps[rank])
+            lines.append(f"rank {rank} had not reached {fn_name} yet:")
+        else:
+            lines.append(f"rank {rank} is waiting here:")
+        lines.append(_tracebacks.format_waiting(frames).rstrip("\n"))
+    return RankTimeout("\n".join(lines), waiting)

@@ -1,12 +1,11 @@
 """Counting communication: formulas exact, gloo's socket bytes close to them."""
-import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import course
-from course import comm, transfer
+from course import comm, recorder, transfer
 
 S = 1000 * 500 * 4  # a 1000x500 float32 tensor: 2,000,000 bytes
 HEADERS = 2048      # gloo writes a small header per message; a few dozen messages at most
@@ -15,28 +14,6 @@ HEADERS = 2048      # gloo writes a small header per message; a few dozen messag
 def close_to(measured, predicted):
     """Within 0.1 % plus headers, as the course promises."""
     return measured is not None and abs(measured - predicted) <= 0.001 * predicted + HEADERS
-
-
-def every_op():
-    warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 renamed the *_tensor forms
-    rank, n = dist.get_rank(), dist.get_world_size()
-    t = torch.ones(1000, 500)
-    dist.all_reduce(t)
-    dist.broadcast(t, src=0)
-    dist.reduce(t, dst=0)
-    dist.all_gather([torch.empty_like(t) for _ in range(n)], t)
-    dist.all_gather_into_tensor(torch.empty(n * 1000, 500), t)
-    dist.reduce_scatter(t, [torch.ones_like(t) for _ in range(n)])
-    dist.reduce_scatter_tensor(t, torch.ones(n * 1000, 500))
-    dist.all_to_all_single(torch.empty(n * 1000, 500), torch.ones(n * 1000, 500))
-    dist.gather(t, [torch.empty_like(t) for _ in range(n)] if rank == 0 else None, dst=0)
-    dist.scatter(t, [torch.ones_like(t) for _ in range(n)] if rank == 0 else None, src=0)
-    if rank == 0:
-        dist.send(t, dst=1)
-    elif rank == 1:
-        dist.recv(t, src=0)
-    dist.barrier()
-    dist.all_reduce(t, async_op=True).wait()
 
 
 # Bytes each rank sends, worked out by hand from the algorithms (not from
@@ -62,11 +39,11 @@ def expected(op, rank, n):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_operation_matches_its_formula_and_the_socket_bytes(n):
-    results = course.launch(every_op, n)
+    results = course.launch(comm.every_collective, n)
     log = results.comm
     ops = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
            "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter",
-           "barrier", "all_reduce"]
+           "barrier"]
     for rank in range(n):
         mine = log.rank(rank)
         names = [r.op for r in mine]
@@ -83,7 +60,7 @@ def test_every_operation_matches_its_formula_and_the_socket_bytes(n):
     assert first[0].shape == (1000, 500) and first[0].nbytes == S
     assert first[5].shape == (n, 1000, 500) and first[5].nbytes == n * S  # all the chunks
     assert "gloo has no reduce-scatter" in first[5].algorithm
-    assert first[-1].async_op and not first[0].async_op
+    assert not any(r.async_op for r in log)
     assert first[1].peer == 0 and first[0].peer is None
 
 
@@ -175,8 +152,8 @@ def one_rank_here():
 
 def test_recording_patches_only_while_it_runs(one_rank_here):
     original = dist.all_reduce
-    recorder = comm.Recorder(rank=0, backend="gloo")
-    with recorder.patch() as log:
+    calls = recorder.Recorder(rank=0, backend="gloo")
+    with calls.patch() as log:
         assert dist.all_reduce is not original and dist.all_reduce == original
         dist.all_reduce(torch.ones(10))
         with pytest.raises(ValueError, match="Invalid destination rank"):

@@ -1,0 +1,286 @@
+"""Starting, watching and stopping the ranks of one launch.
+
+Ranks are forked from multiprocessing's forkserver, which imports torch once.
+The parent then watches every rank's control pipe (result or error), exit
+sentinel and output pipes in one selector loop, until all ranks returned, one
+failed, or time ran out. Whatever happens, every rank is stopped and every
+pipe closed before the call returns.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import multiprocessing
+import multiprocessing.spawn
+import os
+import selectors
+import signal
+import socket
+import time
+import uuid
+
+import cloudpickle
+import torch.distributed as dist
+
+from course import _worker, comm, errors
+from course._output import RankOutput
+
+_GRACE = 0.1  # seconds to gather errors raised at the same moment on other ranks
+
+
+def _forkserver():
+    context = multiprocessing.get_context("forkserver")
+    # The server imports torch once; every rank is a fork of it after that.
+    context.set_forkserver_preload(["course._worker"])
+    return context
+
+
+@contextlib.contextmanager
+def _without_main_module():
+    """Start ranks without re-running the parent's script in them.
+
+    forkserver, like spawn, imports the parent's __main__ in every child: a
+    script without an `if __name__ == "__main__":` guard would launch again
+    from each rank. Ranks need nothing from __main__ (cloudpickle sends the
+    function by value), so its entry is left out of what children prepare.
+    """
+    original = multiprocessing.spawn.get_preparation_data
+
+    def without_main(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+    multiprocessing.spawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        multiprocessing.spawn.get_preparation_data = original
+
+
+def _loopback_interface() -> str | None:
+    try:
+        return next(name for _, name in socket.if_nameindex() if name.startswith("lo"))
+    except (OSError, StopIteration):
+        return None
+
+
+class _Rank:
+    """The parent's handles on one rank's process."""
+
+    def __init__(self, rank, process, control, stdout, stderr, stack):
+        self.rank, self.process, self.control = rank, process, control
+        self.stdout, self.stderr, self.stack = stdout, stderr, stack
+        self.reply = None        # ("result", ...) or ("error", report)
+        self.exit_code = None    # set when the process ended on its own
+        self.failed_at = None    # time.time() of its failure
+
+    @property
+    def returned(self):
+        return self.reply is not None and self.reply[0] == "result"
+
+
+class Run:
+    def __init__(self, where, payload, timeout, num_threads, fn_name):
+        self.where, self.payload, self.timeout = where, payload, timeout
+        self.num_threads, self.fn_name = num_threads, fn_name
+        self.ranks: list[_Rank] = []
+        self.output = RankOutput()
+        self.selector = selectors.DefaultSelector()
+
+    def result(self) -> tuple[dict, comm.CommLog, dict]:
+        """(values, communication log, seconds), each by rank; raises what failed."""
+        store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=60))
+        try:
+            self._start(store.port)
+            outcome = self._wait()
+            if outcome == "done":
+                return self._finish()
+            raise self._failure(outcome)
+        finally:
+            self._stop()
+            del store
+
+    def _start(self, store_port: int) -> None:
+        context = _forkserver()
+        env = {"OMP_NUM_THREADS": str(self.num_threads)}
+        lo = _loopback_interface()
+        if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = lo  # every rank is on this machine
+        collective_timeout = (self.timeout or 1800) + 60  # ours fires first, with stacks
+        prefix = uuid.uuid4().hex
+        for rank, device in enumerate(self.where.devices):
+            spec = _worker.RankSpec(rank, self.where.world_size, self.where.backend, device,
+                                    store_port, prefix, collective_timeout, self.num_threads,
+                                    self.payload, env)
+            control, control_child = context.Pipe(duplex=True)
+            pipes = [context.Pipe(duplex=False) for _ in range(3)]  # stdout, stderr, stack
+            process = context.Process(target=_worker.main, name=f"rank {rank}",
+                                      args=(spec, control_child, *(w for _, w in pipes)))
+            with _without_main_module():
+                process.start()
+            for child_end in (control_child, *(w for _, w in pipes)):
+                child_end.close()
+            rank_ = _Rank(rank, process, control, *(r for r, _ in pipes))
+            self.ranks.append(rank_)
+            self.selector.register(control.fileno(), selectors.EVENT_READ, ("control", rank_))
+            self.selector.register(process.sentinel, selectors.EVENT_READ, ("exit", rank_))
+            for stream, reader in (("stdout", rank_.stdout), ("stderr", rank_.stderr)):
+                self.selector.register(reader.fileno(), selectors.EVENT_READ,
+                                       ("output", rank_, stream))
+
+    def _wait(self) -> str:
+        """Until every rank returned ("done"), one failed ("failed") or time
+        ran out ("timeout")."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        first_failure = None
+        while not all(r.returned for r in self.ranks):
+            now = time.monotonic()
+            if first_failure is not None and now >= first_failure + _GRACE:
+                return "failed"
+            if deadline is not None and now >= deadline:
+                return "timeout"
+            limits = [t for t in (deadline, first_failure and first_failure + _GRACE) if t]
+            wait = max(0.0, min(limits) - now) if limits else None
+            for key, _ in self.selector.select(wait):
+                kind, rank = key.data[0], key.data[1]
+                if kind == "output":
+                    self._read_output(key.fd, rank, key.data[2])
+                elif kind == "control":
+                    self._read_control(rank)
+                else:
+                    self._read_control(rank)  # a last word may wait in the pipe
+                    self.selector.unregister(key.fd)
+                    if rank.reply is None:
+                        rank.exit_code = rank.process.exitcode
+                        if rank.exit_code is None:
+                            rank.process.join(1)
+                            rank.exit_code = rank.process.exitcode
+                        rank.failed_at = time.time()
+                if first_failure is None and any(r.failed_at for r in self.ranks):
+                    first_failure = time.monotonic()
+        return "done"
+
+    def _read_control(self, rank: _Rank) -> None:
+        try:
+            while rank.control.poll():
+                rank.reply = rank.control.recv()
+                if rank.reply[0] == "error":
+                    rank.failed_at = rank.reply[1]["time"]
+        except (EOFError, OSError):
+            try:
+                self.selector.unregister(rank.control.fileno())
+            except (KeyError, ValueError):
+                pass
+
+    def _read_output(self, fd: int, rank: _Rank, stream: str) -> None:
+        data = os.read(fd, 65536)
+        if data:
+            self.output.write(rank.rank, stream, data)
+        else:
+            self.selector.unregister(fd)
+
+    def _finish(self) -> tuple[dict, comm.CommLog, dict]:
+        """Every rank returned: release them, collect their output, unpickle."""
+        for rank in self.ranks:
+            rank.control.send("exit")
+        deadline = time.monotonic() + 10
+        for rank in self.ranks:
+            rank.process.join(max(0.0, deadline - time.monotonic()))
+        self._drain_output()
+        values, log, seconds = {}, comm.CommLog(), {}
+        for rank in self.ranks:
+            _, result, records, took = rank.reply
+            values[rank.rank] = cloudpickle.loads(result)
+            log.extend(cloudpickle.loads(records))
+            seconds[rank.rank] = took
+        return values, log, seconds
+
+    # --- failures ------------------------------------------------------------------
+    def _failure(self, outcome: str) -> BaseException:
+        if outcome == "timeout":
+            waiting = [r for r in self.ranks if not r.returned]
+            dumps = self._stacks(waiting)
+            self._kill()
+            self._drain_output()
+            returned = {r.rank: r.reply[3] for r in self.ranks if r.returned}
+            return errors.timeout_error(self.timeout, self.fn_name, returned, dumps,
+                                        _worker.USER_ENTRY)
+        failed = sorted((r for r in self.ranks if r.failed_at is not None),
+                        key=lambda r: r.failed_at)
+        raised = [r for r in failed if r.reply is not None]
+        died = [r for r in failed if r.reply is None]
+        own_cause = [r for r in raised if not errors.lost_partner(r.reply[1])]
+        self._kill()
+        self._drain_output()
+        if died and not own_cause:
+            return errors.exit_error({r.rank: r.exit_code for r in died}, self.fn_name)
+        culprit = (own_cause or raised)[0]
+        others = {r.rank: r.reply[1] for r in raised if r is not culprit}
+        return errors.rank_exception(culprit.rank, culprit.reply[1], others,
+                                     self.where.world_size)
+
+    def _stacks(self, ranks: list[_Rank]) -> dict[int, str]:
+        """Each rank's Python stacks, dumped by faulthandler on SIGUSR1."""
+        for rank in ranks:
+            try:
+                os.kill(rank.process.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        text = {r.rank: b"" for r in ranks}
+        readers = {r.stack.fileno(): r for r in ranks}
+        selector = selectors.DefaultSelector()
+        for fd in readers:
+            selector.register(fd, selectors.EVENT_READ)
+        deadline = time.monotonic() + 2.0
+        while readers and time.monotonic() < deadline:
+            ready = selector.select(0.2)  # faulthandler writes at once; quiet means done
+            if not ready:
+                break
+            for key, _ in ready:
+                data = os.read(key.fd, 65536)
+                if data:
+                    text[readers[key.fd].rank] += data
+                else:
+                    selector.unregister(key.fd)
+                    del readers[key.fd]
+        selector.close()
+        return {rank: data.decode("utf-8", "replace") for rank, data in text.items()}
+
+    # --- leaving nothing behind ---------------------------------------------------
+    def _kill(self) -> None:
+        for rank in self.ranks:
+            for kill in (lambda: os.killpg(rank.process.pid, signal.SIGKILL), rank.process.kill):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError, OSError, AttributeError):
+                    pass
+        for rank in self.ranks:
+            rank.process.join(2)
+
+    def _drain_output(self, seconds: float = 1.0) -> None:
+        """Forward what the ranks printed last; stop when every pipe closed."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            outputs = [k for k in self.selector.get_map().values() if k.data[0] == "output"]
+            if not outputs:
+                break
+            ready = self.selector.select(max(0.0, deadline - time.monotonic()))
+            for key, _ in ready:
+                if key.data[0] == "output":
+                    self._read_output(key.fd, key.data[1], key.data[2])
+                else:
+                    self.selector.unregister(key.fd)
+        self.output.flush()
+
+    def _stop(self) -> None:
+        """Whatever happened (an interrupt too): no process, pipe or port left."""
+        if any(r.process.is_alive() for r in self.ranks):
+            self._kill()
+        self.output.flush()
+        self.selector.close()
+        for rank in self.ranks:
+            for connection in (rank.control, rank.stdout, rank.stderr, rank.stack):
+                connection.close()
+            rank.process.close()

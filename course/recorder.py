@@ -1,0 +1,270 @@
+"""Recording a rank's torch.distributed calls, by patching them while it runs.
+
+`Recorder.patch()` replaces `torch.distributed.<op>` with wrappers that log
+each call as a `course.comm.CommRecord` and restores the originals after.
+Timing and bytes: a measurement window stays open while any call is in
+flight; its bytes (gloo's socket writes) go to the calls in it, split in
+proportion to their predictions when there are several.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+import time
+
+import torch.distributed as dist
+
+from course import transfer
+from course.comm import RECORDED, CommLog, CommRecord, socket_bytes_written
+
+# Called name -> the operation whose formula applies.
+_FORMULA_OF = {"all_gather_single": "all_gather_into_tensor",
+               "reduce_scatter_single": "reduce_scatter_tensor",
+               "isend": "send", "irecv": "recv"}
+
+
+class _Recorded:
+    """A torch.distributed function that logs each call. It compares equal to
+    the function it wraps because torch's P2POp checks `op in [isend, irecv]`."""
+
+    def __init__(self, name, original, recorder):
+        functools.update_wrapper(self, original)
+        self._name, self._original, self._recorder = name, original, recorder
+        self._signature = inspect.signature(original)
+
+    def __call__(self, *args, **kwargs):
+        return self._recorder.call(self, args, kwargs)
+
+    def __eq__(self, other):
+        return other is self or other is self._original
+
+    def __hash__(self):
+        return hash(self._original)
+
+
+class _TrackedWork(dist.Work):
+    """A Work whose completion is seen at wait(): gloo gives no future for
+    point-to-point messages or reduce_scatter."""
+
+    def __init__(self, inner, on_done):
+        super().__init__()
+        self._inner, self._on_done = inner, on_done
+
+    def wait(self, timeout=None):
+        done = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+        self._on_done()
+        return done
+
+    def is_completed(self):
+        return self._inner.is_completed()
+
+    def is_success(self):
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def source_rank(self):
+        return self._inner.source_rank()
+
+    def result(self):
+        return self._inner.result()
+
+    def synchronize(self):
+        return self._inner.synchronize()
+
+    def get_future(self):
+        return self._inner.get_future()
+
+
+def _tensors_in(arguments, *names):
+    for name in names:
+        value = arguments.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def _describe(name: str, arguments: dict) -> tuple[tuple, str, int, int | None]:
+    """(shape, dtype, nbytes, peer-as-given) of one call, per transfer.SIZE_OF."""
+    if name == "barrier":
+        return (), "", 0, None
+    if name in ("reduce_scatter", "all_to_all"):
+        chunks = _tensors_in(arguments, "input_list", "input_tensor_list")
+        first = chunks[0]
+        nbytes = sum(t.numel() * t.element_size() for t in chunks)
+        return (len(chunks), *first.shape), str(first.dtype), nbytes, None
+    if name in ("all_gather_into_tensor", "all_gather_single"):
+        tensor = _tensors_in(arguments, "input_tensor", "input")
+    elif name in ("reduce_scatter_tensor", "reduce_scatter_single", "all_to_all_single"):
+        tensor = _tensors_in(arguments, "input", "input_tensor")
+    else:
+        tensor = arguments["tensor"]
+    peer = None
+    for key in ("group_src", "group_dst", "src", "dst"):
+        if arguments.get(key) is not None:
+            peer = (key, arguments[key])
+            break
+    return tuple(tensor.shape), str(tensor.dtype), tensor.numel() * tensor.element_size(), peer
+
+
+class Recorder:
+    """Logs the calls of one rank; `patch()` routes torch.distributed through it."""
+
+    def __init__(self, rank: int, backend: str, measure: bool | None = None):
+        self.rank, self.backend = rank, backend
+        self.log = CommLog()
+        self.measure = (backend == "gloo") if measure is None else measure
+        if self.measure and socket_bytes_written() is None:
+            self.measure = False  # not Linux: predictions only
+        self._t0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self._inside = threading.local()  # torch calling itself is not a second call
+        self._in_flight: list[CommRecord] = []  # current window of overlapping calls
+        self._open: set[int] = set()
+        self._window_start: int | None = None
+
+    # --- one call ----------------------------------------------------------------
+    def call(self, wrapper: _Recorded, args, kwargs):
+        if getattr(self._inside, "active", False):
+            return wrapper._original(*args, **kwargs)
+        try:
+            arguments = wrapper._signature.bind(*args, **kwargs).arguments
+            record = self._record(wrapper._name, arguments)
+        except Exception:  # noqa: BLE001 - bad arguments: torch says what is wrong
+            record = None
+        if record is None:  # or this rank is not in the group: torch does nothing
+            return wrapper._original(*args, **kwargs)
+        self._begin(record)
+        self._inside.active = True
+        try:
+            result = wrapper._original(*args, **kwargs)
+        except BaseException:
+            self._end(record)
+            raise
+        finally:
+            self._inside.active = False
+        if record.async_op and result is not None:
+            return self._when_done(result, lambda: self._end(record))
+        self._end(record)
+        return result
+
+    def _record(self, name: str, arguments: dict) -> CommRecord | None:
+        group = arguments.get("group")
+        group_rank = dist.get_rank(group)
+        if group_rank < 0:
+            return None
+        size = dist.get_world_size(group)
+        shape, dtype, nbytes, peer = _describe(name, arguments)
+        if peer is not None:
+            key, value = peer
+            global_rank = group is not None and not key.startswith("group_")
+            peer = dist.get_group_rank(group, value) if global_rank else value
+        formula = transfer.predict(_FORMULA_OF.get(name, name), nbytes, size, rank=group_rank,
+                                   root=peer if peer is not None else 0, backend=self.backend)
+        async_op = name in ("isend", "irecv") or bool(arguments.get("async_op", False))
+        return CommRecord(self.rank, name, shape, dtype, nbytes, size, peer, async_op,
+                          formula.algorithm, formula.sent)
+
+    # --- timing and bytes: a window stays open while any call is in flight --------
+    def _begin(self, record: CommRecord) -> None:
+        with self._lock:
+            if not self._open and self.measure:
+                self._window_start = socket_bytes_written()
+            record.start = time.perf_counter() - self._t0
+            self._in_flight.append(record)
+            self._open.add(id(record))
+            self.log.append(record)
+
+    def _end(self, record: CommRecord) -> None:
+        with self._lock:
+            if id(record) not in self._open:
+                return  # already ended (a second wait())
+            self._open.discard(id(record))
+            record.end = time.perf_counter() - self._t0
+            if self._open:
+                return
+            window, self._in_flight = self._in_flight, []
+            if not self.measure:
+                return
+            written = socket_bytes_written() - self._window_start
+            if len(window) == 1:
+                window[0].measured = written
+                return
+            total = sum(r.predicted for r in window)
+            for r in window:
+                share = r.predicted / total if total else 1 / len(window)
+                r.measured, r.shared = round(written * share), True
+
+    def _when_done(self, work, callback):
+        """Return `work`; call `callback` once, when it completes."""
+        fired = threading.Event()
+
+        def once(*_):
+            if not fired.is_set():
+                fired.set()
+                callback()
+        try:
+            work.get_future().add_done_callback(once)
+            return work
+        except RuntimeError:  # gloo: no future for p2p and reduce_scatter
+            return _TrackedWork(work, once)
+
+    def _batch_isend_irecv(self, p2p_op_list):
+        """Each P2POp counts as its isend/irecv. torch's batch code needs the
+        original functions back (it tests `op.op is isend`)."""
+        records = []
+        for p2p in p2p_op_list:
+            if isinstance(p2p.op, _Recorded):
+                p2p.op = p2p.op._original
+            name = "isend" if p2p.op is self._originals["isend"] else "irecv"
+            peer_key = "dst" if name == "isend" else "src"
+            record = self._record(name, {"tensor": p2p.tensor, "group": p2p.group,
+                                         peer_key: p2p.peer})
+            if record is not None:
+                self._begin(record)
+                records.append(record)
+        self._inside.active = True
+        try:
+            works = self._originals["batch_isend_irecv"](p2p_op_list)
+        finally:
+            self._inside.active = False
+        remaining = [len(works or ())]
+
+        def one_done():
+            with self._lock:
+                remaining[0] -= 1
+                last = remaining[0] <= 0
+            if last:
+                for r in records:
+                    self._end(r)
+        if not works:
+            one_done()
+            return works
+        return [self._when_done(w, one_done) for w in works]
+
+    def finish(self) -> None:
+        """Close calls never waited for, so their records get an end."""
+        for record in list(self._in_flight):
+            self._end(record)
+
+    @contextlib.contextmanager
+    def patch(self):
+        """Route torch.distributed.<op> through this recorder, then restore."""
+        self._originals = {name: getattr(dist, name) for name in (*RECORDED, "batch_isend_irecv")
+                           if hasattr(dist, name)}
+        for name in RECORDED:
+            if name in self._originals:
+                setattr(dist, name, _Recorded(name, self._originals[name], self))
+        @functools.wraps(self._originals["batch_isend_irecv"])
+        def batch_isend_irecv(p2p_op_list):
+            return self._batch_isend_irecv(p2p_op_list)
+        dist.batch_isend_irecv = batch_isend_irecv
+        try:
+            yield self.log
+        finally:
+            self.finish()
+            for name, original in self._originals.items():
+                setattr(dist, name, original)

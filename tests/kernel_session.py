@@ -18,6 +18,8 @@ from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from kernels import this_interpreters_kernel
+
 CELLS = [
     """
     import os, time, torch, torch.distributed as dist, course
@@ -71,7 +73,7 @@ def main(pid_dir: Path) -> dict:
     cells = [nbformat.v4.new_code_cell(f"PID_DIR = {str(pid_dir)!r}")]
     cells += [nbformat.v4.new_code_cell(textwrap.dedent(c).strip()) for c in CELLS]
     notebook = nbformat.v4.new_notebook(cells=cells)
-    client = NotebookClient(notebook, timeout=120, kernel_name="python3",
+    client = NotebookClient(notebook, km=this_interpreters_kernel(), timeout=120,
                             resources={"metadata": {"path": str(pid_dir)}})
     report = {}
     with client.setup_kernel():

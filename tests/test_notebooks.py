@@ -17,33 +17,19 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from grader.labs import ignore_patterns
+from kernels import KERNEL_NAME, this_interpreters_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
 
 CELL_TIMEOUT_S = 300
 NOTEBOOK_BUDGET_S = 120
-KERNEL_NAME = "python3"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def _kernel_manager() -> AsyncKernelManager:
-    """The python3 kernel of *this* interpreter (sys.executable).
-
-    Jupyter's kernelspec search would let a stale user-level
-    ~/.local/share/jupyter/kernels/python3 win; with no kernel dirs,
-    jupyter_client falls back to ipykernel's native spec, whose argv is
-    [sys.executable, "-m", "ipykernel_launcher", ...].
-    """
-    ksm = KernelSpecManager(kernel_dirs=[])
-    return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=ksm)
 
 
 def _execute(nb: nbformat.NotebookNode, cwd: Path, progress: dict | None = None) -> float:
@@ -58,7 +44,7 @@ def _execute(nb: nbformat.NotebookNode, cwd: Path, progress: dict | None = None)
 
     client = NotebookClient(
         nb,
-        km=_kernel_manager(),
+        km=this_interpreters_kernel(),
         kernel_name=KERNEL_NAME,
         timeout=CELL_TIMEOUT_S,
         allow_errors=False,

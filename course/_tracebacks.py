@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-_COURSE_DIR = os.path.dirname(os.path.abspath(__file__))
+COURSE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 # --- where code lives, in words a student recognises ------------------------------
@@ -52,18 +52,26 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.M)
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
 
 
+def below_entry(frames: list, entry: str, name_of, filename_of) -> list:
+    """Oldest-first `frames` below the one named `entry` (the course's call
+    into user code; all of them if it is absent), without the course's own.
+    `name_of` and `filename_of` read a frame, whatever its type."""
+    names = [name_of(frame) for frame in frames]
+    if entry in names:
+        frames = frames[names.index(entry) + 1:]
+    return [frame for frame in frames if not filename_of(frame).startswith(COURSE_DIR)]
+
+
 def user_stack(dump: str, entry: str) -> list[tuple[str, int, str]] | None:
     """The frames of the thread that runs the user's function, oldest first,
-    starting below `entry` (the course's call into user code) and without
-    the course's own wrappers. None if no thread is inside user code."""
+    starting below `entry` and without the course's own wrappers. None if no
+    thread is inside user code."""
     blocks = _THREAD.split(dump)
     # split() gives [before, kind, id, body, kind, id, body, ...]
     for body in blocks[3::3]:
         frames = [(f, int(n), name) for f, n, name in _FRAME.findall(body)][::-1]
-        names = [name for _, _, name in frames]
-        if entry in names:
-            frames = frames[names.index(entry) + 1:]
-            return [fr for fr in frames if not fr[0].startswith(_COURSE_DIR)]
+        if any(name == entry for _, _, name in frames):
+            return below_entry(frames, entry, lambda fr: fr[2], lambda fr: fr[0])
     return None
 
 

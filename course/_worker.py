@@ -22,12 +22,11 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from course import placement, recorder
+from course import _tracebacks, placement, recorder
 
 # The frame of this function marks where the user's code begins, in tracebacks
 # and in stack dumps; the parent trims everything above it.
 USER_ENTRY = "_call_user_function"
-_COURSE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass
@@ -152,11 +151,8 @@ def _trim_to_user_code(summary: traceback.TracebackException) -> None:
         if summary is None or id(summary) in seen:
             continue
         seen.add(id(summary))
-        frames = list(summary.stack)
-        names = [f.name for f in frames]
-        if USER_ENTRY in names:
-            frames = frames[names.index(USER_ENTRY) + 1:]
-        frames = [f for f in frames if not f.filename.startswith(_COURSE_DIR)]
+        frames = _tracebacks.below_entry(list(summary.stack), USER_ENTRY,
+                                         lambda f: f.name, lambda f: f.filename)
         summary.stack = traceback.StackSummary.from_list(frames)
         todo += [summary.__cause__, summary.__context__]
 

@@ -122,8 +122,7 @@ class Recorder:
         self._t0 = time.perf_counter()
         self._lock = threading.Lock()
         self._inside = threading.local()  # torch calling itself is not a second call
-        self._in_flight: list[CommRecord] = []  # current window of overlapping calls
-        self._open: set[int] = set()
+        self._in_flight: list[CommRecord] = []  # the open window: calls since it began
         self._window_start: int | None = None
 
     # --- one call ----------------------------------------------------------------
@@ -171,21 +170,19 @@ class Recorder:
     # --- timing and bytes: a window stays open while any call is in flight --------
     def _begin(self, record: CommRecord) -> None:
         with self._lock:
-            if not self._open and self.measure:
+            if not self._in_flight and self.measure:
                 self._window_start = socket_bytes_written()
             record.start = time.perf_counter() - self._t0
             self._in_flight.append(record)
-            self._open.add(id(record))
             self.log.append(record)
 
     def _end(self, record: CommRecord) -> None:
         with self._lock:
-            if id(record) not in self._open:
+            if record.end is not None:
                 return  # already ended (a second wait())
-            self._open.discard(id(record))
             record.end = time.perf_counter() - self._t0
-            if self._open:
-                return
+            if any(r.end is None for r in self._in_flight):
+                return  # the window stays open while any call in it is
             window, self._in_flight = self._in_flight, []
             if not self.measure:
                 return

@@ -1,0 +1,134 @@
+"""Comparing a result with the reference, with a message that says what differs.
+
+    check.assert_close(grads, expected_grads, "gradients", rank=1)
+
+fails with, for example:
+
+    gradients['layer1.0.weight'] on rank 1: 96 of 8192 elements differ; the largest
+    difference is 3.1e-03 at [4, 7] (got 0.1234, expected 0.1265); allowed:
+    |got - expected| <= 1e-06 + 1e-05 * |expected| (float32)
+
+Tolerances depend on the dtype (`TOLERANCES`). Results computed on several
+ranks are close to, not bit-equal with, one process: the order of summation
+changes, and floating-point addition is not associative.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+#: dtype -> (rtol, atol). float32/float64 are the course's contract; the half
+#: precisions follow torch.testing's defaults.
+TOLERANCES = {
+    torch.float64: (1e-12, 1e-14),
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) for comparing tensors of this dtype; exact for integers and bools."""
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def _where(name: str, rank: int | None) -> str:
+    return name if rank is None else f"{name} on rank {rank}"
+
+
+def _as_tensor(value, expected: torch.Tensor, where: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if value is None:
+        raise AssertionError(f"{where}: got None, expected a tensor of shape {tuple(expected.shape)}; "
+                             "does the function return its result?")
+    if isinstance(value, (int, float, bool)) and expected.dim() == 0:
+        return torch.tensor(value, dtype=expected.dtype)
+    try:
+        import numpy as np
+        if isinstance(value, np.ndarray):
+            return torch.from_numpy(value)
+    except ImportError:  # pragma: no cover - numpy ships with the course
+        pass
+    raise AssertionError(f"{where}: got {type(value).__name__}, expected a torch.Tensor "
+                         f"of shape {tuple(expected.shape)}")
+
+
+def _index(flat_index: int, shape: torch.Size) -> list[int]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat_index % size)
+        flat_index //= size
+    return index[::-1]
+
+
+def _compare_tensors(actual, expected: torch.Tensor, where: str, rtol, atol) -> None:
+    actual = _as_tensor(actual, expected, where)
+    if actual.shape != expected.shape:
+        hint = ""
+        if actual.dim() == 2 and tuple(actual.shape) == tuple(expected.shape)[::-1]:
+            hint = " (transposed?)"
+        elif actual.numel() == expected.numel():
+            hint = " (same number of elements: reshaped, or stacked along the wrong dimension?)"
+        raise AssertionError(f"{where}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}{hint}")
+    if actual.dtype != expected.dtype:
+        raise AssertionError(f"{where}: dtype {actual.dtype}, expected {expected.dtype}")
+    default_rtol, default_atol = tolerance(expected.dtype)
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
+    got, want = actual.detach().cpu(), expected.detach().cpu()
+    close = torch.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    if bool(close.all()):
+        return
+    if got.is_floating_point() or got.is_complex():
+        difference = (got.double() - want.double()).abs()
+        difference[torch.isnan(difference)] = float("inf")  # a NaN on one side only
+    else:
+        difference = (got.long() - want.long()).abs().double()
+    difference[close] = 0
+    worst = int(difference.argmax())
+    at = _index(worst, got.shape)
+    flat_got, flat_want = got.reshape(-1)[worst].item(), want.reshape(-1)[worst].item()
+    position = f" at {at}" if at else ""
+    bad = int((~close).sum())
+    allowed = (f"|got - expected| <= {atol:.0e} + {rtol:.0e} * |expected| ({expected.dtype})"
+               if rtol or atol else f"exact equality ({expected.dtype})")
+    raise AssertionError(
+        f"{where}: {bad} of {got.numel()} elements differ; the largest difference is "
+        f"{difference.reshape(-1)[worst].item():.2g}{position} (got {flat_got:.6g}, expected {flat_want:.6g}); "
+        f"allowed: {allowed}")
+
+
+def assert_close(actual, expected, name: str, *, rank: int | None = None,
+                 rtol: float | None = None, atol: float | None = None) -> None:
+    """Raise AssertionError unless `actual` matches `expected` within tolerance.
+
+    expected: a tensor, or a mapping / sequence of them (a state dict, a list of
+    gradients); `actual` must have the same keys or length. `name` and `rank`
+    say, in the message, which result is wrong. rtol/atol default to the
+    dtype's `tolerance`.
+    """
+    where = _where(name, rank)
+    if isinstance(expected, torch.Tensor):
+        _compare_tensors(actual, expected, where, rtol, atol)
+    elif isinstance(expected, Mapping):
+        if not isinstance(actual, Mapping):
+            raise AssertionError(f"{where}: got {type(actual).__name__}, expected a dict with keys {list(expected)}")
+        missing = [k for k in expected if k not in actual]
+        extra = [k for k in actual if k not in expected]
+        if missing or extra:
+            raise AssertionError(f"{where}: keys differ; missing {missing}, unexpected {extra}")
+        for key in expected:
+            assert_close(actual[key], expected[key], f"{name}[{key!r}]", rank=rank, rtol=rtol, atol=atol)
+    elif isinstance(expected, Sequence) and not isinstance(expected, (str, bytes)):
+        if not isinstance(actual, Sequence) or isinstance(actual, (str, bytes)):
+            raise AssertionError(f"{where}: got {type(actual).__name__}, expected a sequence of {len(expected)}")
+        if len(actual) != len(expected):
+            raise AssertionError(f"{where}: {len(actual)} items, expected {len(expected)}")
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_close(a, e, f"{name}[{i}]", rank=rank, rtol=rtol, atol=atol)
+    elif isinstance(expected, (int, float)):
+        _compare_tensors(actual, torch.tensor(expected, dtype=torch.float64), where, rtol, atol)
+    else:
+        raise TypeError(f"assert_close: cannot compare {type(expected).__name__} (for {where})")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import GraderError, release
+from . import GraderError, grade, reference, release
 
 # Each command module provides add_subcommand(subparsers), which registers its
 # parser and sets ``func`` (args -> exit status). Add new commands here.
-COMMANDS = (release,)
+COMMANDS = (release, reference, grade)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from fnmatch import fnmatch
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from grader.labs import ignore_patterns
-from kernels import KERNEL_NAME, this_interpreters_kernel
+from grader.execute import execute
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
@@ -33,27 +31,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _execute(nb: nbformat.NotebookNode, cwd: Path, progress: dict | None = None) -> float:
-    """Run all cells of nb (in place) with cwd; returns the wall time in seconds.
-
-    progress["index"] is kept at the index of the cell being executed.
-    """
+    """Run all cells of nb (in place) with cwd; progress["index"] follows the running cell."""
     progress = {} if progress is None else progress
 
     def on_cell_start(cell, cell_index, **_):
         progress["index"] = cell_index
 
-    client = NotebookClient(
-        nb,
-        km=this_interpreters_kernel(),
-        kernel_name=KERNEL_NAME,
-        timeout=CELL_TIMEOUT_S,
-        allow_errors=False,
-        resources={"metadata": {"path": str(cwd)}},
-        on_cell_start=on_cell_start,
-    )
-    t0 = time.perf_counter()
-    client.execute()
-    return time.perf_counter() - t0
+    return execute(nb, cwd, timeout=CELL_TIMEOUT_S, on_cell_start=on_cell_start)
 
 
 def _snapshot(folder: Path, patterns: list[str]) -> set[Path]:

@@ -1,0 +1,92 @@
+"""The course's recurring pictures, drawn on a matplotlib Axes you pass in.
+
+    phase_bars(ax, {"batch 32": phases32, "batch 256": phases256})
+    throughput_curve(ax, sweep_frame)
+
+Colours group the phases of a training step the same way in every lab: data
+(greys), forward (blues), loss (purple), backward (oranges), the optimizer
+(greens), communication (reds).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import matplotlib.pyplot as plt
+
+# Phase-name prefix -> colour map; the first prefix that matches wins.
+_GROUPS = (("read", "Greys"), ("to device", "Greys"), ("forward", "Blues"), ("loss", "Purples"),
+           ("backward", "Oranges"), ("optimizer", "Greens"), ("weight", "Greens"),
+           ("all", "Reds"), ("comm", "Reds"))
+_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+
+
+def phase_colours(phases: list[str]) -> dict[str, tuple]:
+    """A colour per phase: one hue per group, shades within a group."""
+    by_group: dict[str, list[str]] = {}
+    for phase in phases:
+        cmap = next((c for prefix, c in _GROUPS if phase.startswith(prefix)), "Greys")
+        by_group.setdefault(cmap, []).append(phase)
+    colours = {}
+    for cmap, members in by_group.items():
+        shades = plt.get_cmap(cmap)
+        for i, phase in enumerate(members):
+            colours[phase] = shades(0.75 - 0.45 * i / max(len(members) - 1, 1))
+    return colours
+
+
+def phase_bars(ax, steps: Mapping[str, Mapping[str, float]], *, unit: str = "ms",
+               title: str | None = None, legend: bool = True):
+    """One stacked bar per step: how its time (in seconds) splits into phases.
+
+    steps: bar label -> {phase: seconds}. Phases stack in the order they first
+    appear, bottom to top: the order in which a step runs them.
+    """
+    if unit not in _UNITS:
+        raise ValueError(f"unit must be one of {list(_UNITS)}, got {unit!r}")
+    phases = list(dict.fromkeys(p for step in steps.values() for p in step))
+    colours = phase_colours(phases)
+    labels = list(steps)
+    bottoms = [0.0] * len(labels)
+    for phase in phases:
+        heights = [steps[label].get(phase, 0.0) * _UNITS[unit] for label in labels]
+        ax.bar(labels, heights, bottom=bottoms, color=colours[phase], label=phase,
+               edgecolor="white", linewidth=0.5)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_ylabel(f"time per step ({unit})")
+    if title:
+        ax.set_title(title)
+    if legend:
+        # Reversed, so the legend reads top to bottom like the stack.
+        handles, names = ax.get_legend_handles_labels()
+        ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1),
+                  fontsize="small", frameon=False)
+    return ax
+
+
+def throughput_curve(ax, frame, *, title: str | None = None, tile: int = 32, small: int = 64):
+    """Samples per second against batch size, with its min-max band.
+
+    Filled markers are multiples of `tile`, hollow ones are not; the dotted
+    line marks `small`, below which the sources say a GPU is wasted.
+    """
+    frame = frame.sort_values("batch_size")
+    x = frame["batch_size"]
+    ax.fill_between(x, frame["samples_per_s_min"], frame["samples_per_s_max"], color="#9ecae1", alpha=0.5,
+                    label="min-max over steps")
+    ax.plot(x, frame["samples_per_s"], "-", color="#08519c")
+    aligned = frame[frame["batch_size"] % tile == 0]
+    other = frame[frame["batch_size"] % tile != 0]
+    ax.plot(aligned["batch_size"], aligned["samples_per_s"], "o", color="#08519c",
+            label=f"multiple of {tile}")
+    if len(other):
+        ax.plot(other["batch_size"], other["samples_per_s"], "o", mfc="white", color="#08519c",
+                label=f"not a multiple of {tile}")
+    ax.axvline(small, linestyle=":", color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (samples per step)")
+    ax.set_ylabel("samples per second")
+    ax.set_ylim(bottom=0)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize="small", frameon=False)
+    return ax

@@ -1,0 +1,49 @@
+"""Executing a notebook headless, in this interpreter's own Jupyter kernel.
+
+Used by ``python -m grader reference`` and by the tests; nbgrader's autograde
+starts its own kernels.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import nbformat
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+
+KERNEL_NAME = "python3"
+
+
+def this_interpreters_kernel() -> AsyncKernelManager:
+    """The python3 kernel of *this* interpreter (sys.executable).
+
+    Jupyter's kernelspec search would let a stale user-level
+    ~/.local/share/jupyter/kernels/python3 win; with no kernel dirs,
+    jupyter_client falls back to ipykernel's native spec, whose argv is
+    [sys.executable, "-m", "ipykernel_launcher", ...].
+    """
+    return AsyncKernelManager(kernel_name=KERNEL_NAME,
+                              kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+
+
+def execute(nb: nbformat.NotebookNode, cwd: Path, *, timeout: float = 300,
+            env: Mapping[str, str] | None = None, on_cell_start=None) -> float:
+    """Run every cell of nb (in place, stopping at the first error) with cwd.
+
+    env: variables added to this process's environment for the kernel.
+    Returns the wall time in seconds; raises nbclient's CellExecutionError,
+    CellTimeoutError or DeadKernelError.
+    """
+    kernel_env = {**os.environ, "MPLBACKEND": "Agg", **(env or {})}
+    client = NotebookClient(
+        nb, km=this_interpreters_kernel(), kernel_name=KERNEL_NAME, timeout=timeout,
+        allow_errors=False, resources={"metadata": {"path": str(cwd)}},
+        **({"on_cell_start": on_cell_start} if on_cell_start else {}),
+    )
+    t0 = time.perf_counter()
+    client.execute(env=kernel_env)
+    return time.perf_counter() - t0

@@ -1,0 +1,131 @@
+"""``python -m grader reference``: record the reference outputs from the solutions.
+
+Hidden tests compare a student's results on fixed cases with values stored in
+``grader/reference/<lab>.json`` (see ``course.grading``). This command
+executes each solution notebook, in a scratch copy of its folder, with
+``COURSE_REFERENCE_RECORD`` set: every ``Reference.check`` in it then records
+its value instead of comparing. A lab that records nothing has no file.
+
+``--check`` records into a scratch folder and compares with the stored files,
+within the course's tolerances: exit status 1 when they drift apart.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+from course import check, grading
+
+from . import COURSE_ROOT, GraderError
+from .execute import execute
+from .labs import display_path, find_labs, ignore_patterns
+
+REFERENCE_DIR = "grader/reference"
+
+
+def record(lab, dest: Path, root: Path = COURSE_ROOT) -> Path | None:
+    """Execute lab's solution in record mode; returns dest/<lab>.json, or None if it records nothing."""
+    with tempfile.TemporaryDirectory(prefix="grader-reference-") as tmp:
+        work, recorded = Path(tmp) / lab.name, Path(tmp) / "recorded"
+        shutil.copytree(lab.notebook.parent, work, ignore=shutil.ignore_patterns(*ignore_patterns(root)))
+        recorded.mkdir()
+        nb = nbformat.read(work / lab.notebook.name, as_version=4)
+        try:
+            execute(nb, work, env={grading.RECORD_ENV: str(recorded)})
+        except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
+            raise GraderError(f"{display_path(lab.notebook, root)} failed while recording its "
+                              f"reference outputs:\n{e}") from None
+        produced = recorded / f"{lab.name}.json"
+        target = Path(dest) / f"{lab.name}.json"
+        if not produced.is_file():
+            target.unlink(missing_ok=True)  # the lab no longer checks against references
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(produced, target)
+        return target
+
+
+def compare(stored: Path, fresh: Path) -> list[str]:
+    """Differences between two reference folders, one line each (empty: they agree)."""
+    problems = []
+    stored_files = {p.name for p in Path(stored).glob("*.json")}
+    fresh_files = {p.name for p in Path(fresh).glob("*.json")}
+    problems += [f"{name}: stored, but the solutions no longer record it" for name in sorted(stored_files - fresh_files)]
+    problems += [f"{name}: recorded by the solutions, but not stored" for name in sorted(fresh_files - stored_files)]
+    for name in sorted(stored_files & fresh_files):
+        old, new = grading.read(Path(stored) / name), grading.read(Path(fresh) / name)
+        for key in sorted(set(old) | set(new)):
+            if key not in new:
+                problems.append(f"{name}: {key!r} is stored but no longer recorded")
+            elif key not in old:
+                problems.append(f"{name}: {key!r} is recorded but not stored")
+            else:
+                try:
+                    check.assert_close(new[key], old[key], key)
+                except AssertionError as e:
+                    problems.append(f"{name}: {e}")
+    return problems
+
+
+def _select(labs: list[str], root: Path):
+    all_labs = find_labs(root)
+    if not labs:
+        return all_labs
+    by_name = {lab.name: lab for lab in all_labs}
+    names = [Path(x).name for x in labs]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise GraderError(f"unknown lab(s) {', '.join(unknown)}; labs are: {', '.join(by_name)}")
+    return [by_name[n] for n in dict.fromkeys(names)]
+
+
+def add_subcommand(subparsers) -> None:
+    p = subparsers.add_parser(
+        "reference", help="record the hidden tests' reference outputs from solutions/",
+        description=f"Execute each solution notebook and store the values its tests record in {REFERENCE_DIR}/.")
+    p.add_argument("labs", nargs="*", metavar="LAB", help="lab(s) to record, e.g. 01_single_gpu (default: all)")
+    p.add_argument("--dest", type=Path, help=f"write here instead of {REFERENCE_DIR}/")
+    p.add_argument("--check", action="store_true",
+                   help=f"write nothing; exit 1 if {REFERENCE_DIR}/ has drifted from the solutions")
+    p.add_argument("--root", type=Path, default=COURSE_ROOT, help="course root (default: this repository)")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    root = Path(args.root).resolve()
+    stored = root / REFERENCE_DIR
+    labs = _select(args.labs, root)
+    if args.check:
+        if args.dest:
+            raise GraderError("--check takes no --dest")
+        with tempfile.TemporaryDirectory(prefix="grader-reference-check-") as tmp:
+            for lab in labs:
+                record(lab, Path(tmp), root)
+            if args.labs:  # compare only the labs asked for
+                names = {f"{lab.name}.json" for lab in labs}
+                kept = Path(tmp) / "stored"
+                kept.mkdir()
+                for path in stored.glob("*.json"):
+                    if path.name in names:
+                        shutil.copyfile(path, kept / path.name)
+                problems = compare(kept, Path(tmp))
+            else:
+                problems = compare(stored, Path(tmp))
+        if problems:
+            print(f"{REFERENCE_DIR}/ has drifted from solutions/ (run `python -m grader reference`):",
+                  file=sys.stderr)
+            print("  " + "\n  ".join(problems), file=sys.stderr)
+            return 1
+        print(f"{REFERENCE_DIR}/ agrees with solutions/")
+        return 0
+    dest = Path(args.dest).resolve() if args.dest else stored
+    for lab in labs:
+        path = record(lab, dest, root)
+        print(f"{lab.name}: " + (f"wrote {display_path(path, root)}" if path else "records no reference values"))
+    return 0

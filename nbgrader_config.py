@@ -66,3 +66,12 @@ c.Execute.skip_cells_with_tag = "nbgrader-skip-5c1e9a07d3b84f26a9e0b71c4d62f8e3"
 # A graded test cell deleted from a submission is restored from the gradebook
 # and run, instead of silently dropping out of the grading.
 c.OverwriteCells.add_missing_cells = True
+
+# --- Feedback ---------------------------------------------------------------
+# nbgrader 0.9.6 shows hidden tests in the feedback HTML; grader.feedback
+# removes them, and the tracebacks that would quote them.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "grader.feedback.HideHiddenTests",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

@@ -153,9 +153,23 @@ def find_labs(root: Path = COURSE_ROOT) -> list[Lab]:
     return labs
 
 
-def ignore_patterns(root: Path = COURSE_ROOT) -> list[str]:
-    """nbgrader's CourseDirectory.ignore from the course config (never released)."""
+def course_config(root: Path = COURSE_ROOT):
+    """The course's nbgrader_config.py, loaded as nbgrader loads it."""
     from traitlets.config.loader import PyFileConfigLoader
 
-    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
-    return list(cfg.CourseDirectory.ignore)
+    return PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+
+
+def ignore_patterns(root: Path = COURSE_ROOT) -> list[str]:
+    """nbgrader's CourseDirectory.ignore from the course config (never released)."""
+    return list(course_config(root).CourseDirectory.ignore)
+
+
+def graded_cells(notebook: dict) -> dict[str, float]:
+    """{grade_id: points} of the autograded test cells of a source notebook."""
+    cells = {}
+    for cell in notebook.get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and cell.get("cell_type") == "code":
+            cells[meta["grade_id"]] = float(meta.get("points", 0))
+    return cells

@@ -22,16 +22,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 
-from . import COURSE_ROOT, GraderError
+from . import COURSE_ROOT, GraderError, nbgrader_cli
 from .compare import compare_releases
 from .labs import (INDEX_NAME, KERNELSPEC, LAB_NAME_RE, RELEASE_DIR, SOURCE_DIR, Lab, display_path,
                    find_labs, ignore_patterns)
@@ -44,41 +42,22 @@ INDEX_BLURB = "Hands-on Jupyter labs on training neural networks on several GPUs
 # --------------------------------------------------------------------------
 
 
-def _nbgrader_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # Only the course's nbgrader_config.py counts, not ~/.jupyter or /etc/jupyter,
-    # so every machine builds the same release.
-    env["JUPYTER_NO_CONFIG"] = "1"
-    # nbgrader's gradebook runs the `alembic` console script: find it next to
-    # this interpreter even when the virtualenv is not activated.
-    scripts = [str(Path(sys.executable).parent), sysconfig.get_path("scripts")]
-    env["PATH"] = os.pathsep.join(dict.fromkeys(scripts + env.get("PATH", "").split(os.pathsep)))
-    return env
-
-
 def generate_assignment(lab: str, root: Path, dest: Path | None = None, db_url: str | None = None) -> None:
     """Run ``nbgrader generate_assignment LAB --force`` with cwd = course root.
 
     dest / db_url override the config's release directory / gradebook.
-    A subprocess (not nbgrader's in-process API) so that config loading is
-    exactly the CLI's and no nbgrader/traitlets global state leaks between labs.
     """
-    cmd = [sys.executable, "-m", "nbgrader", "generate_assignment", lab, "--force", "--log-level=WARN"]
+    args = ["generate_assignment", lab, "--force", "--log-level=WARN"]
     if dest is not None:
-        cmd.append(f"--CourseDirectory.release_directory={dest}")
+        args.append(f"--CourseDirectory.release_directory={dest}")
     if db_url is not None:
-        cmd.append(f"--CourseDirectory.db_url={db_url}")
-    proc = subprocess.run(
-        cmd, cwd=root, env=_nbgrader_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        args.append(f"--CourseDirectory.db_url={db_url}")
+    proc = nbgrader_cli.run(args, root)
     out_dir = (dest if dest is not None else root / RELEASE_DIR) / lab
     if proc.returncode != 0 or not (out_dir / f"{lab}.ipynb").is_file():
-        log = proc.stdout.strip()
-        if len(log) > 6000:
-            log = "...\n" + log[-6000:]
         raise GraderError(
             f"nbgrader generate_assignment failed for {SOURCE_DIR}/{lab}/{lab}.ipynb "
-            f"(exit status {proc.returncode}):\n{log}"
+            f"(exit status {proc.returncode}):\n{nbgrader_cli.log_tail(proc)}"
         )
 
 

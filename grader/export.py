@@ -1,0 +1,70 @@
+"""The grades as CSV: one row per student, and per lab whether grading ran.
+
+nbgrader's own export writes 0.0 for a notebook whose grading failed, the same
+as a real zero. Here each lab has four columns:
+
+    <lab> score         the autograded points (empty when not graded)
+    <lab> max score     the points available
+    <lab> graded        yes / no
+    <lab> not graded because   why, in plain words (empty when graded)
+
+then ``total score`` (graded labs only) and ``total max score``.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from nbgrader.api import Gradebook, MissingEntry
+
+from .labs import course_config
+
+
+def columns(labs: list[str]) -> list[str]:
+    cols = ["student_id"]
+    for lab in labs:
+        cols += [f"{lab} score", f"{lab} max score", f"{lab} graded", f"{lab} not graded because"]
+    return cols + ["total score", "total max score"]
+
+
+def rows(students: list[str], points: dict[str, float], status: dict, db_url: str, root: Path) -> list[dict]:
+    course_id = course_config(root).CourseDirectory.course_id
+    out = []
+    with Gradebook(db_url, course_id=course_id) as gradebook:
+        for student in students:
+            row, total, total_max = {"student_id": student}, 0.0, 0.0
+            for lab, max_score in points.items():
+                entry = status.get(student, {}).get(lab)
+                row[f"{lab} max score"] = max_score
+                total_max += max_score
+                if entry is None:
+                    row.update({f"{lab} score": "", f"{lab} graded": "no",
+                                f"{lab} not graded because": "no submission"})
+                    continue
+                score = None
+                if entry["graded"]:
+                    try:
+                        score = gradebook.find_submission(lab, student).score
+                    except MissingEntry:
+                        entry = {"graded": False, "problem": "the gradebook has no grade for it"}
+                if score is None:
+                    row.update({f"{lab} score": "", f"{lab} graded": "no",
+                                f"{lab} not graded because": entry["problem"]})
+                else:
+                    total += score
+                    row.update({f"{lab} score": score, f"{lab} graded": "yes",
+                                f"{lab} not graded because": ""})
+            row["total score"], row["total max score"] = total, total_max
+            out.append(row)
+    return out
+
+
+def write_csv(path: Path, students: list[str], points: dict[str, float], status: dict, db_url: str,
+              root: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns(list(points)))
+        writer.writeheader()
+        writer.writerows(rows(students, points, status, db_url, root))
+    return path

@@ -1,0 +1,46 @@
+"""Running the nbgrader command line from the course root, the same way every time.
+
+A subprocess, not nbgrader's in-process API: config loading is exactly the
+CLI's, and no nbgrader or traitlets state leaks from one run into the next.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from . import GraderError
+
+LOG_TAIL_CHARS = 6000
+
+
+def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    # Only the course's nbgrader_config.py counts, not ~/.jupyter or /etc/jupyter,
+    # so every machine releases and grades the same way.
+    env["JUPYTER_NO_CONFIG"] = "1"
+    # nbgrader's gradebook runs the `alembic` console script: find it next to
+    # this interpreter even when the virtualenv is not activated.
+    scripts = [str(Path(sys.executable).parent), sysconfig.get_path("scripts")]
+    env["PATH"] = os.pathsep.join(dict.fromkeys(scripts + env.get("PATH", "").split(os.pathsep)))
+    env.update(extra or {})
+    return env
+
+
+def run(args: Sequence[str], root: Path, *, env: Mapping[str, str] | None = None,
+        timeout: float | None = None) -> subprocess.CompletedProcess:
+    """`python -m nbgrader ARGS` with cwd = root; output (stdout and stderr together) in .stdout."""
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    try:
+        return subprocess.run(cmd, cwd=root, env=environment(env), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise GraderError(f"`nbgrader {' '.join(args)}` did not finish within {timeout:.0f} s") from e
+
+
+def log_tail(proc: subprocess.CompletedProcess) -> str:
+    log = (proc.stdout or "").strip()
+    return log if len(log) <= LOG_TAIL_CHARS else "...\n" + log[-LOG_TAIL_CHARS:]

@@ -1,0 +1,154 @@
+"""The grading round trip: `python -m grader grade` on a class of lab 1 submissions.
+
+One run of the command (as instructors run it, in a subprocess) grades a class
+in which every student tests one promise of the grader:
+
+- the solution gets full marks, and the untouched release zero on every cell;
+- one wrong exercise loses exactly that exercise's points, also when only
+  the hidden tests catch the mistake;
+- a `skip-execution` tag, a deleted test cell, or an endless loop does not
+  save a wrong answer or sink the rest of the notebook;
+- a damaged notebook is reported "not graded", not scored 0;
+- feedback never shows hidden tests; the CSV has one row per student.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from grader import COURSE_ROOT
+from grader.labs import course_config, graded_cells, read_notebook
+
+from submissions import REPO, grade_id, released, solved, write
+
+LAB = "01_single_gpu"
+POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
+FULL = sum(POINTS.values())
+
+# Mistakes, each confined to one exercise.
+MOMENTUM_DAMPENED = ("self.velocity[i].mul_(self.momentum).add_(p.grad)",
+                     "self.velocity[i].mul_(self.momentum).add_(p.grad, alpha=1 - self.momentum)")
+# Laps every backward after loss.backward() instead of from hooks: the phase
+# names and order are right (the visible test passes); only the hidden tests see it.
+LAPS_AFTER_BACKWARD = [
+    ('h.register_hook(lambda grad, name=name: timer.lap(f"backward {name}"))', "pass"),
+    ('timer.lap(f"backward {layers[0][0]}")', 'for name, _ in reversed(layers): timer.lap(f"backward {name}")'),
+]
+CELL_TIMEOUT_S = 8
+
+
+def _with_tag(nb, gid, tag):
+    for cell in nb.cells:
+        if grade_id(cell) == gid:
+            cell.metadata.setdefault("tags", []).append(tag)
+    return nb
+
+
+def _without(nb, gid):
+    nb.cells = [c for c in nb.cells if grade_id(c) != gid]
+    return nb
+
+
+def _class():
+    """student -> (notebook or raw text, expected {grade_id: score} or None if not graded)."""
+    full = dict(POINTS)
+    wrong = lambda gid: {**full, gid: 0.0}  # noqa: E731
+    return {
+        "solved": (solved(LAB), full),
+        "untouched": (released(LAB), {gid: 0.0 for gid in POINTS}),
+        "wrong_momentum": (solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), wrong("test_momentum_sgd")),
+        "hidden_only": (solved(LAB, {"train_step": LAPS_AFTER_BACKWARD}), wrong("test_train_step")),
+        "skip_tag": (_with_tag(solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), "test_momentum_sgd",
+                               "skip-execution"), wrong("test_momentum_sgd")),
+        "deleted_test": (_without(solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), "test_momentum_sgd"),
+                         wrong("test_momentum_sgd")),
+        "endless_loop": (solved(LAB, {"phase_timer": [("def _mark(self):", "while True:\n        pass\n\n    def _mark(self):")]}),
+                         wrong("test_phase_timer")),
+        "damaged": ('{"cells": [', None),
+    }
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("submissions")
+    work = tmp_path_factory.mktemp("work")
+    students = _class()
+    for student, (nb, _) in students.items():
+        if isinstance(nb, str):
+            (folder / student).mkdir()
+            (folder / student / f"{LAB}.ipynb").write_text(nb)
+        elif student == "solved":  # nbgrader's own layout: <student>/<lab>/<lab>.ipynb
+            write(nb, folder / student, LAB, LAB)
+        else:
+            write(nb, folder, student, LAB)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB, "--work", str(work),
+         f"--cell-timeout={CELL_TIMEOUT_S}"],
+        cwd=COURSE_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout
+    with open(work / "grades.csv", newline="") as f:
+        grades = {row["student_id"]: row for row in csv.DictReader(f)}
+    return {"work": work, "students": students, "csv": grades, "log": proc.stdout}
+
+
+def _cell_scores(work, student):
+    course_id = course_config(COURSE_ROOT).CourseDirectory.course_id
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}", course_id=course_id) as gb:
+        return {gid: gb.find_grade(gid, LAB, LAB, student).score for gid in POINTS}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("student", [s for s, (_, expected) in _class().items() if expected is not None])
+def test_each_mistake_costs_exactly_its_exercise(graded, student):
+    expected = graded["students"][student][1]
+    assert _cell_scores(graded["work"], student) == expected, graded["log"]
+    row = graded["csv"][student]
+    assert row[f"{LAB} graded"] == "yes", row
+    assert float(row[f"{LAB} score"]) == sum(expected.values())
+    assert float(row[f"{LAB} max score"]) == FULL
+
+
+def test_full_marks_and_zero(graded):
+    assert float(graded["csv"]["solved"][f"{LAB} score"]) == FULL > 0
+    assert all(score == 0 for score in _cell_scores(graded["work"], "untouched").values())
+
+
+def test_damaged_notebook_is_not_graded_not_zero(graded):
+    row = graded["csv"]["damaged"]
+    assert row[f"{LAB} graded"] == "no"
+    assert row[f"{LAB} score"] == ""
+    assert "not valid JSON" in row[f"{LAB} not graded because"]
+
+
+def test_csv_has_one_row_per_student(graded):
+    assert sorted(graded["csv"]) == sorted(graded["students"])
+    for row in graded["csv"].values():
+        assert row[f"{LAB} graded"] in ("yes", "no")
+        assert (row[f"{LAB} graded"] == "yes") == (row[f"{LAB} not graded because"] == "")
+
+
+def test_feedback_shows_no_hidden_tests(graded):
+    pages = sorted((graded["work"] / "feedback").glob(f"*/{LAB}/{LAB}.html"))
+    graded_students = [s for s, (_, expected) in graded["students"].items() if expected is not None]
+    assert sorted(p.parent.parent.name for p in pages) == sorted(graded_students)
+    source = nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)
+    hidden_lines = []
+    for cell in source.cells:
+        if "### BEGIN HIDDEN TESTS" in cell.source:
+            region = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+            hidden_lines += [line.strip() for line in region.split("\n") if len(line.strip()) > 30]
+    assert hidden_lines
+    for page in pages:
+        text = html.unescape(page.read_text())
+        assert "BEGIN HIDDEN TESTS" not in text
+        leaked = [line for line in hidden_lines if line in text]
+        assert not leaked, f"{page}: hidden test lines in the feedback: {leaked[:3]}"
+    # The student still learns what failed: the check's message survives.
+    page = graded["work"] / "feedback" / "hidden_only" / LAB / f"{LAB}.html"
+    assert "lap each layer's backward from a hook" in html.unescape(page.read_text())

@@ -19,7 +19,7 @@ INSTALL_STAMP := $(VENV)/.installed
 LAB_INDEX := labs/index.ipynb
 BENCH_SCRIPTS = $(sort $(wildcard bench/*.py))
 
-.PHONY: install test lab release bench clean
+.PHONY: install test lab release reference grade bench clean
 
 install: $(INSTALL_STAMP)
 
@@ -42,6 +42,15 @@ lab: $(INSTALL_STAMP) $(LAB_INDEX)
 # Regenerates labs/ from solutions/.
 release: $(INSTALL_STAMP)
 	$(VENV)/bin/python -m grader release
+
+# Re-records grader/reference/ (the hidden tests' stored values) from solutions/.
+reference: $(INSTALL_STAMP)
+	$(VENV)/bin/python -m grader reference
+
+# Collect, autograde, feedback and grades.csv for SUBMISSIONS=<folder of student folders>.
+grade: $(INSTALL_STAMP)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/submissions" >&2; exit 2; }
+	$(VENV)/bin/python -m grader grade '$(SUBMISSIONS)'
 
 bench: $(INSTALL_STAMP)
 	@test -n "$(BENCH_SCRIPTS)" || { echo "no bench/*.py to run" >&2; exit 1; }

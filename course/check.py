@@ -55,6 +55,17 @@ def _as_tensor(value, expected: torch.Tensor, where: str) -> torch.Tensor:
                          f"of shape {tuple(expected.shape)}")
 
 
+def _shortest(dtype: torch.dtype):
+    """Formats a value the shortest way that still identifies it in `dtype`
+    (integers exactly, -0.3 in float32 as -0.3, not -0.30000001)."""
+    import numpy as np
+
+    kind = {torch.float64: np.float64, torch.float16: np.float16}.get(dtype, np.float32)
+    if dtype.is_floating_point:
+        return lambda v: str(kind(v))
+    return str
+
+
 def _index(flat_index: int, shape: torch.Size) -> list[int]:
     index = []
     for size in reversed(shape):
@@ -90,13 +101,14 @@ def _compare_tensors(actual, expected: torch.Tensor, where: str, rtol, atol) -> 
     worst = int(difference.argmax())
     at = _index(worst, got.shape)
     flat_got, flat_want = got.reshape(-1)[worst].item(), want.reshape(-1)[worst].item()
+    show = _shortest(got.dtype)
     position = f" at {at}" if at else ""
     bad = int((~close).sum())
-    allowed = (f"|got - expected| <= {atol:.0e} + {rtol:.0e} * |expected| ({expected.dtype})"
+    allowed = (f"|got - expected| <= {atol:.2g} + {rtol:.2g} * |expected| ({expected.dtype})"
                if rtol or atol else f"exact equality ({expected.dtype})")
     raise AssertionError(
         f"{where}: {bad} of {got.numel()} elements differ; the largest difference is "
-        f"{difference.reshape(-1)[worst].item():.2g}{position} (got {flat_got:.6g}, expected {flat_want:.6g}); "
+        f"{difference.reshape(-1)[worst].item():.2g}{position} (got {show(flat_got)}, expected {show(flat_want)}); "
         f"allowed: {allowed}")
 
 
@@ -129,6 +141,9 @@ def assert_close(actual, expected, name: str, *, rank: int | None = None,
         for i, (a, e) in enumerate(zip(actual, expected)):
             assert_close(a, e, f"{name}[{i}]", rank=rank, rtol=rtol, atol=atol)
     elif isinstance(expected, (int, float)):
-        _compare_tensors(actual, torch.tensor(expected, dtype=torch.float64), where, rtol, atol)
+        # A number compares in the dtype of the result (a float32 loss against a stored float).
+        floating = isinstance(actual, torch.Tensor) and actual.is_floating_point()
+        _compare_tensors(actual, torch.tensor(expected, dtype=actual.dtype if floating else torch.float64),
+                         where, rtol, atol)
     else:
         raise TypeError(f"assert_close: cannot compare {type(expected).__name__} (for {where})")

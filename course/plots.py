@@ -83,6 +83,8 @@ def throughput_curve(ax, frame, *, title: str | None = None, tile: int = 32, sma
                 label=f"not a multiple of {tile}")
     ax.axvline(small, linestyle=":", color="grey")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(list(x), [str(b) for b in x], fontsize="small")
+    ax.minorticks_off()
     ax.set_xlabel("batch size (samples per step)")
     ax.set_ylabel("samples per second")
     ax.set_ylim(bottom=0)

@@ -30,7 +30,8 @@ def sweep(make_step: Callable[[int], Callable[[], float]], batch_sizes: Sequence
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    if not batch_sizes or any(int(b) != b or b < 1 for b in batch_sizes):
+    batch_sizes = [int(b) if int(b) == b else b for b in batch_sizes]  # numpy arrays, ranges too
+    if len(batch_sizes) == 0 or any(int(b) != b or b < 1 for b in batch_sizes):
         raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
     rows = []
     for batch_size in tqdm(list(batch_sizes), desc="batch sizes", disable=not progress):

@@ -16,6 +16,8 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
 KERNEL_NAME = "python3"
+# Figures go into the notebook as images, as in JupyterLab; never a GUI window.
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 
 def this_interpreters_kernel() -> AsyncKernelManager:
@@ -38,7 +40,7 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, *, timeout: float = 300,
     Returns the wall time in seconds; raises nbclient's CellExecutionError,
     CellTimeoutError or DeadKernelError.
     """
-    kernel_env = {**os.environ, "MPLBACKEND": "Agg", **(env or {})}
+    kernel_env = {**os.environ, "MPLBACKEND": INLINE_BACKEND, **(env or {})}
     client = NotebookClient(
         nb, km=this_interpreters_kernel(), kernel_name=KERNEL_NAME, timeout=timeout,
         allow_errors=False, resources={"metadata": {"path": str(cwd)}},

@@ -27,6 +27,7 @@ import nbformat
 from course import grading
 
 from . import COURSE_ROOT, GraderError, collect, export, nbgrader_cli
+from .execute import INLINE_BACKEND
 from .labs import display_path, find_labs, graded_cells, read_notebook
 from .release import generate_assignment
 
@@ -110,7 +111,7 @@ def grade_one(submission: collect.Submission, work: Workspace, root: Path, timeo
     if why:
         return {"graded": False, "problem": why, "seconds": 0.0}
     collect.place(submission, work.submitted)
-    env = {"MPLBACKEND": "Agg", grading.DIR_ENV: str(root / "grader" / "reference")}
+    env = {"MPLBACKEND": INLINE_BACKEND, grading.DIR_ENV: str(root / "grader" / "reference")}
     selector = [submission.lab, f"--student={submission.student}", "--force"]
     limits = [f"--Execute.timeout={cell_timeout:g}"] if cell_timeout else []
     try:

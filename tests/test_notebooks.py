@@ -1,8 +1,8 @@
 """Every solution notebook runs top to bottom, headless, on CPU, in time.
 
 Each ``solutions/*/*.ipynb`` is executed with nbclient in its own folder, with
-the ``python3`` kernel of the interpreter running pytest, matplotlib's ``Agg``
-backend, a 300 s per-cell timeout, and a 120 s budget per notebook (the course
+the ``python3`` kernel of the interpreter running pytest, matplotlib's inline
+backend (figures become images in the notebook), a 300 s per-cell timeout, and a 120 s budget per notebook (the course
 promises well under two minutes each on 2 CPU cores). Notebooks are only read:
 outputs are not written back.
 """
@@ -19,7 +19,7 @@ import pytest
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from grader.labs import ignore_patterns
-from grader.execute import execute
+from grader.execute import INLINE_BACKEND, execute
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
@@ -52,7 +52,7 @@ def _snapshot(folder: Path, patterns: list[str]) -> set[Path]:
 @pytest.fixture(autouse=True)
 def _headless(monkeypatch):
     # The kernel inherits this process's environment.
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("MPLBACKEND", "Agg")  # grader.execute gives the kernel the inline backend
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_kernel_setup(tmp_path):
     prefix, cwd, backend = nb.cells[0].outputs[0]["text"].splitlines()
     assert prefix == sys.prefix, f"the kernel runs in {prefix}, pytest in {sys.prefix}"
     assert Path(cwd).resolve() == tmp_path.resolve()
-    assert backend == "Agg"
+    assert backend == INLINE_BACKEND
 
 
 @pytest.mark.timeout(CELL_TIMEOUT_S * 3)

@@ -1,0 +1,467 @@
+"""course.check and course.grading: comparing results with a reference, and storing it.
+
+check.assert_close passes within the dtype's tolerance and fails just outside
+it, with a message that names the result, the rank, how many elements differ,
+the largest difference and where; grading stores reference values as JSON
+that decodes bit for bit, and `Reference` records them or compares with them.
+"""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import course
+from course import check, grading
+
+
+def fails(actual, expected, name="result", **kwargs):
+    """The message assert_close raises with (and that it raises at all)."""
+    with pytest.raises(AssertionError) as caught:
+        check.assert_close(actual, expected, name, **kwargs)
+    return str(caught.value)
+
+
+# --------------------------------------------------------------------------
+# check.tolerance and the tolerance boundaries
+# --------------------------------------------------------------------------
+
+def test_tolerance_per_dtype():
+    assert check.tolerance(torch.float32) == (1e-5, 1e-6)
+    assert check.tolerance(torch.float64) == (1e-12, 1e-14)
+    for exact in (torch.int64, torch.int32, torch.bool, torch.uint8):
+        assert check.tolerance(exact) == (0.0, 0.0), exact
+
+
+def test_equal_tensors_pass():
+    t = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    check.assert_close(t, t.clone(), "t")
+    check.assert_close(t.double(), t.double().clone(), "t")
+    check.assert_close(torch.tensor(3.0), torch.tensor(3.0), "scalar")
+    check.assert_close(torch.empty(0, 3), torch.empty(0, 3), "empty")
+
+
+# (dtype, expected, inside, outside): |inside - expected| is just under
+# atol + rtol * |expected|, |outside - expected| just over it.
+BOUNDARIES = [
+    # float32: 1e-6 + 1e-5 * 100 = 1.001e-3 (rtol dominates)
+    (torch.float32, 100.0, 100.0009, 100.0012),
+    # float32 at 0: only atol = 1e-6 counts
+    (torch.float32, 0.0, 0.9e-6, 1.1e-6),
+    # float64: 1e-14 + 1e-12 * 1 = 1.01e-12
+    (torch.float64, 1.0, 1.0 + 0.9e-12, 1.0 + 1.1e-12),
+    # float64 at 0: only atol = 1e-14 counts
+    (torch.float64, 0.0, 0.9e-14, 1.1e-14),
+]
+
+
+@pytest.mark.parametrize("dtype, expected, inside, outside", BOUNDARIES)
+def test_a_difference_just_inside_passes_and_just_outside_fails(dtype, expected, inside, outside):
+    want = torch.tensor([expected, 1.0], dtype=dtype)
+    check.assert_close(torch.tensor([inside, 1.0], dtype=dtype), want, "x")
+    message = fails(torch.tensor([outside, 1.0], dtype=dtype), want, "x")
+    assert "1 of 2 elements differ" in message, message
+    assert f"({dtype})" in message, message
+
+
+def test_explicit_rtol_and_atol_replace_the_defaults():
+    want = torch.tensor([1.0, 2.0])
+    got = torch.tensor([1.05, 2.0])
+    check.assert_close(got, want, "x", atol=0.1)
+    check.assert_close(got, want, "x", rtol=0.1)
+    message = fails(got, want, "x", rtol=0.01, atol=0.02)
+    assert "allowed: |got - expected| <= 0.02 + 0.01 * |expected| (torch.float32)" in message, message
+
+
+# --------------------------------------------------------------------------
+# What a failure says
+# --------------------------------------------------------------------------
+
+def test_the_failure_message_names_everything():
+    want = torch.zeros(2, 3)
+    want[0, 0] = 0.1
+    want[1, 2] = 0.5
+    message = fails(torch.zeros(2, 3), want, "grads", rank=1)
+    assert message == (
+        "grads on rank 1: 2 of 6 elements differ; the largest difference is 0.5 at [1, 2] "
+        "(got 0.0, expected 0.5); allowed: |got - expected| <= 1e-06 + 1e-05 * |expected| (torch.float32)"
+    ), message
+
+
+def test_without_a_rank_the_message_does_not_mention_one():
+    message = fails(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0]), "loss")
+    assert message.startswith("loss: 1 of 2 elements differ"), message
+    assert "rank" not in message, message
+    assert "at [1]" in message and "(got 2.0, expected 3.0)" in message, message
+
+
+def test_a_zero_dim_failure_has_no_index():
+    message = fails(torch.tensor(2.0), torch.tensor(1.0), "loss")
+    assert "the largest difference is 1 (got 2.0, expected 1.0)" in message, message
+    assert " at [" not in message, message
+
+
+def test_the_largest_difference_is_reported_not_the_first():
+    want = torch.zeros(3, 4)
+    got = want.clone()
+    got[0, 1] = 0.01
+    got[2, 3] = -0.3
+    got[1, 0] = 0.2
+    message = fails(got, want, "w")
+    assert "3 of 12 elements differ" in message, message
+    assert "the largest difference is 0.3 at [2, 3] (got -0.3, expected 0.0)" in message, message
+
+
+def test_shape_mismatch_hints_at_a_transpose():
+    message = fails(torch.zeros(3, 2), torch.zeros(2, 3), "weight", rank=0)
+    assert message == "weight on rank 0: shape (3, 2), expected (2, 3) (transposed?)", message
+
+
+def test_shape_mismatch_with_the_same_number_of_elements_hints_at_a_reshape():
+    message = fails(torch.zeros(6), torch.zeros(2, 3), "weight")
+    assert message.startswith("weight: shape (6,), expected (2, 3) (same number of elements"), message
+    assert "transposed" not in message, message
+
+
+def test_shape_mismatch_with_a_different_size_has_no_hint():
+    message = fails(torch.zeros(4), torch.zeros(2, 3), "weight")
+    assert message == "weight: shape (4,), expected (2, 3)", message
+
+
+def test_dtype_mismatch():
+    message = fails(torch.zeros(3, dtype=torch.float64), torch.zeros(3), "x")
+    assert message == "x: dtype torch.float64, expected torch.float32", message
+
+
+def test_none_asks_whether_the_function_returns():
+    message = fails(None, torch.zeros(2, 3), "out", rank=2)
+    assert message == ("out on rank 2: got None, expected a tensor of shape (2, 3); "
+                       "does the function return its result?"), message
+
+
+def test_a_non_tensor_is_named_by_type():
+    message = fails([1.0, 2.0], torch.zeros(2), "out")
+    assert message == "out: got list, expected a torch.Tensor of shape (2,)", message
+
+
+def test_a_python_number_matches_a_zero_dim_tensor():
+    check.assert_close(0.5, torch.tensor(0.5), "loss")
+    assert "got 0.6, expected 0.5" in fails(0.6, torch.tensor(0.5), "loss")
+
+
+def test_nan_on_one_side_fails_and_on_both_sides_passes():
+    nan = float("nan")
+    check.assert_close(torch.tensor([1.0, nan]), torch.tensor([1.0, nan]), "x")
+    for got, want in (([1.0, nan], [1.0, 2.0]), ([1.0, 2.0], [1.0, nan])):
+        message = fails(torch.tensor(got), torch.tensor(want), "x")
+        assert "1 of 2 elements differ" in message, message
+        assert "the largest difference is inf at [1]" in message, message
+
+
+def test_integer_tensors_compare_exactly():
+    check.assert_close(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]), "counts")
+    message = fails(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), "counts")
+    assert message == ("counts: 1 of 3 elements differ; the largest difference is 1 at [2] "
+                       "(got 4, expected 3); allowed: exact equality (torch.int64)"), message
+    # Beyond float64's 53 bits: still not equal.
+    fails(torch.tensor([2**53 + 1]), torch.tensor([2**53]), "big")
+
+
+def test_bool_tensors_compare_exactly():
+    check.assert_close(torch.tensor([True, False]), torch.tensor([True, False]), "mask")
+    assert "exact equality (torch.bool)" in fails(torch.tensor([True, False]), torch.tensor([True, True]), "mask")
+
+
+# --------------------------------------------------------------------------
+# Mappings, sequences, numbers, and what cannot be compared
+# --------------------------------------------------------------------------
+
+def test_mappings_compare_key_by_key():
+    want = {"w": torch.ones(2), "b": torch.zeros(1)}
+    check.assert_close({"b": torch.zeros(1), "w": torch.ones(2)}, want, "params")
+    message = fails({"w": torch.ones(2), "c": torch.zeros(1)}, want, "params", rank=3)
+    assert message == "params on rank 3: keys differ; missing ['b'], unexpected ['c']", message
+    message = fails({"w": torch.ones(2), "b": torch.ones(1)}, want, "params")
+    assert message.startswith("params['b']: 1 of 1 elements differ"), message
+
+
+def test_nested_keys_and_indices_are_named():
+    want = {"layers": [{"w": torch.ones(2)}, {"w": torch.ones(2)}]}
+    got = {"layers": [{"w": torch.ones(2)}, {"w": torch.tensor([1.0, 5.0])}]}
+    message = fails(got, want, "state", rank=1)
+    assert message.startswith("state['layers'][1]['w'] on rank 1: 1 of 2 elements differ"), message
+
+
+def test_a_mapping_expected_but_something_else_given():
+    message = fails([torch.ones(2)], {"w": torch.ones(2)}, "params")
+    assert message == "params: got list, expected a dict with keys ['w']", message
+
+
+def test_sequences_compare_item_by_item():
+    want = [torch.ones(2), torch.zeros(3)]
+    check.assert_close((torch.ones(2), torch.zeros(3)), want, "grads")
+    assert fails([torch.ones(2)], want, "grads") == "grads: 1 items, expected 2"
+    message = fails([torch.ones(2), torch.ones(3)], want, "grads", rank=0)
+    assert message.startswith("grads[1] on rank 0: 3 of 3 elements differ"), message
+    message = fails(torch.ones(2), want, "grads")
+    assert message == "grads: got Tensor, expected a sequence of 2", message
+    message = fails("ab", want, "grads")
+    assert message == "grads: got str, expected a sequence of 2", message
+
+
+def test_a_python_float_expected():
+    check.assert_close(0.25, 0.25, "loss")
+    check.assert_close(torch.tensor(0.25, dtype=torch.float64), 0.25, "loss")
+    check.assert_close(0.25 + 1e-14, 0.25, "loss")  # within float64's tolerance
+    message = fails(0.3, 0.25, "loss", rank=1)
+    assert message.startswith("loss on rank 1: 1 of 1 elements differ"), message
+    assert "(got 0.3, expected 0.25)" in message and "(torch.float64)" in message, message
+    assert "got None" in fails(None, 0.25, "loss")
+
+
+@pytest.mark.parametrize("expected", ["text", None, {1, 2}, object()])
+def test_an_unsupported_expected_type_raises_type_error(expected):
+    with pytest.raises(TypeError, match="cannot compare"):
+        check.assert_close(expected, expected, "odd")
+
+
+# --------------------------------------------------------------------------
+# grading.encode / decode
+# --------------------------------------------------------------------------
+
+def through_json(value):
+    """encode -> strict JSON text -> decode, as a reference file stores it."""
+    return grading.decode(json.loads(json.dumps(grading.encode(value), allow_nan=False)))
+
+
+def same_bits(a, b):
+    assert isinstance(b, torch.Tensor), type(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    if a.is_floating_point():
+        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.view(ints), b.view(ints))
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_float_tensors_round_trip_bit_for_bit(dtype):
+    info = torch.finfo(dtype)
+    values = [0.1, 1 / 3, -2 / 3, 1e-7, 123456.789, -0.0, 0.0, info.max, info.tiny,
+              info.tiny / 2 ** 10]  # the last one subnormal
+    t = torch.tensor(values, dtype=dtype)
+    t = torch.cat([t, torch.randn(50, generator=torch.Generator().manual_seed(0), dtype=dtype)])
+    back = through_json(t)
+    assert same_bits(t, back), (t - back).abs().max()
+    assert same_bits(t.reshape(2, 5, 6), through_json(t.reshape(2, 5, 6)))
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (2, 0, 3), (1,), (3, 1, 2)])
+def test_shapes_round_trip(shape):
+    t = torch.arange(math.prod(shape), dtype=torch.float64).reshape(shape) / 7
+    back = through_json(t)
+    assert back.shape == t.shape, (back.shape, t.shape)
+    assert same_bits(t, back)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.float16, torch.bfloat16])
+def test_other_dtypes_round_trip(dtype):
+    if dtype == torch.int64:
+        t = torch.tensor([0, -1, 2**62 + 1, -2**63, 2**63 - 1])
+    elif dtype == torch.bool:
+        t = torch.tensor([[True, False], [False, True]])
+    else:
+        t = (torch.arange(-6, 6) / 3).to(dtype)
+    back = through_json(t)
+    assert same_bits(t, back), (t, back)
+
+
+def test_nan_and_inf_round_trip_in_tensors_and_as_floats():
+    t = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.5])
+    back = through_json(t)
+    assert back.dtype == torch.float32
+    assert torch.isnan(back[0]) and back[1] == float("inf") and back[2] == -float("inf") and back[3] == 1.5, back
+    nan, inf, minus_inf = through_json([float("nan"), float("inf"), -float("inf")])
+    assert math.isnan(nan) and inf == math.inf and minus_inf == -math.inf, (nan, inf, minus_inf)
+
+
+def test_nested_values_round_trip_with_their_types():
+    value = {
+        "params": {"w": torch.tensor([[0.1, 0.2]]), "b": torch.tensor([1 / 3], dtype=torch.float64)},
+        "losses": [2.5, 1.25, 3.0],
+        "steps": 7,
+        "flags": [True, False, None],
+        "name": "train_step",
+        "nested": [[{"deep": torch.tensor(5)}]],
+        "empty": {},
+    }
+    back = through_json(value)
+    assert set(back) == set(value)
+    assert same_bits(value["params"]["w"], back["params"]["w"])
+    assert same_bits(value["params"]["b"], back["params"]["b"])
+    assert back["losses"] == [2.5, 1.25, 3.0] and all(type(x) is float for x in back["losses"]), back["losses"]
+    assert back["steps"] == 7 and type(back["steps"]) is int, back["steps"]
+    assert back["flags"] == [True, False, None] and back["flags"][0] is True, back["flags"]
+    assert back["name"] == "train_step"
+    assert same_bits(torch.tensor(5), back["nested"][0][0]["deep"])
+    assert back["empty"] == {}
+
+
+def test_a_string_that_looks_like_nan_stays_a_string():
+    assert through_json("nan") == "nan"
+    assert through_json(["inf", float("inf")])[0] == "inf"
+
+
+@pytest.mark.parametrize("value", [torch.zeros(2, dtype=torch.complex64), object(), {1, 2}, b"bytes",
+                                   {"ok": [1, object()]}])
+def test_encode_rejects_what_it_cannot_store(value):
+    with pytest.raises(TypeError, match="cannot store"):
+        grading.encode(value)
+
+
+# --------------------------------------------------------------------------
+# grading.write / read
+# --------------------------------------------------------------------------
+
+def test_write_and_read_round_trip(tmp_path):
+    values = {"b/loss": 0.1, "a/params": {"w": torch.tensor([0.1, 1 / 3])}, "c/steps": [1, 2]}
+    path = tmp_path / "sub" / "01_lab.json"
+    grading.write(path, "01_lab", values)
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    assert stored["format"] == grading.FORMAT and stored["lab"] == "01_lab", stored
+    assert list(stored["values"]) == ["a/params", "b/loss", "c/steps"], "keys are written sorted"
+    back = grading.read(path)
+    assert set(back) == set(values)
+    assert back["b/loss"] == 0.1 and back["c/steps"] == [1, 2]
+    assert same_bits(values["a/params"]["w"], back["a/params"]["w"])
+    assert [p.name for p in path.parent.iterdir()] == ["01_lab.json"], "no temporary file is left behind"
+
+
+def test_write_puts_one_value_per_line(tmp_path):
+    path = tmp_path / "lab.json"
+    grading.write(path, "lab", {"x": 1, "y": 2, "z": 3})
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert [line.split(":")[0].strip() for line in lines[1:4]] == ['"x"', '"y"', '"z"'], lines
+
+
+@pytest.mark.parametrize("fmt", [2, None, "1"])
+def test_read_rejects_another_format(tmp_path, fmt):
+    path = tmp_path / "lab.json"
+    grading.write(path, "lab", {"x": 1.0})
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    stored["format"] = fmt
+    path.write_text(json.dumps(stored), encoding="utf-8")
+    with pytest.raises(ValueError, match="python -m grader reference"):
+        grading.read(path)
+
+
+# --------------------------------------------------------------------------
+# grading.Reference
+# --------------------------------------------------------------------------
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    """A folder holding lab_x.json with three values, recorded through Reference.check."""
+    monkeypatch.delenv(grading.DIR_ENV, raising=False)
+    monkeypatch.setenv(grading.RECORD_ENV, str(tmp_path))
+    ref = grading.Reference("lab_x")
+    assert ref.recording
+    ref.check("train_step/params", {"w": torch.tensor([0.1, 0.2]), "b": torch.tensor([1 / 3])})
+    ref.check("loss", 0.75)
+    ref.check("counts", torch.tensor([1, 2, 3]))
+    monkeypatch.delenv(grading.RECORD_ENV)
+    monkeypatch.setenv(grading.DIR_ENV, str(tmp_path))
+    return tmp_path
+
+
+def test_recording_accumulates_values_in_one_file(recorded):
+    assert [p.name for p in recorded.iterdir()] == ["lab_x.json"]
+    stored = grading.read(recorded / "lab_x.json")
+    assert sorted(stored) == ["counts", "loss", "train_step/params"], sorted(stored)
+    assert stored["loss"] == 0.75
+    assert torch.equal(stored["counts"], torch.tensor([1, 2, 3]))
+    assert same_bits(stored["train_step/params"]["w"], torch.tensor([0.1, 0.2]))
+
+
+def test_recording_a_key_again_replaces_it(recorded, monkeypatch):
+    monkeypatch.setenv(grading.RECORD_ENV, str(recorded))
+    grading.Reference("lab_x").check("loss", 0.5)
+    stored = grading.read(recorded / "lab_x.json")
+    assert stored["loss"] == 0.5 and len(stored) == 3, stored
+
+
+def test_check_passes_for_the_recorded_values(recorded):
+    ref = grading.Reference("lab_x")
+    assert not ref.recording
+    assert ref.path() == recorded / "lab_x.json"
+    ref.check("train_step/params", {"w": torch.tensor([0.1, 0.2]), "b": torch.tensor([1 / 3])})
+    ref.check("loss", 0.75)
+    ref.check("counts", torch.tensor([1, 2, 3]))
+    ref.check("loss", 0.75 + 1e-14)  # within tolerance
+
+
+def test_check_fails_for_a_different_value_and_names_it(recorded):
+    ref = grading.Reference("lab_x")
+    with pytest.raises(AssertionError, match=r"train_step/params\['w'\] on rank 1: 1 of 2 elements differ"):
+        ref.check("train_step/params", {"w": torch.tensor([0.1, 0.3]), "b": torch.tensor([1 / 3])}, rank=1)
+    with pytest.raises(AssertionError, match=r"^final loss: "):
+        ref.check("loss", 0.8, name="final loss")
+    with pytest.raises(AssertionError, match="exact equality"):
+        ref.check("counts", torch.tensor([1, 2, 4]))
+    # Nothing was recorded while comparing.
+    assert grading.read(recorded / "lab_x.json")["loss"] == 0.75
+
+
+def test_a_missing_key_says_how_to_regenerate(recorded):
+    with pytest.raises(KeyError, match="python -m grader reference") as caught:
+        grading.Reference("lab_x").check("no/such/key", 1.0)
+    assert "no/such/key" in str(caught.value)
+
+
+def test_a_missing_file_raises_file_not_found(tmp_path, monkeypatch):
+    monkeypatch.delenv(grading.RECORD_ENV, raising=False)
+    monkeypatch.setenv(grading.DIR_ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="python -m grader reference"):
+        grading.Reference("absent_lab").check("x", 1.0)
+
+
+def test_an_empty_record_variable_does_not_record(tmp_path, monkeypatch):
+    monkeypatch.setenv(grading.RECORD_ENV, "")
+    monkeypatch.setenv(grading.DIR_ENV, str(tmp_path))
+    ref = grading.Reference("lab_y")
+    assert not ref.recording
+    with pytest.raises(FileNotFoundError):
+        ref.check("x", 1.0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_dir_is_the_graders_reference_folder(monkeypatch):
+    monkeypatch.delenv(grading.DIR_ENV, raising=False)
+    assert grading.default_dir() == Path(course.__file__).resolve().parent.parent / "grader" / "reference"
+
+
+def test_under_grader_follows_nbgrader_execution(monkeypatch):
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    assert grading.under_grader() is False
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    assert grading.under_grader() is True
+    monkeypatch.setenv("NBGRADER_EXECUTION", "")
+    assert grading.under_grader() is False
+
+
+def test_fresh_seeds_are_31_bit_and_differ():
+    seeds = [grading.fresh_seed() for _ in range(20)]
+    assert all(type(s) is int and 0 <= s < 2**31 for s in seeds), seeds
+    assert len(set(seeds)) > 1, seeds
+
+
+def test_large_integers_and_unusual_tolerances_are_shown_exactly():
+    message = fails(torch.tensor([1000001]), torch.tensor([1000000]), "count")
+    assert "(got 1000001, expected 1000000)" in message, message
+    message = fails(torch.tensor([1.0]), torch.tensor([2.0]), "x", rtol=1.5e-5, atol=0.0)
+    assert "<= 0 + 1.5e-05 * |expected|" in message, message
+
+
+def test_a_python_float_compares_in_the_results_dtype():
+    check.assert_close(torch.tensor(0.1), 0.1, "loss")  # float32 0.1 against the float 0.1
+    assert "dtype" not in fails(torch.tensor(0.5), 0.6, "loss")

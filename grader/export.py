@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
+from . import nbgrader_cli
 from .labs import course_config
 
 
@@ -29,6 +30,7 @@ def columns(labs: list[str]) -> list[str]:
 
 def rows(students: list[str], points: dict[str, float], status: dict, db_url: str, root: Path) -> list[dict]:
     course_id = course_config(root).CourseDirectory.course_id
+    nbgrader_cli.put_scripts_on_path()
     out = []
     with Gradebook(db_url, course_id=course_id) as gradebook:
         for student in students:

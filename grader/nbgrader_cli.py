@@ -17,15 +17,24 @@ from . import GraderError
 LOG_TAIL_CHARS = 6000
 
 
+def _path_with_scripts(path: str) -> str:
+    # nbgrader's gradebook runs the `alembic` console script: find it next to
+    # this interpreter even when the virtualenv is not activated.
+    scripts = [str(Path(sys.executable).parent), sysconfig.get_path("scripts")]
+    return os.pathsep.join(dict.fromkeys(scripts + path.split(os.pathsep)))
+
+
+def put_scripts_on_path() -> None:
+    """Let this process open a new gradebook (nbgrader.api calls `alembic` when it creates one)."""
+    os.environ["PATH"] = _path_with_scripts(os.environ.get("PATH", ""))
+
+
 def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     # Only the course's nbgrader_config.py counts, not ~/.jupyter or /etc/jupyter,
     # so every machine releases and grades the same way.
     env["JUPYTER_NO_CONFIG"] = "1"
-    # nbgrader's gradebook runs the `alembic` console script: find it next to
-    # this interpreter even when the virtualenv is not activated.
-    scripts = [str(Path(sys.executable).parent), sysconfig.get_path("scripts")]
-    env["PATH"] = os.pathsep.join(dict.fromkeys(scripts + env.get("PATH", "").split(os.pathsep)))
+    env["PATH"] = _path_with_scripts(env.get("PATH", ""))
     env.update(extra or {})
     return env
 

@@ -140,8 +140,8 @@ class Reference:
         return bool(os.environ.get(RECORD_ENV))
 
     def path(self) -> Path:
-        folder = os.environ.get(RECORD_ENV) if self.recording else None
-        return Path(folder or default_dir()) / f"{self.lab}.json"
+        """The file `check` records into (while recording) or reads from."""
+        return Path(os.environ.get(RECORD_ENV) or default_dir()) / f"{self.lab}.json"
 
     def _stored(self) -> dict:
         if self._values is None:

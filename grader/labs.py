@@ -153,6 +153,21 @@ def find_labs(root: Path = COURSE_ROOT) -> list[Lab]:
     return labs
 
 
+def select(all_labs: list[Lab], names: list[str] | None) -> list[Lab]:
+    """The labs named (all of them if none), in the order given; GraderError for an unknown name.
+
+    Names may be paths such as "solutions/00_ranks/": the last part counts.
+    """
+    if not names:
+        return list(all_labs)
+    by_name = {lab.name: lab for lab in all_labs}
+    names = [Path(x).name for x in names]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise GraderError(f"unknown lab(s) {', '.join(unknown)}; labs are: {', '.join(by_name)}")
+    return [by_name[n] for n in dict.fromkeys(names)]
+
+
 def course_config(root: Path = COURSE_ROOT):
     """The course's nbgrader_config.py, loaded as nbgrader loads it."""
     from traitlets.config.loader import PyFileConfigLoader

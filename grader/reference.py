@@ -24,7 +24,7 @@ from course import check, grading
 
 from . import COURSE_ROOT, GraderError
 from .execute import execute
-from .labs import display_path, find_labs, ignore_patterns
+from .labs import display_path, find_labs, ignore_patterns, select
 
 REFERENCE_DIR = "grader/reference"
 
@@ -51,11 +51,17 @@ def record(lab, dest: Path, root: Path = COURSE_ROOT) -> Path | None:
         return target
 
 
-def compare(stored: Path, fresh: Path) -> list[str]:
-    """Differences between two reference folders, one line each (empty: they agree)."""
+def compare(stored: Path, fresh: Path, labs: list[str] | None = None) -> list[str]:
+    """Differences between two reference folders, one line each (empty: they agree).
+
+    labs: compare only these labs' files (default: every file in either folder).
+    """
+    def files(folder):
+        names = {p.name for p in Path(folder).glob("*.json")}
+        return names if labs is None else names & {f"{lab}.json" for lab in labs}
+
     problems = []
-    stored_files = {p.name for p in Path(stored).glob("*.json")}
-    fresh_files = {p.name for p in Path(fresh).glob("*.json")}
+    stored_files, fresh_files = files(stored), files(fresh)
     problems += [f"{name}: stored, but the solutions no longer record it" for name in sorted(stored_files - fresh_files)]
     problems += [f"{name}: recorded by the solutions, but not stored" for name in sorted(fresh_files - stored_files)]
     for name in sorted(stored_files & fresh_files):
@@ -73,18 +79,6 @@ def compare(stored: Path, fresh: Path) -> list[str]:
     return problems
 
 
-def _select(labs: list[str], root: Path):
-    all_labs = find_labs(root)
-    if not labs:
-        return all_labs
-    by_name = {lab.name: lab for lab in all_labs}
-    names = [Path(x).name for x in labs]
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise GraderError(f"unknown lab(s) {', '.join(unknown)}; labs are: {', '.join(by_name)}")
-    return [by_name[n] for n in dict.fromkeys(names)]
-
-
 def add_subcommand(subparsers) -> None:
     p = subparsers.add_parser(
         "reference", help="record the hidden tests' reference outputs from solutions/",
@@ -100,23 +94,14 @@ def add_subcommand(subparsers) -> None:
 def _main(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
     stored = root / REFERENCE_DIR
-    labs = _select(args.labs, root)
+    labs = select(find_labs(root), args.labs)
     if args.check:
         if args.dest:
             raise GraderError("--check takes no --dest")
         with tempfile.TemporaryDirectory(prefix="grader-reference-check-") as tmp:
             for lab in labs:
                 record(lab, Path(tmp), root)
-            if args.labs:  # compare only the labs asked for
-                names = {f"{lab.name}.json" for lab in labs}
-                kept = Path(tmp) / "stored"
-                kept.mkdir()
-                for path in stored.glob("*.json"):
-                    if path.name in names:
-                        shutil.copyfile(path, kept / path.name)
-                problems = compare(kept, Path(tmp))
-            else:
-                problems = compare(stored, Path(tmp))
+            problems = compare(stored, Path(tmp), [lab.name for lab in labs])
         if problems:
             print(f"{REFERENCE_DIR}/ has drifted from solutions/ (run `python -m grader reference`):",
                   file=sys.stderr)

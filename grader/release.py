@@ -32,7 +32,7 @@ import nbformat
 from . import COURSE_ROOT, GraderError, nbgrader_cli
 from .compare import compare_releases
 from .labs import (INDEX_NAME, KERNELSPEC, LAB_NAME_RE, RELEASE_DIR, SOURCE_DIR, Lab, display_path,
-                   find_labs, ignore_patterns)
+                   find_labs, ignore_patterns, select)
 
 INDEX_TITLE = "Multi-GPU Training Labs"
 INDEX_BLURB = "Hands-on Jupyter labs on training neural networks on several GPUs with PyTorch."
@@ -105,14 +105,7 @@ def release(
         raise GraderError(f"{root}: no nbgrader_config.py; not a course root")
     all_labs = find_labs(root)
     by_name = {lab.name: lab for lab in all_labs}
-    if labs:
-        names = [Path(x).name for x in labs]  # accept "solutions/00_ranks/" too
-        unknown = [n for n in names if n not in by_name]
-        if unknown:
-            raise GraderError(f"unknown lab(s) {', '.join(unknown)}; labs are: {', '.join(by_name)}")
-        selected = [by_name[n] for n in dict.fromkeys(names)]
-    else:
-        selected = all_labs
+    selected = select(all_labs, labs)
 
     default_dest = root / RELEASE_DIR
     out = Path(dest).resolve() if dest is not None else default_dest

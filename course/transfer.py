@@ -53,6 +53,19 @@ def ring_all_reduce(nbytes: int, n: int) -> int | float:
     return _exact(2 * (n - 1) * nbytes, n)
 
 
+def naive_all_reduce_sends(nbytes: int, n: int, rel_rank: int) -> int:
+    """All-reduce the naive way: every rank sends its whole tensor to the root,
+    which adds them up and sends the sum back to each. The root sends n-1
+    copies, everyone else one: the root is the bottleneck. `rel_rank` counts
+    from the root (root = 0)."""
+    _check(nbytes, n)
+    if not 0 <= rel_rank < n:
+        raise ValueError(f"rank {rel_rank} must lie in 0..{n - 1}")
+    if n == 1:
+        return 0
+    return (n - 1) * nbytes if rel_rank == 0 else nbytes
+
+
 def chain_sends(nbytes: int, n: int, rel_rank: int) -> int:
     """A chain (pipelined ring) from the root: everyone but the last passes
     the whole tensor on. `rel_rank` counts from the root (root = 0)."""

@@ -1,0 +1,111 @@
+"""How long a transfer takes: the alpha-beta model, with named interconnects.
+
+Pure functions, no torch. A message of `b` bytes over a link takes
+
+    t = alpha + b / beta
+
+alpha: the fixed cost of one message (latency, software overhead), in seconds;
+beta: the bandwidth the message gets, in bytes per second, one direction.
+
+Assumptions, stated once for every function here:
+- links are full duplex: a rank can send and receive at full rate at once;
+- a step of a ring moves one chunk over every link at the same time, and
+  lasts as long as its slowest link;
+- messages that share a link (one network card for several GPUs) go one
+  after the other;
+- computing the sums costs nothing (on GPUs it is much faster than the link).
+
+Bandwidths are each link's nominal rate per direction; real transfers get
+less (protocol overhead, PCIe switches). `LOCAL_GLOO` was measured here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    beta: float   # bytes per second, one direction
+    alpha: float  # seconds per message
+    source: str   # where the numbers come from
+
+    def seconds(self, nbytes: float) -> float:
+        """One message of `nbytes` over this link."""
+        if nbytes < 0:
+            raise ValueError(f"a size in bytes cannot be negative, got {nbytes}")
+        return self.alpha + nbytes / self.beta
+
+
+PCIE3_X16 = Link("PCIe 3.0 x16", 15.75e9, 10e-6,
+                 "8 GT/s x 16 lanes with 128b/130b coding = 15.75 GB/s per direction; latency assumed 10 us")
+NETWORK_40G = Link("40 Gbit/s network", 5e9, 5e-6,
+                   "40 Gbit/s = 5 GB/s per direction; latency assumed 5 us")
+NVLINK1 = Link("NVLink 1 (P100)", 80e9, 2e-6, "4 links x 20 GB/s per direction per GPU; latency assumed 2 us")
+NVLINK2 = Link("NVLink 2 (V100)", 150e9, 2e-6, "6 links x 25 GB/s per direction per GPU; latency assumed 2 us")
+NVLINK3 = Link("NVLink 3 (A100)", 300e9, 2e-6, "12 links x 25 GB/s per direction per GPU; latency assumed 2 us")
+NVLINK4 = Link("NVLink 4 (H100)", 450e9, 2e-6, "18 links x 25 GB/s per direction per GPU; latency assumed 2 us")
+LOCAL_GLOO = Link("local gloo (2-core CPU, measured)", 1.38e9, 0.24e-3,
+                  "bench/gloo_link.py, 5 runs with 2 ranks on the course's 2-core CPU machine (torch 2.13): "
+                  "median alpha 0.24 ms (0.22-0.26), beta 1.38 GB/s (1.23-1.53)")
+
+PRESETS = {link.name: link for link in (PCIE3_X16, NETWORK_40G, NVLINK1, NVLINK2, NVLINK3, NVLINK4, LOCAL_GLOO)}
+
+
+def _check(nbytes: float, gpus: int) -> None:
+    if gpus < 1:
+        raise ValueError(f"the number of GPUs must be at least 1, got {gpus}")
+    if nbytes < 0:
+        raise ValueError(f"a size in bytes cannot be negative, got {nbytes}")
+
+
+def ring_all_reduce_seconds(nbytes: float, gpus: int, link: Link) -> float:
+    """Ring all-reduce: 2(n-1) steps, each one chunk of nbytes/n over every link at once."""
+    _check(nbytes, gpus)
+    if gpus == 1:
+        return 0.0
+    return 2 * (gpus - 1) * link.seconds(nbytes / gpus)
+
+
+def naive_all_reduce_seconds(nbytes: float, gpus: int, link: Link) -> float:
+    """Everything to rank 0, then rank 0 to everyone: rank 0's link carries
+    n-1 whole tensors in and, after them, n-1 out, one at a time."""
+    _check(nbytes, gpus)
+    if gpus == 1:
+        return 0.0
+    return 2 * (gpus - 1) * link.seconds(nbytes)
+
+
+def hierarchical_ring_all_reduce_seconds(nbytes: float, nodes: int, gpus_per_node: int,
+                                         inside: Link, between: Link) -> float:
+    """One ring through all nodes' GPUs: each step lasts as long as its slowest
+    link, which is the network as soon as there are two nodes."""
+    gpus = nodes * gpus_per_node
+    slowest = between if nodes > 1 else inside
+    return ring_all_reduce_seconds(nbytes, gpus, slowest)
+
+
+# --- Dettmers, part 1: the blog's estimates, and this model's ------------------
+
+#: Dettmers' example: the 1000 x 1000 float32 gradient of one layer.
+DETTMERS_GRADIENT_BYTES = 1000 * 1000 * 4
+#: the blog's own figures, in seconds
+DETTMERS_BLOG = {"one transfer, 40 Gbit/s": 0.75e-3, "one transfer, PCIe 3.0": 0.25e-3,
+                 "six GPUs, two nodes": 7.75e-3, "four nodes": 20.25e-3}
+
+
+def dettmers_serial_network_seconds(nodes: int, gpus_per_node: int = 3,
+                                    nbytes: float = DETTMERS_GRADIENT_BYTES,
+                                    network: Link = NETWORK_40G) -> float:
+    """The blog's scheme as we read it: every GPU receives every other GPU's whole
+    gradient, and a node's one network card carries its GPUs' remote gradients
+    one at a time: gpus_per_node x (gpus on other nodes) transfers in a row.
+
+    Two nodes of 3: 9 x 0.805 ms = 7.2 ms (the blog, with 0.75 ms each: 6.75 ms,
+    plus 4 PCIe transfers of 0.25 ms = 7.75 ms). Four nodes: 27 transfers,
+    21.7 ms (the blog: 27 x 0.75 = 20.25 ms, no PCIe term).
+    """
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"need at least one node and one GPU per node, got {nodes} x {gpus_per_node}")
+    remote = gpus_per_node * (nodes - 1)
+    return gpus_per_node * remote * network.seconds(nbytes)

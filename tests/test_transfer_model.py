@@ -1,0 +1,118 @@
+"""The transfer-size and time models (course.sizes, course.timemodel) against
+the sources' figures (shared reference-figures.md) and their own formulas."""
+from __future__ import annotations
+
+import pytest
+
+from course import sizes, timemodel, transfer
+from course.sizes import Conv, Dense
+from course.timemodel import DETTMERS_BLOG, DETTMERS_GRADIENT_BYTES, NETWORK_40G, PCIE3_X16, Link
+
+MS = 1e-3
+
+
+# --- sizes ---------------------------------------------------------------------
+
+def test_dettmers_gradient_is_four_million_bytes():
+    layer = Dense("fc", 1000, 1000, bias=False)
+    assert sizes.nbytes(layer.weights, "float32") == 4_000_000 == DETTMERS_GRADIENT_BYTES
+
+
+def test_data_parallelism_of_the_model_parallel_example_moves_500000_elements():
+    # Dettmers part 2: the 1000 x 500 weight's whole gradient, once per step.
+    assert Dense("fc", 1000, 500, bias=False).weights == 500_000
+
+
+def test_layer_shapes():
+    assert Dense("fc", 3, 4).weights == 16 and Dense("fc", 3, 4, bias=False).weights == 12
+    assert Dense("fc", 3, 4).activations(batch=5) == 20
+    conv = Conv("conv", in_channels=1, out_channels=16, kernel=3, height=8, width=8)
+    assert conv.weights == 16 * 9 + 16
+    assert conv.activations(batch=2) == 2 * 16 * 64
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 3, 4, 8])
+def test_ring_data_parallel_sends_2_n_minus_1_over_n_of_each_gradient(gpus):
+    layers = [Dense("a", 100, 30), Dense("b", 30, 10)]
+    rows = sizes.data_parallel(layers, gpus, "float32")
+    assert [r["layer"] for r in rows] == ["a", "b"]
+    for row, layer in zip(rows, layers):
+        assert row["elements"] == layer.weights
+        assert row["bytes"] == 4 * layer.weights
+        assert row["sent"] == pytest.approx(2 * (gpus - 1) / gpus * row["bytes"])
+    assert sizes.data_parallel_total(layers, gpus, "float16") == pytest.approx(
+        sum(2 * (gpus - 1) / gpus * 2 * layer.weights for layer in layers))
+
+
+def test_naive_all_reduce_makes_the_root_the_bottleneck():
+    layers = [Dense("a", 1000, 1000, bias=False)]
+    root = sizes.data_parallel_total(layers, 4, algorithm="naive", rank=0)
+    other = sizes.data_parallel_total(layers, 4, algorithm="naive", rank=2)
+    ring = sizes.data_parallel_total(layers, 4, algorithm="ring")
+    assert (root, other, ring) == (12_000_000, 4_000_000, 6_000_000)
+    assert transfer.naive_all_reduce_sends(100, 1, 0) == 0
+
+
+def test_bad_arguments_say_what_is_allowed():
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        sizes.nbytes(10, "int7")
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        sizes.all_reduce_sent(10, 2, "tree")
+    with pytest.raises(ValueError, match=r"rank 5 must lie in 0\.\.3"):
+        transfer.naive_all_reduce_sends(10, 4, 5)
+
+
+# --- time model -------------------------------------------------------------------
+
+def test_a_dettmers_gradient_over_40_gbit_takes_about_0_8_ms():
+    seconds = NETWORK_40G.seconds(DETTMERS_GRADIENT_BYTES)
+    assert 0.75 * MS <= seconds <= 0.81 * MS
+
+
+def test_pcie_3_is_about_three_times_as_fast_as_the_network():
+    ratio = NETWORK_40G.seconds(DETTMERS_GRADIENT_BYTES) / PCIE3_X16.seconds(DETTMERS_GRADIENT_BYTES)
+    assert 2.9 <= ratio <= 3.2
+    assert PCIE3_X16.seconds(DETTMERS_GRADIENT_BYTES) == pytest.approx(DETTMERS_BLOG["one transfer, PCIe 3.0"],
+                                                                       rel=0.1)
+
+
+def test_our_reading_of_the_blog_reproduces_its_multi_node_figures():
+    # With the blog's own 0.75 ms per transfer (and no latency), the serial
+    # network card gives its four-node figure exactly, and its two-node figure
+    # once the 4 PCIe transfers of 0.25 ms are added.
+    blog_network = Link("blog", beta=DETTMERS_GRADIENT_BYTES / 0.75e-3, alpha=0.0, source="the blog")
+    two = timemodel.dettmers_serial_network_seconds(2, network=blog_network)
+    four = timemodel.dettmers_serial_network_seconds(4, network=blog_network)
+    assert two + 4 * DETTMERS_BLOG["one transfer, PCIe 3.0"] == pytest.approx(DETTMERS_BLOG["six GPUs, two nodes"])
+    assert four == pytest.approx(DETTMERS_BLOG["four nodes"])
+
+
+def test_the_models_own_figures_beside_the_blog():
+    # The same serial scheme with this model's 40 Gbit/s link (0.805 ms a transfer) ...
+    assert timemodel.dettmers_serial_network_seconds(2) == pytest.approx(9 * 0.805 * MS)
+    assert timemodel.dettmers_serial_network_seconds(4) == pytest.approx(27 * 0.805 * MS)
+    # ... and a ring all-reduce through all GPUs, which the blog did not consider: 5x and 14x faster.
+    ring2 = timemodel.hierarchical_ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, 2, 3, PCIE3_X16, NETWORK_40G)
+    ring4 = timemodel.hierarchical_ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, 4, 3, PCIE3_X16, NETWORK_40G)
+    assert ring2 == pytest.approx(10 * (5e-6 + DETTMERS_GRADIENT_BYTES / 6 / 5e9))
+    assert ring4 == pytest.approx(22 * (5e-6 + DETTMERS_GRADIENT_BYTES / 12 / 5e9))
+    assert ring2 < DETTMERS_BLOG["six GPUs, two nodes"] / 5 and ring4 < DETTMERS_BLOG["four nodes"] / 12
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_ring_beats_naive_and_both_vanish_on_one_gpu(gpus):
+    for link in timemodel.PRESETS.values():
+        ring = timemodel.ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, gpus, link)
+        naive = timemodel.naive_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, gpus, link)
+        assert ring < naive, link.name
+        assert timemodel.ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, 1, link) == 0.0
+    assert timemodel.ring_all_reduce_seconds(0, gpus, NETWORK_40G) == pytest.approx(2 * (gpus - 1) * 5e-6)
+
+
+def test_every_preset_states_its_source_and_rejects_bad_sizes():
+    for name, link in timemodel.PRESETS.items():
+        assert link.name == name and link.source and link.beta > 0 and link.alpha >= 0
+    with pytest.raises(ValueError, match="cannot be negative"):
+        NETWORK_40G.seconds(-1)
+    with pytest.raises(ValueError, match="at least 1"):
+        timemodel.ring_all_reduce_seconds(10, 0, NETWORK_40G)

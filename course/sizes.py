@@ -39,6 +39,10 @@ class Dense:
         """Output elements for a batch (what the next layer receives)."""
         return batch * self.outputs
 
+    def training_flop(self, batch: int) -> int:
+        """Forward (2 per weight and sample) + backward (4: input and weight gradients)."""
+        return 6 * self.inputs * self.outputs * batch
+
 
 @dataclass(frozen=True)
 class Conv:
@@ -58,6 +62,10 @@ class Conv:
 
     def activations(self, batch: int) -> int:
         return batch * self.out_channels * self.height * self.width
+
+    def training_flop(self, batch: int) -> int:
+        """As for Dense, with every weight used once per output position."""
+        return 6 * self.in_channels * self.out_channels * self.kernel ** 2 * self.height * self.width * batch
 
 
 def nbytes(elements: int | float, dtype: str = "float32") -> int | float:

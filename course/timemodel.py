@@ -17,6 +17,9 @@ Assumptions, stated once for every function here:
 
 Bandwidths are each link's nominal rate per direction; real transfers get
 less (protocol overhead, PCIe switches). `LOCAL_GLOO` was measured here.
+
+Compute time is flop / (peak x efficiency), with an efficiency assumed per
+processor (`Processor`): enough to compare with communication, not a benchmark.
 """
 from __future__ import annotations
 
@@ -109,3 +112,24 @@ def dettmers_serial_network_seconds(nodes: int, gpus_per_node: int = 3,
         raise ValueError(f"need at least one node and one GPU per node, got {nodes} x {gpus_per_node}")
     remote = gpus_per_node * (nodes - 1)
     return gpus_per_node * remote * network.seconds(nbytes)
+
+
+# --- compute ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Processor:
+    name: str
+    flops: float       # peak float32 multiply-adds x 2 per second
+    efficiency: float  # the fraction of the peak a training step gets (assumed)
+    source: str
+
+    def seconds(self, flop: float) -> float:
+        return flop / (self.flops * self.efficiency)
+
+
+TITAN = Processor("NVIDIA GTX TITAN (2013)", 4.5e12, 0.5,
+                  "Kepler GK110, 2688 cores x 837 MHz x 2 = 4.5 TFLOPS float32; half of it assumed reached")
+A100 = Processor("NVIDIA A100", 19.5e12, 0.5, "19.5 TFLOPS float32 without tensor cores; half assumed reached")
+H100 = Processor("NVIDIA H100 SXM", 67e12, 0.5, "67 TFLOPS float32 without tensor cores; half assumed reached")
+PROCESSORS = {p.name: p for p in (TITAN, A100, H100)}
+

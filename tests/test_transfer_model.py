@@ -116,3 +116,19 @@ def test_every_preset_states_its_source_and_rejects_bad_sizes():
         NETWORK_40G.seconds(-1)
     with pytest.raises(ValueError, match="at least 1"):
         timemodel.ring_all_reduce_seconds(10, 0, NETWORK_40G)
+
+
+def test_dettmers_layer_compute_against_its_transfer():
+    # 100 x 1000 . 1000 x 1000: 2e8 flop forward, twice that backward.
+    layer = Dense("fc", 1000, 1000, bias=False)
+    assert layer.training_flop(100) == 3 * 2 * 100 * 1000 * 1000
+    forward = timemodel.TITAN.seconds(2 * 100 * 1000 * 1000)
+    # The blog measured about 0.2 ms; this model's TITAN at half its peak says 0.09 ms.
+    assert forward == pytest.approx(0.0889 * MS, rel=1e-3)
+    # Either way communication dominates: one 40 Gbit/s transfer outlasts forward + backward.
+    assert NETWORK_40G.seconds(DETTMERS_GRADIENT_BYTES) > 3 * 0.2 * MS > 3 * forward
+
+
+def test_conv_flop_counts_every_output_position():
+    conv = Conv("conv", in_channels=3, out_channels=8, kernel=3, height=10, width=10)
+    assert conv.training_flop(2) == 6 * 3 * 8 * 9 * 100 * 2

@@ -1,0 +1,130 @@
+"""The transfer-size view of data parallelism: what each rank sends, and how long it takes.
+
+    transfer_view.show(measured={"ring": 6_001_234})     # in a notebook
+    fig = transfer_view.draw(width=1000, gpus=4)          # the figure alone
+
+Left: bytes one rank sends per step to average an MLP's gradients, by layer,
+for a ring all-reduce (every rank alike) and the naive one (rank 0 against
+the others), with the measured bytes of a real run as dots. Right: the time
+model's estimate of that communication over the chosen interconnect, against
+the compute time of one rank's share of the batch (course.timemodel, whose
+docstring states the assumptions).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import matplotlib.pyplot as plt
+
+from course import sizes, timemodel
+from course.plots import phase_colours
+from course.sizes import Dense
+from course.widgets import interactive_figure
+
+SCHEMES = ("ring", "naive, rank 0", "naive, other ranks")
+BYTES_DEPEND_ON = ("width", "depth", "gpus", "dtype")
+
+
+def mlp_layers(width: int, depth: int, inputs: int | None = None, classes: int = 10) -> list[Dense]:
+    """`depth` hidden layers of `width` features, then the output layer."""
+    if width < 1 or depth < 1 or classes < 1:
+        raise ValueError(f"width, depth and classes must be positive, got {width}, {depth}, {classes}")
+    widths = [inputs or width] + [width] * depth + [classes]
+    names = [f"layer{i}" for i in range(1, depth + 1)] + ["output"]
+    return [Dense(name, a, b) for name, a, b in zip(names, widths, widths[1:])]
+
+
+def sent_by_scheme(layers, gpus: int, dtype: str) -> dict[str, list]:
+    """Bytes one rank sends per step, per layer, for each scheme of SCHEMES."""
+    return {
+        "ring": [r["sent"] for r in sizes.data_parallel(layers, gpus, dtype, "ring")],
+        "naive, rank 0": [r["sent"] for r in sizes.data_parallel(layers, gpus, dtype, "naive", rank=0)],
+        "naive, other ranks": [r["sent"] for r in sizes.data_parallel(layers, gpus, dtype, "naive",
+                                                                      rank=min(1, gpus - 1))],
+    }
+
+
+def estimate(layers, batch: int, gpus: int, dtype: str, link: timemodel.Link,
+             processor: timemodel.Processor) -> dict[str, float]:
+    """Seconds per step: one rank's compute, and each all-reduce of every layer's gradient."""
+    share = batch / gpus
+    gradient = [sizes.nbytes(layer.weights, dtype) for layer in layers]
+    return {
+        "compute (one rank)": processor.seconds(sum(layer.training_flop(share) for layer in layers)),
+        "ring all-reduce": sum(timemodel.ring_all_reduce_seconds(b, gpus, link) for b in gradient),
+        "naive all-reduce": sum(timemodel.naive_all_reduce_seconds(b, gpus, link) for b in gradient),
+    }
+
+
+def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, dtype: str = "float32",
+         link: str = timemodel.NETWORK_40G.name, processor: str = timemodel.TITAN.name,
+         measured: Mapping[str, float] | None = None):
+    """The view as a matplotlib Figure (see the module docstring)."""
+    if link not in timemodel.PRESETS:
+        raise ValueError(f"link must be one of {list(timemodel.PRESETS)}, got {link!r}")
+    if processor not in timemodel.PROCESSORS:
+        raise ValueError(f"processor must be one of {list(timemodel.PROCESSORS)}, got {processor!r}")
+    layers = mlp_layers(width, depth)
+    sent = sent_by_scheme(layers, gpus, dtype)
+    colours = phase_colours([f"all-reduce {layer.name}" for layer in layers])
+    fig, (bytes_ax, time_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
+
+    bottoms = [0.0] * len(SCHEMES)
+    for i, layer in enumerate(layers):
+        heights = [sent[s][i] / 1e6 for s in SCHEMES]
+        bytes_ax.bar(SCHEMES, heights, bottom=bottoms, color=colours[f"all-reduce {layer.name}"],
+                     label=f"{layer.name} ({layer.weights:,} weights)", edgecolor="white", linewidth=0.5)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for scheme, value in (measured or {}).items():
+        if scheme not in SCHEMES:
+            raise ValueError(f"measured bytes for {scheme!r}: schemes are {SCHEMES}")
+        bytes_ax.plot([SCHEMES.index(scheme)], [value / 1e6], "o", color="black", zorder=3,
+                      label="measured" if scheme == next(iter(measured)) else None)
+    bytes_ax.set_ylabel("MB sent per rank per step")
+    bytes_ax.set_title(f"{gpus} GPUs, {dtype} gradients")
+    bytes_ax.legend(fontsize="small", frameon=False)
+
+    seconds = estimate(layers, batch, gpus, dtype, timemodel.PRESETS[link], timemodel.PROCESSORS[processor])
+    labels = list(seconds)
+    time_ax.barh(labels, [seconds[k] * 1e3 for k in labels], color=["#6baed6", "#de2d26", "#fc9272"])
+    for y, key in enumerate(labels):
+        time_ax.text(seconds[key] * 1e3, y, f" {seconds[key] * 1e3:.3g} ms", va="center", fontsize="small")
+    time_ax.invert_yaxis()
+    time_ax.set_xlabel("ms per step (time model)")
+    time_ax.set_title(f"batch {batch} over {gpus} GPUs: {processor}, {link}", fontsize="medium")
+    time_ax.margins(x=0.25)
+    fig.tight_layout()
+    return fig
+
+
+def show(measured: Mapping[str, float] | None = None, **start):
+    """The view with sliders and menus (a static figure under grading or headless).
+
+    measured: bytes a real run sent per rank, by scheme; `start` gives that
+    run's settings (width, depth, gpus, dtype), which the sliders start at.
+    """
+    import ipywidgets as w
+
+    values = {"width": 1000, "depth": 2, "batch": 128, "gpus": 4, "dtype": "float32",
+              "link": timemodel.NETWORK_40G.name, "processor": timemodel.TITAN.name, **start}
+    style = {"description_width": "initial"}
+    controls = {
+        "width": w.IntSlider(values["width"], min=100, max=8000, step=100, description="layer width", style=style),
+        "depth": w.IntSlider(values["depth"], min=1, max=6, description="hidden layers", style=style),
+        "batch": w.IntSlider(values["batch"], min=8, max=2048, step=8, description="global batch", style=style),
+        "gpus": w.IntSlider(values["gpus"], min=1, max=16, description="GPUs", style=style),
+        "dtype": w.Dropdown(options=list(sizes.DTYPE_BYTES), value=values["dtype"], description="dtype"),
+        "link": w.Dropdown(options=list(timemodel.PRESETS), value=values["link"], description="interconnect",
+                           style=style),
+        "processor": w.Dropdown(options=list(timemodel.PROCESSORS), value=values["processor"],
+                                description="GPU", style=style),
+    }
+    # Measured bytes belong to the run's settings: shown only while the
+    # settings that decide the bytes are the run's.
+    run = {k: values[k] for k in BYTES_DEPEND_ON}
+
+    def draw_with_measured(**current):
+        same = all(current[k] == run[k] for k in BYTES_DEPEND_ON)
+        return draw(measured=measured if same else None, **current)
+
+    return interactive_figure(draw_with_measured, controls)

@@ -1,0 +1,126 @@
+"""The transfer-size view and the interactive-figure helper behind it.
+
+The view's bars are checked against course.sizes; the helper's promises:
+a static figure always, live controls only with a front end and never under
+nbgrader, and measured bytes only beside the settings they were measured at.
+"""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import ipywidgets  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from course import sizes, timemodel, transfer_view, widgets  # noqa: E402
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """What the helper displays: a list of ("display" | "update", object)."""
+    events = []
+
+    class Handle:
+        def update(self, obj):
+            events.append(("update", obj))
+
+    def fake_display(obj, display_id=False):
+        events.append(("display", obj))
+        return Handle() if display_id else None
+
+    monkeypatch.setattr(widgets, "display", fake_display)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    return events
+
+
+def _bars(ax):
+    """Stacked bar tops per x position, in MB."""
+    tops = {}
+    for patch in ax.patches:
+        x = round(patch.get_x() + patch.get_width() / 2)
+        tops[x] = max(tops.get(x, 0.0), patch.get_y() + patch.get_height())
+    return [tops[x] for x in sorted(tops)]
+
+
+def test_bars_are_the_bytes_each_rank_sends():
+    fig = transfer_view.draw(width=500, depth=3, gpus=4, dtype="float16")
+    bytes_ax = fig.axes[0]
+    layers = transfer_view.mlp_layers(500, 3)
+    expected = [sizes.data_parallel_total(layers, 4, "float16", "ring") / 1e6,
+                sizes.data_parallel_total(layers, 4, "float16", "naive", rank=0) / 1e6,
+                sizes.data_parallel_total(layers, 4, "float16", "naive", rank=1) / 1e6]
+    assert _bars(bytes_ax) == pytest.approx(expected)
+    assert len(bytes_ax.patches) == 3 * len(layers)  # one segment per layer and scheme
+    plt.close(fig)
+
+
+def test_time_panel_is_the_time_model():
+    layers = transfer_view.mlp_layers(1000, 2)
+    seconds = transfer_view.estimate(layers, 128, 4, "float32", timemodel.NETWORK_40G, timemodel.TITAN)
+    flop = sum(6 * layer.inputs * layer.outputs * 32 for layer in layers)
+    assert seconds["compute (one rank)"] == pytest.approx(flop / (4.5e12 * 0.5))
+    gradient = [4 * layer.weights for layer in layers]
+    assert seconds["ring all-reduce"] == pytest.approx(
+        sum(6 * (5e-6 + g / 4 / 5e9) for g in gradient))
+    fig = transfer_view.draw(width=1000, depth=2, batch=128, gpus=4)
+    widths = [p.get_width() for p in fig.axes[1].patches]
+    assert widths == pytest.approx([seconds[k] * 1e3 for k in seconds])
+    plt.close(fig)
+
+
+def test_measured_bytes_are_dots_on_their_scheme():
+    fig = transfer_view.draw(measured={"naive, rank 0": 5e6})
+    (line,) = [ln for ln in fig.axes[0].lines if ln.get_label() == "measured"]
+    assert list(line.get_xdata()) == [1] and list(line.get_ydata()) == [5.0]
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"link": "carrier pigeon"}, "link must be one of"),
+    ({"processor": "abacus"}, "processor must be one of"),
+    ({"measured": {"tree": 1}}, "schemes are"),
+    ({"width": 0}, "must be positive"),
+])
+def test_bad_settings_say_what_is_allowed(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        transfer_view.draw(**kwargs)
+    plt.close("all")
+
+
+def test_controls_redraw_the_figure_in_place(shown):
+    calls = []
+
+    def draw(n):
+        calls.append(n)
+        return plt.figure()
+
+    slider = ipywidgets.IntSlider(2, min=1, max=8)
+    handle, box = widgets.interactive_figure(draw, {"n": slider})
+    assert box is not None and calls == [2]
+    slider.value = 5
+    assert calls == [2, 5]
+    assert [kind for kind, _ in shown] == ["display", "display", "update"]  # figure, controls, redraw
+
+
+@pytest.mark.parametrize("grading, static", [(True, False), (False, True)])
+def test_no_controls_under_nbgrader_or_when_static(shown, monkeypatch, grading, static):
+    if grading:
+        monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    calls = []
+    handle, box = widgets.interactive_figure(lambda n: calls.append(n) or plt.figure(),
+                                             {"n": ipywidgets.IntSlider(3)}, static=static)
+    assert box is None and calls == [3]
+    assert [kind for kind, _ in shown] == ["display"]  # the figure, still shown
+
+
+def test_measured_bytes_only_beside_the_settings_they_were_measured_at(shown, monkeypatch):
+    seen = []
+    monkeypatch.setattr(transfer_view, "draw", lambda measured=None, **v: seen.append(measured) or plt.figure())
+    _, box = transfer_view.show(measured={"ring": 1.0}, gpus=2)
+    controls = {c.description: c for c in box.children}
+    controls["GPUs"].value = 3        # other settings: the run's bytes no longer apply
+    controls["GPUs"].value = 2        # back to the run's
+    controls["interconnect"].value = timemodel.NVLINK4.name  # does not change the bytes
+    assert seen == [{"ring": 1.0}, None, {"ring": 1.0}, {"ring": 1.0}]

@@ -8,10 +8,10 @@ the models and data of the labs, and what their tests need.
 `course.plots` and `course.throughput` (matplotlib, pandas) are imported on
 demand: ranks start faster without them.
 """
-from course import check, comm, data, grading, models, transfer
+from course import check, comm, data, grading, models, timeline, transfer
 from course.errors import RankError, RankExited, RankTimeout, RemoteTraceback
 from course.launch import RankResults, launch
 from course.placement import device
 
 __all__ = ["launch", "device", "RankResults", "RankError", "RankExited", "RankTimeout",
-           "RemoteTraceback", "check", "comm", "data", "grading", "models", "transfer"]
+           "RemoteTraceback", "check", "comm", "data", "grading", "models", "timeline", "transfer"]

@@ -22,7 +22,7 @@ import uuid
 import cloudpickle
 import torch.distributed as dist
 
-from course import _worker, comm, errors
+from course import _worker, comm, errors, timeline
 from course._output import RankOutput
 
 _GRACE = 0.1  # seconds to gather errors raised at the same moment on other ranks
@@ -89,7 +89,7 @@ class Run:
         self.selector = selectors.DefaultSelector()
 
     def result(self) -> tuple[dict, comm.CommLog, dict]:
-        """(values, communication log, seconds), each by rank; raises what failed."""
+        """(values, communication log, timeline, seconds), each by rank; raises what failed."""
         store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=60))
         try:
@@ -189,13 +189,15 @@ class Run:
         for rank in self.ranks:
             rank.process.join(max(0.0, deadline - time.monotonic()))
         self._drain_output()
-        values, log, seconds = {}, comm.CommLog(), {}
+        values, log, spans, seconds = {}, comm.CommLog(), timeline.Timeline(), {}
         for rank in self.ranks:
             _, result, records, took = rank.reply
             values[rank.rank] = cloudpickle.loads(result)
-            log.extend(cloudpickle.loads(records))
+            rank_log, rank_spans = cloudpickle.loads(records)
+            log.extend(rank_log)
+            spans.extend(rank_spans)
             seconds[rank.rank] = took
-        return values, log, seconds
+        return values, log, spans, seconds
 
     # --- failures ------------------------------------------------------------------
     def _failure(self, outcome: str) -> BaseException:

@@ -56,9 +56,9 @@ def main(spec: RankSpec, control, stdout_pipe, stderr_pipe, stack_pipe) -> None:
     os.environ.update(spec.env)
     torch.set_num_threads(spec.num_threads)
     try:
-        result, log, seconds = _run(spec)
+        result, records, seconds = _run(spec)
         try:
-            reply = ("result", _ResultPickler.dumps(result), cloudpickle.dumps(log), seconds)
+            reply = ("result", _ResultPickler.dumps(result), cloudpickle.dumps(records), seconds)
         except Exception as error:  # noqa: BLE001 - e.g. a generator, an open file
             reply = ("error", error_report(error, spec.rank,
                                            while_doing="sending its return value to the cell"))
@@ -87,7 +87,7 @@ def _run(spec: RankSpec):
     started = time.perf_counter()
     with calls.patch():
         result = _call_user_function(fn, args, kwargs)
-    return result, calls.log, time.perf_counter() - started
+    return result, (calls.log, calls.spans), time.perf_counter() - started
 
 
 def _call_user_function(fn, args, kwargs):

@@ -25,15 +25,17 @@ import torch
 import torch.distributed as dist
 
 from course import _processes, placement, recorder
+from course.timeline import Timeline
 
 
 class RankResults(Sequence):
     """What each rank returned, indexed by rank, with the run's records."""
 
     def __init__(self, values: dict, world_size: int, comm_log, backend: str, devices,
-                 seconds: dict):
+                 seconds: dict, timeline=()):
         self._values = dict(sorted(values.items()))
         self.world_size, self.comm, self.backend = world_size, comm_log, backend
+        self.timeline = Timeline(timeline)  # compute spans marked with course.timeline.span
         self.devices = tuple(devices)
         self.seconds = seconds  # rank -> seconds its function ran
 
@@ -96,9 +98,9 @@ def launch(fn, world_size: int | None, args=(), kwargs=None, *, backend: str | N
         raise TypeError(f"could not send {_name(fn)} and its arguments to the ranks: {error}. "
                         "Pass only data (tensors, numbers, lists) and functions or classes "
                         "defined in the notebook or in importable modules.") from error
-    values, log, seconds = _processes.Run(where, payload, timeout, num_threads,
-                                          _name(fn)).result()
-    return RankResults(values, where.world_size, log, where.backend, where.devices, seconds)
+    values, log, spans, seconds = _processes.Run(where, payload, timeout, num_threads,
+                                                 _name(fn)).result()
+    return RankResults(values, where.world_size, log, where.backend, where.devices, seconds, spans)
 
 
 def _name(fn) -> str:
@@ -126,4 +128,4 @@ def _launch_in_process(fn, world_size, args, kwargs, num_threads) -> RankResults
     with calls.patch():
         value = fn(*args, **kwargs)
     return RankResults({rank: value}, size, calls.log, backend, [str(device)],
-                       {rank: time.perf_counter() - started})
+                       {rank: time.perf_counter() - started}, calls.spans)

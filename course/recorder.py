@@ -25,6 +25,14 @@ _FORMULA_OF = {"all_gather_single": "all_gather_into_tensor",
                "isend": "send", "irecv": "recv"}
 
 
+_ACTIVE: "Recorder | None" = None  # the recorder of the function running now, if any
+
+
+def active() -> "Recorder | None":
+    """The recorder of this process's running rank function (None outside one)."""
+    return _ACTIVE
+
+
 class _Recorded:
     """A torch.distributed function that logs each call. It compares equal to
     the function it wraps because torch's P2POp checks `op in [isend, irecv]`."""
@@ -120,6 +128,7 @@ class Recorder:
         if self.measure and socket_bytes_written() is None:
             self.measure = False  # not Linux: predictions only
         self._t0 = time.perf_counter()
+        self.spans: list = []  # course.timeline.Span, recorded by timeline.span
         self._lock = threading.Lock()
         self._inside = threading.local()  # torch calling itself is not a second call
         self._in_flight: list[CommRecord] = []  # the open window: calls since it began
@@ -172,7 +181,7 @@ class Recorder:
         with self._lock:
             if not self._in_flight and self.measure:
                 self._window_start = socket_bytes_written()
-            record.start = time.perf_counter() - self._t0
+            record.start = self.now()
             self._in_flight.append(record)
             self.log.append(record)
 
@@ -180,7 +189,7 @@ class Recorder:
         with self._lock:
             if record.end is not None:
                 return  # already ended (a second wait())
-            record.end = time.perf_counter() - self._t0
+            record.end = self.now()
             if any(r.end is None for r in self._in_flight):
                 return  # the window stays open while any call in it is
             window, self._in_flight = self._in_flight, []
@@ -247,9 +256,15 @@ class Recorder:
         for record in list(self._in_flight):
             self._end(record)
 
+    def now(self) -> float:
+        """Seconds since this rank's function started: the clock of records and spans."""
+        return time.perf_counter() - self._t0
+
     @contextlib.contextmanager
     def patch(self):
         """Route torch.distributed.<op> through this recorder, then restore."""
+        global _ACTIVE
+        _ACTIVE = self
         self._originals = {name: getattr(dist, name) for name in (*RECORDED, "batch_isend_irecv")
                            if hasattr(dist, name)}
         for name in RECORDED:
@@ -263,5 +278,6 @@ class Recorder:
             yield self.log
         finally:
             self.finish()
+            _ACTIVE = None
             for name, original in self._originals.items():
                 setattr(dist, name, original)

@@ -1,0 +1,63 @@
+"""Timelines of real runs: compute spans from course.timeline.span, on the clock
+of the communication records, returned by course.launch and drawn per rank."""
+from __future__ import annotations
+
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import course  # noqa: E402
+from course import timeline  # noqa: E402
+
+
+def compute_then_overlap():
+    t = torch.ones(1000, 500)
+    with timeline.span("first"):
+        time.sleep(0.02)
+    work = dist.all_reduce(t, async_op=True)
+    with timeline.span("while communicating"):
+        time.sleep(0.03)
+    work.wait()
+    return dist.get_rank()
+
+
+def test_spans_come_back_by_rank_on_the_records_clock():
+    results = course.launch(compute_then_overlap, 2)
+    for rank in (0, 1):
+        spans = results.timeline.rank(rank)
+        assert [s.name for s in spans] == ["first", "while communicating"]
+        first, second = spans
+        assert first.end - first.start >= 0.02 and second.end - second.start >= 0.03
+        assert first.end <= second.start
+        (record,) = results.comm.rank(rank)
+        # The asynchronous all-reduce was called between the spans and ended after its call.
+        assert first.end <= record.start <= second.start
+        assert record.end is not None and record.end >= record.start
+    frame = results.timeline.to_frame()
+    assert list(frame.columns) == ["rank", "name", "start", "end"] and len(frame) == 4
+
+
+def no_spans():
+    return 1
+
+
+def test_no_spans_no_timeline_and_spans_outside_a_rank_do_nothing():
+    assert len(course.launch(no_spans, 2).timeline) == 0
+    with timeline.span("in the notebook itself"):
+        ran = True
+    assert ran
+
+
+def test_plot_draws_compute_and_communication_per_rank():
+    results = course.launch(compute_then_overlap, 2)
+    fig, ax = plt.subplots()
+    timeline.plot(ax, results)
+    assert len(ax.collections) == 4  # a compute row and a communication row per rank
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    plt.close(fig)

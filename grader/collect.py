@@ -10,16 +10,13 @@ student folder, a student id nbgrader cannot use) is reported, not graded.
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
-
 from . import GraderError
+from .labs import NotebookError, parse_notebook, validate_notebook
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 SKIPPED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
@@ -70,19 +67,9 @@ def find(folder: Path, labs: list[str]) -> tuple[list[Submission], list[str]]:
 def unreadable(path: Path) -> str | None:
     """Why nbgrader could not open this notebook, in plain words; None if it can."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        return "the file is not text (UTF-8): it is not a notebook"
-    except json.JSONDecodeError as e:
-        return f"the file is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}): the notebook is damaged"
-    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or raw.get("nbformat") != 4:
-        return "the file is JSON but not a Jupyter notebook (format 4)"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            nbformat.validate(nbformat.from_dict(raw))
-    except nbformat.ValidationError as e:
-        return f"the notebook is malformed ({e.message})"
+        validate_notebook(parse_notebook(path))
+    except NotebookError as e:
+        return f"the file is {e}: it could not be graded"
     return None
 
 

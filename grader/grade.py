@@ -28,7 +28,7 @@ from course import grading
 
 from . import COURSE_ROOT, GraderError, collect, export, nbgrader_cli
 from .execute import INLINE_BACKEND
-from .labs import display_path, find_labs, graded_cells, read_notebook
+from .labs import display_path, find_labs
 from .release import generate_assignment
 
 DEFAULT_WORK = COURSE_ROOT / "grader" / "work"
@@ -72,12 +72,7 @@ class Workspace:
 
 def gradable_labs(root: Path) -> dict[str, float]:
     """{lab: total points} for the labs that have graded test cells."""
-    labs = {}
-    for lab in find_labs(root):
-        points = graded_cells(read_notebook(lab.notebook, root))
-        if points:
-            labs[lab.name] = sum(points.values())
-    return labs
+    return {lab.name: sum(lab.points.values()) for lab in find_labs(root) if lab.points}
 
 
 def _last_error(log: str) -> str:

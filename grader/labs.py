@@ -33,6 +33,7 @@ class Lab:
     name: str  # folder name, e.g. "00_ranks"; also nbgrader's assignment id
     notebook: Path  # solutions/<lab>/<lab>.ipynb
     title: str  # first "# ..." heading of the notebook
+    points: dict[str, float]  # grade_id -> points of its autograded test cells (empty: nothing graded)
 
 
 # --------------------------------------------------------------------------
@@ -52,17 +53,40 @@ def _source_text(cell: dict) -> str:
     return "".join(src) if isinstance(src, list) else src
 
 
+class NotebookError(ValueError):
+    """Why a file cannot be opened as a notebook, in plain words."""
+
+
+def parse_notebook(path: Path) -> dict:
+    """The notebook's JSON, checked to be text, JSON and nbformat 4; NotebookError says why not."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise NotebookError(f"not UTF-8 text ({e})") from None
+    except json.JSONDecodeError as e:
+        raise NotebookError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list) or data.get("nbformat") != 4:
+        raise NotebookError("not a Jupyter notebook in nbformat 4")
+    return data
+
+
+def validate_notebook(data: dict) -> None:
+    """nbformat's schema check; NotebookError says what is malformed."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nbformat.validate(nbformat.from_dict(data))
+    except nbformat.ValidationError as e:
+        raise NotebookError(f"not a valid Jupyter notebook: {e.message}") from None
+
+
 def read_notebook(path: Path, root: Path = COURSE_ROOT) -> dict:
     """Parse and validate one source notebook; GraderError names the file."""
     name = display_path(path, root)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise GraderError(f"{name}: not UTF-8 text ({e})") from None
-    except json.JSONDecodeError as e:
-        raise GraderError(f"{name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    if not isinstance(data, dict) or data.get("nbformat") != 4:
-        raise GraderError(f"{name}: not a Jupyter notebook in nbformat 4")
+        data = parse_notebook(path)
+    except NotebookError as e:
+        raise GraderError(f"{name}: {e}") from None
     # nbformat would replace a missing/duplicate cell id by a random one on
     # write, making the release differ on every run.
     cells = data.get("cells")
@@ -82,11 +106,9 @@ def read_notebook(path: Path, root: Path = COURSE_ROOT) -> dict:
                 )
             seen[cid] = i
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            nbformat.validate(nbformat.from_dict(data))
-    except nbformat.ValidationError as e:
-        raise GraderError(f"{name}: not a valid Jupyter notebook: {e.message}") from None
+        validate_notebook(data)
+    except NotebookError as e:
+        raise GraderError(f"{name}: {e}") from None
     return data
 
 
@@ -145,7 +167,7 @@ def find_labs(root: Path = COURSE_ROOT) -> list[Lab]:
         if title is None:
             problems.append(f"{display_path(notebook, root)}: no '# Title' markdown heading (the index needs one)")
             continue
-        labs.append(Lab(entry.name, notebook, title))
+        labs.append(Lab(entry.name, notebook, title, graded_cells(nb)))
     if problems:
         raise GraderError("malformed lab(s):\n  " + "\n  ".join(problems))
     if not labs:

@@ -58,10 +58,10 @@ def test_find_reports_a_second_copy_and_a_missing_folder(tmp_path):
 
 
 @pytest.mark.parametrize("content, words", [
-    (b"\xff\xfe\x00binary", "not text"),
+    (b"\xff\xfe\x00binary", "not UTF-8 text"),
     (b'{"cells": [', "not valid JSON"),
     (b'{"hello": 1}', "not a Jupyter notebook"),
-    (b'{"cells": [{"cell_type": "nonsense"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}', "malformed"),
+    (b'{"cells": [{"cell_type": "nonsense"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}', "not a valid Jupyter notebook"),
 ])
 def test_unreadable_says_why(tmp_path, content, words):
     path = tmp_path / "x.ipynb"

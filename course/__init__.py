@@ -11,7 +11,8 @@ demand: ranks start faster without them.
 from course import check, comm, data, grading, models, timeline, transfer
 from course.errors import RankError, RankExited, RankTimeout, RemoteTraceback
 from course.launch import RankResults, launch
-from course.placement import device
+from course.placement import device, lab_ranks, message_device
 
-__all__ = ["launch", "device", "RankResults", "RankError", "RankExited", "RankTimeout",
-           "RemoteTraceback", "check", "comm", "data", "grading", "models", "timeline", "transfer"]
+__all__ = ["launch", "device", "lab_ranks", "message_device", "RankResults", "RankError",
+           "RankExited", "RankTimeout", "RemoteTraceback", "check", "comm", "data", "grading",
+           "models", "timeline", "transfer"]

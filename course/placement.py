@@ -75,6 +75,36 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def message_device() -> torch.device:
+    """Where a rank keeps tensors it sends point to point (send, recv, isend,
+    irecv). NCCL moves GPU memory only; gloo sends CPU memory only (of its
+    collectives, only all_reduce and broadcast also take GPU tensors)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return device()
+    return torch.device("cpu")
+
+
+RANKS_VARIABLE = "COURSE_RANKS"
+
+
+def lab_ranks(default: int = 2) -> int:
+    """How many ranks a lab launches: $COURSE_RANKS if set (to run a lab on 4
+    ranks headless, say), else `default`."""
+    text = os.environ.get(RANKS_VARIABLE)
+    if text is None:
+        return default
+    try:
+        ranks = int(text)
+    except ValueError:
+        ranks = 0
+    if ranks < 1:
+        raise ValueError(f"{RANKS_VARIABLE}={text!r}: it must be a positive whole number of "
+                         f"ranks, such as 2 or 4; unset it to use the lab's default ({default})")
+    return ranks
+
+
 # --- already a rank? (torchrun, or inside a course worker) -------------------------
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

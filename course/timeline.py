@@ -82,5 +82,5 @@ def plot(ax, results, *, compute_colour: str = "#6baed6", comm_colour: str = "#d
     ax.set_yticks([row * 3 + 1 for row in range(len(ranks))], [f"rank {r}" for r in ranks])
     ax.set_xlabel("ms since the function started")
     ax.invert_yaxis()
-    ax.legend(loc="upper right", fontsize="small", frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
     return ax

@@ -33,17 +33,19 @@ def this_interpreters_kernel() -> AsyncKernelManager:
 
 
 def execute(nb: nbformat.NotebookNode, cwd: Path, *, timeout: float = 300,
-            env: Mapping[str, str] | None = None, on_cell_start=None) -> float:
+            env: Mapping[str, str] | None = None, on_cell_start=None,
+            allow_errors: bool = False) -> float:
     """Run every cell of nb (in place, stopping at the first error) with cwd.
 
     env: variables added to this process's environment for the kernel.
+    allow_errors: run on past errors, leaving each in its cell's outputs.
     Returns the wall time in seconds; raises nbclient's CellExecutionError,
     CellTimeoutError or DeadKernelError.
     """
     kernel_env = {**os.environ, "MPLBACKEND": INLINE_BACKEND, **(env or {})}
     client = NotebookClient(
         nb, km=this_interpreters_kernel(), kernel_name=KERNEL_NAME, timeout=timeout,
-        allow_errors=False, resources={"metadata": {"path": str(cwd)}},
+        allow_errors=allow_errors, resources={"metadata": {"path": str(cwd)}},
         **({"on_cell_start": on_cell_start} if on_cell_start else {}),
     )
     t0 = time.perf_counter()

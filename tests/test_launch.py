@@ -364,3 +364,25 @@ def test_torchrun_is_detected_from_its_environment(monkeypatch):
     assert placement.under_torchrun()
     rank, size, here = placement.torchrun_placement()
     assert (rank, size) == (1, 2) and here.world_size == 1
+
+
+# --- how many ranks a lab launches, and where messages live ---------------------------
+
+def test_lab_ranks_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(placement.RANKS_VARIABLE, raising=False)
+    assert course.lab_ranks(2) == 2
+    monkeypatch.setenv(placement.RANKS_VARIABLE, "4")
+    assert course.lab_ranks(2) == 4
+    for bad in ("0", "-1", "four", ""):
+        monkeypatch.setenv(placement.RANKS_VARIABLE, bad)
+        with pytest.raises(ValueError, match="COURSE_RANKS.*positive whole number"):
+            course.lab_ranks(2)
+
+
+def _where_messages_live():
+    return str(course.message_device())
+
+
+def test_message_device_is_the_cpu_on_gloo():
+    assert str(course.message_device()) == "cpu"  # outside any rank
+    assert list(course.launch(_where_messages_live, 2, backend="gloo")) == ["cpu", "cpu"]

@@ -24,14 +24,20 @@ def released(lab: str) -> nbformat.NotebookNode:
     return nbformat.read(REPO / "labs" / lab / f"{lab}.ipynb", as_version=4)
 
 
-def solved(lab: str, edits: dict[str, list[tuple[str, str]]] | None = None) -> nbformat.NotebookNode:
+def solved(lab: str, edits: dict[str, list[tuple[str, str]]] | None = None,
+           answers: dict[str, str] | None = None) -> nbformat.NotebookNode:
     """The release with every solution cell filled from solutions/; edits change some answers.
 
     edits: grade_id -> [(old, new)] replacements in that cell's answer; each
     `old` must occur in it (so a test cannot silently edit nothing).
+    answers: grade_id -> a whole answer of the student's own, in place of the solution's.
     """
     source = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    own = dict(answers or {})
     answers = {grade_id(c): c.source for c in source.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    unknown = set(own) - set(answers)
+    assert not unknown, f"answers for cells that are not exercises of {lab}: {sorted(unknown)}"
+    answers.update(own)
     nb = released(lab)
     edits = dict(edits or {})
     for cell in nb.cells:
@@ -52,3 +58,16 @@ def write(nb, folder: Path, student: str, lab: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
     return path
+
+
+def hidden_lines(lab: str) -> list[str]:
+    """The distinctive lines (over 30 characters) of the lab's hidden tests: what feedback must not show."""
+    source = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    lines = []
+    for cell in source.cells:
+        if "### BEGIN HIDDEN TESTS" in cell.source:
+            region = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+            lines += [line.strip() for line in region.split("\n") if len(line.strip()) > 30]
+    assert lines, f"{lab} has no hidden tests"
+    return lines
+

@@ -18,14 +18,13 @@ import html
 import subprocess
 import sys
 
-import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
 from grader import COURSE_ROOT
 from grader.labs import course_config, graded_cells, read_notebook
 
-from submissions import REPO, grade_id, released, solved, write
+from submissions import REPO, grade_id, hidden_lines, released, solved, write
 
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
@@ -137,17 +136,11 @@ def test_feedback_shows_no_hidden_tests(graded):
     pages = sorted((graded["work"] / "feedback").glob(f"*/{LAB}/{LAB}.html"))
     graded_students = [s for s, (_, expected) in graded["students"].items() if expected is not None]
     assert sorted(p.parent.parent.name for p in pages) == sorted(graded_students)
-    source = nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)
-    hidden_lines = []
-    for cell in source.cells:
-        if "### BEGIN HIDDEN TESTS" in cell.source:
-            region = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
-            hidden_lines += [line.strip() for line in region.split("\n") if len(line.strip()) > 30]
-    assert hidden_lines
+    hidden = hidden_lines(LAB)
     for page in pages:
         text = html.unescape(page.read_text())
         assert "BEGIN HIDDEN TESTS" not in text
-        leaked = [line for line in hidden_lines if line in text]
+        leaked = [line for line in hidden if line in text]
         assert not leaked, f"{page}: hidden test lines in the feedback: {leaked[:3]}"
     # The student still learns what failed: the check's message survives.
     page = graded["work"] / "feedback" / "hidden_only" / LAB / f"{LAB}.html"

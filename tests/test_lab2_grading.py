@@ -1,0 +1,227 @@
+"""Lab 2's tests grade fairly: each classic mistake costs its own exercise and no
+other, and a correct answer written differently from the reference gets every point.
+
+Each submission runs as nbgrader scores it, minus the demonstrations in between:
+the setup cell, the read-only helper cells, the answers and the test cells, in one
+kernel that runs on past errors. The test cells that raised are the exercises the
+submission loses. One nbgrader round trip at the end checks the same verdicts
+through `python -m grader grade`.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import subprocess
+import sys
+
+import pytest
+
+from grader import COURSE_ROOT
+from grader.execute import execute
+from grader.labs import graded_cells, read_notebook
+
+from submissions import REPO, grade_id, hidden_lines, solved, write
+
+LAB = "02_data_parallel"
+POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
+
+# The same exercises, answered in other correct ways than the reference's.
+DIFFERENT = {
+    "shard": '''
+def shard(inputs, targets, rank, world_size):
+    if len(inputs) % world_size != 0:
+        raise ValueError(f"cannot split {len(inputs)} samples into {world_size} equal shards")
+    return inputs[rank::world_size], targets[rank::world_size]      # every N-th sample
+''',
+    "broadcast_parameters": '''
+@torch.no_grad()
+def broadcast_parameters(model):
+    for tensor in model.state_dict().values():     # shares memory with the model
+        dist.broadcast(tensor, src=0)
+''',
+    "average_gradients": '''
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.div_(dist.get_world_size())     # divide first, then add up
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+''',
+    "naive_all_reduce": '''
+def naive_all_reduce(tensor):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank != 0:
+        dist.isend(tensor, 0).wait()
+        dist.irecv(tensor, 0).wait()
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(n - 1)]
+    for request in [dist.irecv(part, src) for src, part in enumerate(parts, start=1)]:
+        request.wait()
+    for part in parts:
+        tensor.add_(part)
+    for request in [dist.isend(tensor, dst) for dst in range(1, n)]:
+        request.wait()
+    return tensor
+''',
+    "ring_all_reduce": '''
+def ring_all_reduce(tensor):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    flat = tensor.view(-1)
+    bounds = [flat.numel() * i // n for i in range(n + 1)]      # the short chunks first
+    def chunk(i):
+        return flat[bounds[i % n]:bounds[i % n + 1]]
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        incoming = torch.empty_like(chunk(rank - step - 1))
+        ops = [dist.P2POp(dist.isend, chunk(rank - step), right), dist.P2POp(dist.irecv, incoming, left)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        chunk(rank - step - 1).add_(incoming)
+    for step in range(n - 1):
+        ops = [dist.P2POp(dist.isend, chunk(rank + 1 - step), right), dist.P2POp(dist.irecv, chunk(rank - step), left)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+    return tensor
+''',
+    "gradient_hooks": '''
+class GradientHooks:
+    def __init__(self, model):
+        self.n = dist.get_world_size()
+        self.works = []
+        self.handles = [p.register_post_accumulate_grad_hook(self.gradient_ready) for p in model.parameters()]
+
+    def gradient_ready(self, param):
+        param.grad.div_(self.n)
+        self.works.append(dist.all_reduce(param.grad, async_op=True))
+
+    def wait(self):
+        while self.works:
+            self.works.pop().wait()
+''',
+    "bucketed_gradients": '''
+class BucketedGradients:
+    def __init__(self, model, bucket_bytes=1_000_000):
+        self.n = dist.get_world_size()
+        self.buckets, current = [], []
+        for p in reversed(list(model.parameters())):
+            current.append(p)
+            if sum(q.numel() * q.element_size() for q in current) >= bucket_bytes:   # full: close it
+                self.buckets.append(current)
+                current = []
+        if current:
+            self.buckets.append(current)
+        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready = {}
+        self.started = []
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(self.gradient_ready)
+
+    def gradient_ready(self, param):
+        i = self.bucket_of[id(param)]
+        self.ready[i] = self.ready.get(i, 0) + 1
+        if self.ready[i] == len(self.buckets[i]):
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+            self.started.append((self.buckets[i], flat, dist.all_reduce(flat, async_op=True)))
+
+    def wait(self):
+        for bucket, flat, work in self.started:
+            work.wait()
+            flat /= self.n
+            offset = 0
+            for p in bucket:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.started, self.ready = [], {}
+''',
+}
+
+# The classic mistakes, each in one exercise, and the test cell that must catch it.
+MISTAKES = {
+    "overlapping shards": (
+        {"shard": [("rows = slice(rank * per_rank, (rank + 1) * per_rank)",
+                    "rows = slice(rank * per_rank // 2, rank * per_rank // 2 + per_rank)")]},
+        "test_shard"),
+    "no initial broadcast": (
+        {"broadcast_parameters": [("dist.broadcast(tensor.detach(), src=0)", "pass")]},
+        "test_broadcast_parameters"),
+    "a sum where the mean belongs": (
+        {"average_gradients": [("p.grad /= world_size", "pass")]},
+        "test_average_gradients"),
+    "naive root keeps the sum": (
+        {"naive_all_reduce": [("dist.send(tensor, dst=other)", "dist.send(incoming, dst=other)")]},
+        "test_naive_all_reduce"),
+    "ring drops what N does not divide": (
+        {"ring_all_reduce": [("chunks = tensor.view(-1).tensor_split(world_size)",
+                              "chunks = tensor.view(-1)[:tensor.numel() // world_size * world_size]"
+                              ".tensor_split(world_size)")]},
+        "test_ring_all_reduce"),
+    "hooks all-reduce every gradient twice": (
+        {"gradient_hooks": [("for p in model.parameters():", "for p in [*model.parameters(), *model.parameters()]:")]},
+        "test_gradient_hooks"),
+    "hooks miss a parameter": (
+        {"gradient_hooks": [("for p in model.parameters():", "for p in list(model.parameters())[1:]:")]},
+        "test_gradient_hooks"),
+    "the last bucket is never sent": (
+        {"bucketed_gradients": [("        if bucket:\n            self.buckets.append(bucket)\n", "")]},
+        "test_bucketed_gradients"),
+}
+
+
+def graded_only(nb):
+    """The setup cell and what nbgrader scores: read-only helpers, answers, tests."""
+    first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells = [c for i, c in enumerate(nb.cells)
+                if i == first_code or c.metadata.get("nbgrader", {}).get("grade_id")]
+    return nb
+
+
+def failing_tests(nb, folder) -> dict[str, str]:
+    """{test grade_id: error} of the test cells that raised."""
+    execute(nb, folder, timeout=300, allow_errors=True)
+    failed = {}
+    for cell in nb.cells:
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        if grade_id(cell) and errors:
+            failed[grade_id(cell)] = f"{errors[0].ename}: {errors[0].evalue}"
+    return failed
+
+
+def test_every_exercise_is_graded():
+    assert set(POINTS) == {f"test_{gid}" for gid in DIFFERENT}, POINTS
+    assert {cell for _, cell in MISTAKES.values()} == set(POINTS), "a mistake for every exercise"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("student", ["reference", "written differently"])
+def test_correct_answers_get_every_point(student, tmp_path):
+    nb = solved(LAB) if student == "reference" else solved(LAB, answers=DIFFERENT)
+    assert failing_tests(graded_only(nb), tmp_path) == {}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_each_mistake_costs_exactly_its_exercise(mistake, tmp_path):
+    edits, exercise = MISTAKES[mistake]
+    failed = failing_tests(graded_only(solved(LAB, edits)), tmp_path)
+    assert set(failed) == {exercise}, failed
+
+
+@pytest.mark.timeout(900)
+def test_grading_round_trip(tmp_path):
+    """`python -m grader grade` on lab 2: the full notebooks, as nbgrader runs them."""
+    submissions, work = tmp_path / "submitted", tmp_path / "work"
+    write(solved(LAB, answers=DIFFERENT), submissions, "different", LAB)
+    write(solved(LAB, MISTAKES["a sum where the mean belongs"][0]), submissions, "summed", LAB)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "grade", str(submissions), "--lab", LAB, "--work", str(work)],
+        cwd=COURSE_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout
+    with open(work / "grades.csv", newline="") as f:
+        grades = {row["student_id"]: row for row in csv.DictReader(f)}
+    full = sum(POINTS.values())
+    assert float(grades["different"][f"{LAB} score"]) == full, proc.stdout
+    assert float(grades["summed"][f"{LAB} score"]) == full - POINTS["test_average_gradients"], proc.stdout
+    hidden = hidden_lines(LAB)
+    for student in grades:
+        page = html.unescape((work / "feedback" / student / LAB / f"{LAB}.html").read_text())
+        leaked = [line for line in hidden if line in page]
+        assert not leaked, f"{student}'s feedback shows hidden test lines: {leaked[:3]}"

@@ -151,3 +151,43 @@ def test_stored_references_agree_with_the_solutions():
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout
     assert "agrees with solutions/" in proc.stdout
+
+
+# --- grader.solution: the solution notebook's definitions, for benchmarks ----------
+
+def test_solution_loader_runs_setup_and_definitions_only():
+    from grader.solution import code_cells, defines_only
+    assert defines_only("import torch\n\ndef f():\n    return 1\n\nclass A:\n    pass\n")
+    assert not defines_only("def f():\n    pass\nf()\n")        # a call: a demonstration
+    assert not defines_only("x = 1\n")
+    assert not defines_only("")
+    assert not defines_only("def broken(:\n")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# a lab"),
+        nbformat.v4.new_code_cell("SIZE = 3\nprint('setup')"),
+        nbformat.v4.new_code_cell("def answer():\n    return SIZE"),
+        nbformat.v4.new_code_cell("assert answer() == 3"),
+    ])
+    assert code_cells(nb) == ["SIZE = 3\nprint('setup')", "def answer():\n    return SIZE"]
+
+
+def test_solution_loader_gives_lab_2_answers_that_run_on_ranks():
+    import course
+    from grader.solution import load
+    lab = load("02_data_parallel")
+    assert callable(lab.ring_all_reduce) and isinstance(lab.BucketedGradients, type)
+
+    def ring_of_ranks(ring_all_reduce):
+        import torch
+        import torch.distributed as dist
+        t = torch.full((7,), float(dist.get_rank() + 1))
+        return ring_all_reduce(t).tolist()
+
+    assert list(course.launch(ring_of_ranks, 2, args=(lab.ring_all_reduce,))) == [[3.0] * 7] * 2
+
+
+def test_solution_loader_names_the_labs_it_has(tmp_path):
+    from grader.solution import load
+    (tmp_path / "solutions" / "01_x").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"01_x"):
+        load("02_missing", root=tmp_path)

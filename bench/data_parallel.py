@@ -1,0 +1,133 @@
+"""Lab 2's reference solution against torch.distributed's own, measured side by side.
+
+1. The hand-written ring all-reduce (built from isend/recv) against gloo's
+   all_reduce, on 1 MB and 16 MB of float32, on 2 and 4 ranks.
+2. Bucketed data parallelism with all-reduces started during backward (the
+   lab's BucketedGradients) against DistributedDataParallel, at the same
+   bucket size, training the lab's wide MLP: step time (the goal is 1.05x
+   DDP's or better).
+
+Every comparison runs in one launch, the contenders alternating round by
+round, so that both see the same machine; each reports the median over all
+rounds, of the slowest rank. Prints a markdown table; --json writes the figures.
+
+    python bench/data_parallel.py [--rounds 7] [--json bench/results/data_parallel.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import course
+from grader.solution import load
+
+LAB = load("02_data_parallel")
+SIZES_MB = (1, 16)
+RANKS = (2, 4)
+
+
+def time_all_reduces(sizes_mb, rounds):
+    """Runs on every rank: {(method, MB): [seconds per round]}, the two methods alternating."""
+    times = {}
+    tensors = {mb: torch.ones(mb * 250_000) for mb in sizes_mb}  # 250,000 float32 = 1 MB
+    methods = {"ring (lab 2)": LAB.ring_all_reduce, "gloo all_reduce": dist.all_reduce}
+    for method in methods.values():  # warm up: connections, allocations
+        for t in tensors.values():
+            method(t)
+    for _ in range(rounds):
+        for mb, t in tensors.items():
+            for name, method in methods.items():
+                dist.barrier()
+                started = time.perf_counter()
+                method(t)
+                times.setdefault((name, mb), []).append(time.perf_counter() - started)
+    return times
+
+
+def time_training(bucket_bytes, rounds, steps, batch_size):
+    """Runs on every rank: {contender: [seconds per step]} for the lab's buckets and DDP."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = course.device()
+    x, y = course.data.synthetic(batch_size, LAB.WIDE_MLP["in_features"])
+    x, y = (t.to(device) for t in LAB.shard(x, y, rank, world_size))
+    contenders = {}
+    for name in ("buckets (lab 2)", "DDP"):
+        model = course.models.mlp(**LAB.WIDE_MLP, seed=0).to(device)
+        if name == "DDP":
+            net = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device] if device.type == "cuda" else None, bucket_cap_mb=bucket_bytes / 2**20)
+            wait = None
+        else:
+            LAB.broadcast_parameters(model)
+            net, wait = model, LAB.BucketedGradients(model, bucket_bytes).wait
+        contenders[name] = (model, net, wait, torch.optim.SGD(model.parameters(), lr=0.01))
+    times = {name: [] for name in contenders}
+    for round_ in range(rounds + 1):  # round 0 warms up
+        for name, (model, net, wait, optimizer) in contenders.items():
+            for _ in range(steps):
+                started = time.perf_counter()
+                optimizer.zero_grad()
+                F.cross_entropy(net(x), y).backward()
+                if wait is not None:
+                    wait()
+                optimizer.step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if round_:
+                    times[name].append(time.perf_counter() - started)
+    return times
+
+
+def slowest_median(results, key):
+    """The median over rounds, of the slowest rank in each round."""
+    per_round = zip(*(results[rank][key] for rank in results.ranks))
+    return statistics.median(max(t) for t in per_round)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per comparison")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    report = {"all_reduce": [], "training": []}
+
+    for n in RANKS:
+        run = course.launch(time_all_reduces, n, args=(SIZES_MB, args.rounds), timeout=600)
+        for mb in SIZES_MB:
+            ring, gloo = (slowest_median(run, (m, mb)) for m in ("ring (lab 2)", "gloo all_reduce"))
+            report["all_reduce"].append({"ranks": n, "MB": mb, "ring_ms": ring * 1e3, "gloo_ms": gloo * 1e3,
+                                         "ratio": ring / gloo})
+
+    batch_size = 2 * LAB.BATCH_SIZE
+    for n in RANKS:
+        for bucket_bytes in (2**20, LAB.DDP_BUCKET_BYTES):
+            run = course.launch(time_training, n, args=(bucket_bytes, args.rounds, 4, batch_size), timeout=600)
+            ours, ddp = (slowest_median(run, name) for name in ("buckets (lab 2)", "DDP"))
+            report["training"].append({"ranks": n, "bucket_MB": bucket_bytes / 2**20, "buckets_ms": ours * 1e3,
+                                       "ddp_ms": ddp * 1e3, "ratio": ours / ddp})
+
+    device = course.placement.choose(max(RANKS))
+    print(f"## Lab 2 against torch.distributed ({device.backend}, {', '.join(sorted(set(device.devices)))}; "
+          f"medians of {args.rounds} alternating rounds, slowest rank)\n")
+    print("| ranks | tensor | ring (lab 2) | gloo all_reduce | ring / gloo |\n|---|---|---|---|---|")
+    for r in report["all_reduce"]:
+        print(f"| {r['ranks']} | {r['MB']} MB | {r['ring_ms']:.2f} ms | {r['gloo_ms']:.2f} ms | {r['ratio']:.2f}× |")
+    print("\n| ranks | buckets | lab 2 step | DDP step | lab 2 / DDP (goal ≤ 1.05×) |\n|---|---|---|---|---|")
+    for r in report["training"]:
+        print(f"| {r['ranks']} | {r['bucket_MB']:g} MiB | {r['buckets_ms']:.2f} ms | {r['ddp_ms']:.2f} ms | "
+              f"{r['ratio']:.2f}× |")
+    print(f"\n(wide MLP {LAB.WIDE_MLP}, global batch {batch_size})")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

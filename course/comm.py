@@ -11,12 +11,14 @@ byte the process writes: gloo's socket writes, plus a small header per
 message. Operations in flight at the same time share one measurement, split
 in proportion to their predictions and marked `shared`.
 
-Not counted per call: functions imported by name (`from torch.distributed
-import all_reduce`), object collectives (`all_gather_object`), and what
-DistributedDataParallel sends from C++. They still move bytes; compare totals.
+Not counted per call: calls inside `with course.comm.unrecorded():`,
+functions imported by name (`from torch.distributed import all_reduce`),
+object collectives (`all_gather_object`), and what DistributedDataParallel
+sends from C++. They still move bytes; compare totals.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
@@ -56,6 +58,21 @@ class CommRecord:
     shared: bool = False  # measured together with overlapping operations
     start: float = 0.0    # seconds since the rank started its function
     end: float | None = None
+
+
+@contextlib.contextmanager
+def unrecorded():
+    """Inside a rank's function: calls in this block go straight to torch.distributed,
+    unrecorded and without the recording's small cost per call (for benchmarks that
+    time the course's code against PyTorch's C++, which is never recorded)."""
+    from course import recorder  # recorder imports this module
+
+    calls = recorder.active()
+    if calls is None:
+        yield
+        return
+    with calls.paused():
+        yield
 
 
 class CommLog(list):

@@ -261,6 +261,18 @@ class Recorder:
         return time.perf_counter() - self._t0
 
     @contextlib.contextmanager
+    def paused(self):
+        """torch.distributed's own functions for a while: nothing recorded, no recording cost."""
+        patched = {name: getattr(dist, name) for name in self._originals}
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+        try:
+            yield
+        finally:
+            for name, wrapper in patched.items():
+                setattr(dist, name, wrapper)
+
+    @contextlib.contextmanager
     def patch(self):
         """Route torch.distributed.<op> through this recorder, then restore."""
         global _ACTIVE

@@ -206,3 +206,21 @@ def test_formulas_refuse_nonsense(args, message):
     *positional, options = args if isinstance(args[-1], dict) else (*args, {})
     with pytest.raises(ValueError, match=message):
         transfer.predict(*positional, **options)
+
+
+def _recorded_then_not():
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    with course.comm.unrecorded():
+        dist.all_reduce(t)
+        dist.broadcast(t, src=0)
+    dist.barrier()
+    return t[0].item()
+
+
+def test_unrecorded_calls_still_run_but_leave_no_record():
+    results = course.launch(_recorded_then_not, 2)
+    assert list(results) == [4.0, 4.0]          # both all-reduces ran
+    assert [r.op for r in results.comm.rank(0)] == ["all_reduce", "barrier"]
+    with course.comm.unrecorded():              # outside a rank: nothing to pause
+        pass

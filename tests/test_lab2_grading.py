@@ -14,6 +14,7 @@ import html
 import subprocess
 import sys
 
+import nbformat
 import pytest
 
 from grader import COURSE_ROOT
@@ -103,10 +104,10 @@ class BucketedGradients:
         self.n = dist.get_world_size()
         self.buckets, current = [], []
         for p in reversed(list(model.parameters())):
-            current.append(p)
-            if sum(q.numel() * q.element_size() for q in current) >= bucket_bytes:   # full: close it
-                self.buckets.append(current)
+            if current and sum(q.numel() * q.element_size() for q in current + [p]) > bucket_bytes:
+                self.buckets.append(current)       # buckets of at most bucket_bytes, where they can be
                 current = []
+            current.append(p)
         if current:
             self.buckets.append(current)
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
@@ -167,10 +168,19 @@ MISTAKES = {
 
 
 def graded_only(nb):
-    """The setup cell and what nbgrader scores: read-only helpers, answers, tests."""
+    """The setup cell and what nbgrader scores: read-only helpers, answers, tests.
+
+    As nbgrader's autograde does, test and read-only cells get the source
+    notebook's text back: the release has no hidden tests.
+    """
+    source = nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)
+    locked = {grade_id(c): c.source for c in source.cells if c.metadata.get("nbgrader", {}).get("locked")}
     first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
-    nb.cells = [c for i, c in enumerate(nb.cells)
-                if i == first_code or c.metadata.get("nbgrader", {}).get("grade_id")]
+    nb.cells = [c for i, c in enumerate(nb.cells) if i == first_code or grade_id(c)]
+    for cell in nb.cells:
+        if grade_id(cell) in locked:
+            cell.source = locked[grade_id(cell)]
+    assert sum("BEGIN HIDDEN TESTS" in c.source for c in nb.cells) == len(POINTS)
     return nb
 
 

@@ -11,6 +11,12 @@ the batch size; each rank sends what its all-reduce algorithm sends
 (`course.transfer`): a ring 2(n-1)/n of the gradient from every rank; the
 naive scheme (all to rank 0, then rank 0 to all) n-1 whole gradients from
 rank 0 and one from each other rank.
+
+Split-weight model parallelism exchanges activations instead: a dense layer
+split by its output features ("column") stacks its partial outputs forward
+(all-gather) and adds the errors it passes down (all-reduce); split by its
+input features ("row"), it adds its partial outputs (all-reduce) and stacks
+the errors (all-gather). What moves grows with the batch, not the weights.
 """
 from __future__ import annotations
 
@@ -99,3 +105,49 @@ def data_parallel_total(layers, gpus: int, dtype: str = "float32", algorithm: st
                         rank: int = 0) -> int | float:
     """Bytes `rank` sends per step to average the gradients of the whole model, layer by layer."""
     return sum(row["sent"] for row in data_parallel(layers, gpus, dtype, algorithm, rank))
+
+
+# --- split-weight model parallelism of one dense layer -----------------------------
+
+DIRECTIONS = ("column", "row")
+
+
+def split_weight(layer: Dense, batch: int, gpus: int, direction: str) -> dict:
+    """Shapes of a dense layer split over `gpus` ranks, and how partial results combine.
+
+    column: each rank holds inputs x outputs/gpus of the weight; forward gives
+        (batch, outputs/gpus) partial outputs, stacked; backward gives
+        (batch, inputs) partial errors for the layer below, added.
+    row: each rank holds inputs/gpus x outputs; forward gives (batch, outputs)
+        partial outputs, added; backward gives (batch, inputs/gpus) errors, stacked.
+    `synchronised` counts the elements of the two full matrices the ranks must
+    agree on per step: the output forward and the error backward.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    split = layer.outputs if direction == "column" else layer.inputs
+    if gpus < 1 or batch < 1 or split % gpus:
+        raise ValueError(f"a {direction} split of {layer.name} needs its {split} "
+                         f"{'output' if direction == 'column' else 'input'} features to divide "
+                         f"evenly over {gpus} GPUs, and a positive batch (got {batch})")
+    if direction == "column":
+        return {"weight": (layer.inputs, layer.outputs // gpus),
+                "forward": (batch, layer.outputs // gpus), "forward combine": "stack",
+                "backward": (batch, layer.inputs), "backward combine": "add",
+                "synchronised": batch * layer.outputs + batch * layer.inputs}
+    return {"weight": (layer.inputs // gpus, layer.outputs),
+            "forward": (batch, layer.outputs), "forward combine": "add",
+            "backward": (batch, layer.inputs // gpus), "backward combine": "stack",
+            "synchronised": batch * layer.outputs + batch * layer.inputs}
+
+
+def split_weight_sent(layer: Dense, batch: int, gpus: int, direction: str,
+                      dtype: str = "float32") -> int | float:
+    """Bytes each rank sends per step with ring collectives: an all-gather of the
+    stacked matrix ((gpus-1)/gpus of it) and an all-reduce of the added one
+    (2(gpus-1)/gpus of it)."""
+    split_weight(layer, batch, gpus, direction)  # the same checks of the split
+    output, error = nbytes(batch * layer.outputs, dtype), nbytes(batch * layer.inputs, dtype)
+    stacked, added = (output, error) if direction == "column" else (error, output)
+    return transfer.ring_all_gather(stacked, gpus) + transfer.ring_all_reduce(added, gpus)
+

@@ -132,3 +132,36 @@ def test_dettmers_layer_compute_against_its_transfer():
 def test_conv_flop_counts_every_output_position():
     conv = Conv("conv", in_channels=3, out_channels=8, kernel=3, height=10, width=10)
     assert conv.training_flop(2) == 6 * 3 * 8 * 9 * 100 * 2
+
+
+# --- split-weight model parallelism (Dettmers, part 2) ------------------------------
+
+DETTMERS_LAYER = sizes.Dense("fc", 1000, 500, bias=False)   # 128×1000 · 1000×500, 2 GPUs
+
+
+def test_dettmers_split_shapes_match_the_post():
+    column = sizes.split_weight(DETTMERS_LAYER, 128, 2, "column")
+    assert column["weight"] == (1000, 250)
+    assert (column["forward"], column["forward combine"]) == ((128, 250), "stack")
+    assert (column["backward"], column["backward combine"]) == ((128, 1000), "add")
+    row = sizes.split_weight(DETTMERS_LAYER, 128, 2, "row")
+    assert row["weight"] == (500, 500)
+    assert (row["forward"], row["forward combine"]) == ((128, 500), "add")
+    assert (row["backward"], row["backward combine"]) == ((128, 500), "stack")
+
+
+def test_the_exact_count_beside_the_blog_and_data_parallelism():
+    # The two matrices the ranks must agree on: 128×500 forward + 128×1000 backward.
+    for direction in sizes.DIRECTIONS:
+        assert sizes.split_weight(DETTMERS_LAYER, 128, 2, direction)["synchronised"] == 192_000
+    assert DETTMERS_LAYER.weights == 500_000                       # data parallelism's gradient
+    # What one rank sends with ring collectives on 2 GPUs: the blog's two totals.
+    sent = {d: sizes.split_weight_sent(DETTMERS_LAYER, 128, 2, d, "float32") / 4 for d in sizes.DIRECTIONS}
+    assert sent == {"column": 160_000, "row": 128_000}
+
+
+def test_split_weight_refuses_uneven_splits_and_unknown_directions():
+    with pytest.raises(ValueError, match="divide evenly over 3 GPUs"):
+        sizes.split_weight(DETTMERS_LAYER, 128, 3, "column")
+    with pytest.raises(ValueError, match="direction must be one of"):
+        sizes.split_weight(DETTMERS_LAYER, 128, 2, "diagonal")

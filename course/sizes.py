@@ -130,15 +130,16 @@ def split_weight(layer: Dense, batch: int, gpus: int, direction: str) -> dict:
         raise ValueError(f"a {direction} split of {layer.name} needs its {split} "
                          f"{'output' if direction == 'column' else 'input'} features to divide "
                          f"evenly over {gpus} GPUs, and a positive batch (got {batch})")
+    synchronised = batch * layer.outputs + batch * layer.inputs
     if direction == "column":
         return {"weight": (layer.inputs, layer.outputs // gpus),
                 "forward": (batch, layer.outputs // gpus), "forward combine": "stack",
                 "backward": (batch, layer.inputs), "backward combine": "add",
-                "synchronised": batch * layer.outputs + batch * layer.inputs}
+                "synchronised": synchronised}
     return {"weight": (layer.inputs // gpus, layer.outputs),
             "forward": (batch, layer.outputs), "forward combine": "add",
             "backward": (batch, layer.inputs // gpus), "backward combine": "stack",
-            "synchronised": batch * layer.outputs + batch * layer.inputs}
+            "synchronised": synchronised}
 
 
 def split_weight_sent(layer: Dense, batch: int, gpus: int, direction: str,
@@ -146,8 +147,9 @@ def split_weight_sent(layer: Dense, batch: int, gpus: int, direction: str,
     """Bytes each rank sends per step with ring collectives: an all-gather of the
     stacked matrix ((gpus-1)/gpus of it) and an all-reduce of the added one
     (2(gpus-1)/gpus of it)."""
-    split_weight(layer, batch, gpus, direction)  # the same checks of the split
-    output, error = nbytes(batch * layer.outputs, dtype), nbytes(batch * layer.inputs, dtype)
-    stacked, added = (output, error) if direction == "column" else (error, output)
-    return transfer.ring_all_gather(stacked, gpus) + transfer.ring_all_reduce(added, gpus)
+    shapes = split_weight(layer, batch, gpus, direction)
+    # The full matrices: the layer's output forward, the error for the layer below backward.
+    full = {"forward": nbytes(batch * layer.outputs, dtype), "backward": nbytes(batch * layer.inputs, dtype)}
+    return sum(transfer.ring_all_gather(size, gpus) if shapes[f"{phase} combine"] == "stack"
+               else transfer.ring_all_reduce(size, gpus) for phase, size in full.items())
 

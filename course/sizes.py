@@ -142,14 +142,33 @@ def split_weight(layer: Dense, batch: int, gpus: int, direction: str) -> dict:
             "synchronised": synchronised}
 
 
+def split_weight_transfers(layer: Dense, batch: int, gpus: int, direction: str,
+                           dtype: str = "float32") -> list[tuple[str, int]]:
+    """The collectives of one training step of a split layer, as (collective, bytes of the
+    full matrix): the matrix a split stacks is all-gathered, the one it adds all-reduced."""
+    shapes = split_weight(layer, batch, gpus, direction)
+    # The full matrices: the layer's output forward, the error for the layer below backward.
+    full = {"forward": nbytes(batch * layer.outputs, dtype), "backward": nbytes(batch * layer.inputs, dtype)}
+    return [("all-gather" if shapes[f"{phase} combine"] == "stack" else "all-reduce", size)
+            for phase, size in full.items()]
+
+
 def split_weight_sent(layer: Dense, batch: int, gpus: int, direction: str,
                       dtype: str = "float32") -> int | float:
     """Bytes each rank sends per step with ring collectives: an all-gather of the
     stacked matrix ((gpus-1)/gpus of it) and an all-reduce of the added one
     (2(gpus-1)/gpus of it)."""
-    shapes = split_weight(layer, batch, gpus, direction)
-    # The full matrices: the layer's output forward, the error for the layer below backward.
-    full = {"forward": nbytes(batch * layer.outputs, dtype), "backward": nbytes(batch * layer.inputs, dtype)}
-    return sum(transfer.ring_all_gather(size, gpus) if shapes[f"{phase} combine"] == "stack"
-               else transfer.ring_all_reduce(size, gpus) for phase, size in full.items())
+    ring = {"all-gather": transfer.ring_all_gather, "all-reduce": transfer.ring_all_reduce}
+    return sum(ring[collective](size, gpus)
+               for collective, size in split_weight_transfers(layer, batch, gpus, direction, dtype))
 
+
+def split_weight_crossover(layer: Dense, gpus: int, direction: str) -> float:
+    """The batch at which a split layer sends as many bytes per rank as data parallelism
+    of the same layer (ring collectives both): below it the split sends less. A split
+    sends activations, which grow with the batch; data parallelism sends the gradient,
+    which does not."""
+    if gpus < 2:
+        raise ValueError(f"with {gpus} GPU nothing is sent either way: the crossover needs at least 2 GPUs")
+    gradient = transfer.ring_all_reduce(nbytes(layer.weights), gpus)
+    return gradient / split_weight_sent(layer, 1, gpus, direction)

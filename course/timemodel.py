@@ -70,6 +70,14 @@ def ring_all_reduce_seconds(nbytes: float, gpus: int, link: Link) -> float:
     return 2 * (gpus - 1) * link.seconds(nbytes / gpus)
 
 
+def ring_all_gather_seconds(nbytes_out: float, gpus: int, link: Link) -> float:
+    """Ring all-gather of an `nbytes_out` result: n-1 steps of one chunk (nbytes_out/n)."""
+    _check(nbytes_out, gpus)
+    if gpus == 1:
+        return 0.0
+    return (gpus - 1) * link.seconds(nbytes_out / gpus)
+
+
 def naive_all_reduce_seconds(nbytes: float, gpus: int, link: Link) -> float:
     """Everything to rank 0, then rank 0 to everyone: rank 0's link carries
     n-1 whole tensors in and, after them, n-1 out, one at a time."""

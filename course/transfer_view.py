@@ -97,6 +97,23 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
     return fig
 
 
+def run_controls(values: Mapping, *, min_gpus: int = 1, batch_step: int = 8) -> dict:
+    """The controls every view shares: batch, GPUs, dtype, interconnect and GPU model."""
+    import ipywidgets as w
+
+    style = {"description_width": "initial"}
+    return {
+        "batch": w.IntSlider(values["batch"], min=batch_step, max=2048, step=batch_step,
+                             description="global batch", style=style),
+        "gpus": w.IntSlider(values["gpus"], min=min_gpus, max=16, description="GPUs", style=style),
+        "dtype": w.Dropdown(options=list(sizes.DTYPE_BYTES), value=values["dtype"], description="dtype"),
+        "link": w.Dropdown(options=list(timemodel.PRESETS), value=values["link"], description="interconnect",
+                           style=style),
+        "processor": w.Dropdown(options=list(timemodel.PROCESSORS), value=values["processor"],
+                                description="GPU", style=style),
+    }
+
+
 def show(measured: Mapping[str, float] | None = None, **start):
     """The view with sliders and menus (a static figure under grading or headless).
 
@@ -111,13 +128,7 @@ def show(measured: Mapping[str, float] | None = None, **start):
     controls = {
         "width": w.IntSlider(values["width"], min=100, max=8000, step=100, description="layer width", style=style),
         "depth": w.IntSlider(values["depth"], min=1, max=6, description="hidden layers", style=style),
-        "batch": w.IntSlider(values["batch"], min=8, max=2048, step=8, description="global batch", style=style),
-        "gpus": w.IntSlider(values["gpus"], min=1, max=16, description="GPUs", style=style),
-        "dtype": w.Dropdown(options=list(sizes.DTYPE_BYTES), value=values["dtype"], description="dtype"),
-        "link": w.Dropdown(options=list(timemodel.PRESETS), value=values["link"], description="interconnect",
-                           style=style),
-        "processor": w.Dropdown(options=list(timemodel.PROCESSORS), value=values["processor"],
-                                description="GPU", style=style),
+        **run_controls(values, min_gpus=1),
     }
     # Measured bytes belong to the run's settings: shown only while the
     # settings that decide the bytes are the run's.

@@ -165,3 +165,19 @@ def test_split_weight_refuses_uneven_splits_and_unknown_directions():
         sizes.split_weight(DETTMERS_LAYER, 128, 3, "column")
     with pytest.raises(ValueError, match="direction must be one of"):
         sizes.split_weight(DETTMERS_LAYER, 128, 2, "diagonal")
+
+
+def test_ring_all_gather_takes_n_minus_1_steps_of_one_chunk():
+    link = timemodel.PCIE3_X16
+    assert timemodel.ring_all_gather_seconds(8e6, 1, link) == 0.0
+    assert timemodel.ring_all_gather_seconds(8e6, 4, link) == pytest.approx(3 * (link.alpha + 2e6 / link.beta))
+    # half an all-reduce's steps: an all-reduce is a reduce-scatter and an all-gather
+    assert 2 * timemodel.ring_all_gather_seconds(8e6, 4, link) == pytest.approx(
+        timemodel.ring_all_reduce_seconds(8e6, 4, link))
+
+
+def test_split_weight_transfers_gather_what_is_stacked_and_reduce_what_is_added():
+    assert sizes.split_weight_transfers(DETTMERS_LAYER, 128, 2, "column") == [
+        ("all-gather", 4 * 128 * 500), ("all-reduce", 4 * 128 * 1000)]
+    assert sizes.split_weight_transfers(DETTMERS_LAYER, 128, 2, "row", "float16") == [
+        ("all-reduce", 2 * 128 * 500), ("all-gather", 2 * 128 * 1000)]

@@ -1,0 +1,104 @@
+"""The view of lab 3: data parallelism against a split weight, for one dense layer.
+
+Bars and curves are checked against course.sizes and course.timemodel; the
+sources' figures appear only at the sources' settings; measured bytes only
+beside the settings they were measured at; an uneven split is said in words.
+"""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from course import sizes, split_view, timemodel  # noqa: E402
+from course.sizes import Dense  # noqa: E402
+
+
+def _heights(ax):
+    return [patch.get_height() for patch in ax.patches]
+
+
+def test_bars_are_the_bytes_each_rank_sends():
+    fig = split_view.draw(inputs=2000, outputs=800, batch=64, gpus=4, dtype="float16")
+    layer = Dense("layer", 2000, 800)
+    expected = [sizes.data_parallel_total([layer], 4, "float16"),
+                sizes.split_weight_sent(layer, 64, 4, "column", "float16"),
+                sizes.split_weight_sent(layer, 64, 4, "row", "float16")]
+    assert _heights(fig.axes[0]) == pytest.approx([e / 1e6 for e in expected])
+    plt.close(fig)
+
+
+def test_dettmers_settings_show_the_blogs_figures_beside_the_exact_counts():
+    fig = split_view.draw()               # the defaults are Dettmers' example
+    assert _heights(fig.axes[0]) == pytest.approx([2.002, 0.64, 0.512])
+    (blog,) = [ln for ln in fig.axes[0].lines if ln.get_label() == "the blog's figure"]
+    assert list(blog.get_ydata()) == pytest.approx([2.0, 0.64, 0.512])
+    plt.close(fig)
+    fig = split_view.draw(batch=256)
+    assert not [ln for ln in fig.axes[0].lines if ln.get_label() == "the blog's figure"]
+    plt.close(fig)
+
+
+def test_seconds_are_the_time_model_of_each_schemes_collectives():
+    layer, link = Dense("layer", 1000, 500), timemodel.PCIE3_X16
+    seconds = split_view.seconds(layer, 128, 2, "float32", link)
+    assert seconds["data parallel"] == pytest.approx(timemodel.ring_all_reduce_seconds(4 * 500_500, 2, link))
+    # column: the 128×500 output gathered, the 128×1000 error all-reduced
+    assert seconds["split by column"] == pytest.approx(
+        timemodel.ring_all_gather_seconds(4 * 64_000, 2, link) + timemodel.ring_all_reduce_seconds(4 * 128_000, 2, link))
+    assert seconds["split by row"] == pytest.approx(
+        timemodel.ring_all_reduce_seconds(4 * 64_000, 2, link) + timemodel.ring_all_gather_seconds(4 * 128_000, 2, link))
+
+
+def test_curves_cross_where_the_crossover_says():
+    layer = Dense("layer", 1000, 500)
+    for direction in sizes.DIRECTIONS:
+        batch = sizes.split_weight_crossover(layer, 2, direction)
+        assert batch * sizes.split_weight_sent(layer, 1, 2, direction) == pytest.approx(
+            sizes.data_parallel_total([layer], 2))
+    # 500,500 weights against 1,250 (column) and 1,000 (row) elements per sample
+    assert sizes.split_weight_crossover(layer, 2, "column") == pytest.approx(400.4)
+    assert sizes.split_weight_crossover(layer, 2, "row") == pytest.approx(500.5)
+    with pytest.raises(ValueError, match="at least 2 GPUs"):
+        sizes.split_weight_crossover(layer, 1, "row")
+
+
+def test_an_uneven_split_is_said_in_the_figure():
+    fig = split_view.draw(gpus=3)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any("divide evenly over 3 GPUs" in t for t in texts), texts
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"link": "carrier pigeon"}, "link must be one of"),
+    ({"processor": "abacus"}, "processor must be one of"),
+    ({"measured": {"tree": 1}}, "schemes are"),
+    ({"gpus": 1}, "at least 2 GPUs"),
+])
+def test_bad_settings_say_what_is_allowed(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        split_view.draw(**kwargs)
+    plt.close("all")
+
+
+def test_measured_bytes_only_beside_the_settings_they_were_measured_at(monkeypatch):
+    seen, built = [], {}
+    monkeypatch.setattr(split_view, "draw", lambda measured=None, **v: seen.append(measured) or plt.figure())
+
+    def fake_interactive_figure(draw, controls):
+        built.update(draw=draw, values={k: w.value for k, w in controls.items()})
+
+    monkeypatch.setattr(split_view, "interactive_figure", fake_interactive_figure)
+    measured = {"split by row": 512_000}
+    split_view.show(measured=measured, gpus=2)
+    run = built["values"]
+    assert set(run) == {"inputs", "outputs", "batch", "gpus", "dtype", "link", "processor"}
+    built["draw"](**run)
+    built["draw"](**{**run, "link": timemodel.NVLINK4.name})     # time only: the bytes stand
+    built["draw"](**{**run, "batch": 256})                       # other bytes: no dots
+    built["draw"](**{**run, "outputs": 1000})
+    assert seen == [measured, measured, None, None]

@@ -67,17 +67,40 @@ def span(name: str):
         calls.spans.append(Span(calls.rank, name, start, calls.now()))
 
 
-def plot(ax, results, *, compute_colour: str = "#6baed6", comm_colour: str = "#de2d26"):
-    """Draw each rank's compute spans and collectives on ax (time in ms)."""
+def _without(span: tuple[float, float], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of the interval `span` outside every interval of `holes`."""
+    pieces, start = [], span[0]
+    for hole_start, hole_end in sorted(holes):
+        if hole_end <= start or hole_start >= span[1]:
+            continue
+        if hole_start > start:
+            pieces.append((start, hole_start))
+        start = max(start, hole_end)
+    if start < span[1]:
+        pieces.append((start, span[1]))
+    return pieces
+
+
+def plot(ax, results, *, compute_colour: str = "#6baed6", comm_colour: str = "#de2d26",
+         waits_in_spans: bool = False):
+    """Draw each rank's compute spans and collectives on ax (time in ms).
+
+    waits_in_spans: the spans enclose blocking collectives (called inside a
+    layer's forward, say); the compute bars then leave out the time those
+    collectives held the rank. Asynchronous ones run beside compute and are
+    never left out.
+    """
     ranks = list(results.ranks)
     for row, rank in enumerate(ranks):
         base = row * 3
-        bars = [(s.start * 1e3, (s.end - s.start) * 1e3) for s in results.timeline.rank(rank)]
-        ax.broken_barh(bars, (base + 1.05, 0.9), color=compute_colour,
+        comm = [(r.start, r.end if r.end is not None else r.start) for r in results.comm.rank(rank)
+                if r.op != "barrier"]
+        blocking = [(r.start, r.end) for r in results.comm.rank(rank)
+                    if waits_in_spans and not r.async_op and r.end is not None]
+        compute = [piece for s in results.timeline.rank(rank) for piece in _without((s.start, s.end), blocking)]
+        ax.broken_barh([(a * 1e3, (b - a) * 1e3) for a, b in compute], (base + 1.05, 0.9), color=compute_colour,
                        label="compute" if row == 0 else None)
-        comm_bars = [(r.start * 1e3, ((r.end if r.end is not None else r.start) - r.start) * 1e3)
-                     for r in results.comm.rank(rank) if r.op != "barrier"]
-        ax.broken_barh(comm_bars, (base + 0.05, 0.9), color=comm_colour,
+        ax.broken_barh([(a * 1e3, (b - a) * 1e3) for a, b in comm], (base + 0.05, 0.9), color=comm_colour,
                        label="communication" if row == 0 else None)
     ax.set_yticks([row * 3 + 1 for row in range(len(ranks))], [f"rank {r}" for r in ranks])
     ax.set_xlabel("ms since the function started")

@@ -61,3 +61,29 @@ def test_plot_draws_compute_and_communication_per_rank():
     assert len(ax.collections) == 4  # a compute row and a communication row per rank
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
     plt.close(fig)
+
+
+def test_an_interval_without_holes_keeps_the_parts_outside_them():
+    assert timeline._without((0.0, 10.0), []) == [(0.0, 10.0)]
+    assert timeline._without((0.0, 10.0), [(2.0, 3.0), (5.0, 7.0)]) == [(0.0, 2.0), (3.0, 5.0), (7.0, 10.0)]
+    assert timeline._without((0.0, 10.0), [(-1.0, 1.0), (9.0, 12.0)]) == [(1.0, 9.0)]
+    assert timeline._without((0.0, 10.0), [(4.0, 6.0), (5.0, 8.0)]) == [(0.0, 4.0), (8.0, 10.0)]
+    assert timeline._without((2.0, 3.0), [(0.0, 10.0)]) == []
+
+
+def blocking_inside_a_span():
+    with timeline.span("forward"):
+        total = torch.ones(1000)
+        dist.all_reduce(total)           # blocking: the rank waits, inside the span
+        total = total * 2
+
+
+def test_plot_can_leave_blocking_collectives_out_of_compute_bars():
+    results = course.launch(blocking_inside_a_span, 2)
+    fig, ax = plt.subplots()
+    timeline.plot(ax, results, waits_in_spans=True)
+    compute_rank_0 = ax.collections[0].get_paths()
+    assert len(compute_rank_0) == 2, "the span is drawn as the two pieces around the all-reduce"
+    timeline.plot(ax, results)
+    assert len(ax.collections[4].get_paths()) == 1, "by default a span is one bar"
+    plt.close(fig)

@@ -5,12 +5,23 @@ nbgrader metadata) and fills in the solution regions, as a student would:
 
     nb = solved("01_single_gpu")                                  # every exercise right
     nb = solved("01_single_gpu", edits={"momentum_sgd": [(old, new)]})   # one exercise wrong
+
+and runs it as nbgrader scores it, minus the demonstrations in between
+(`graded_only`), to see which test cells fail (`failing_tests`).
 """
 from __future__ import annotations
 
+import csv
+import html
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
+import pytest
+
+from grader.execute import execute
+from grader.labs import graded_cells
 
 REPO = Path(__file__).resolve().parents[1]
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
@@ -71,3 +82,85 @@ def hidden_lines(lab: str) -> list[str]:
     assert lines, f"{lab} has no hidden tests"
     return lines
 
+
+
+def graded_only(nb, lab: str):
+    """The setup cell and what nbgrader scores: read-only helpers, answers, tests.
+
+    As nbgrader's autograde does, test and read-only cells get the source
+    notebook's text back: the release has no hidden tests.
+    """
+    source = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    locked = {grade_id(c): c.source for c in source.cells if c.metadata.get("nbgrader", {}).get("locked")}
+    first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells = [c for i, c in enumerate(nb.cells) if i == first_code or grade_id(c)]
+    for cell in nb.cells:
+        if grade_id(cell) in locked:
+            cell.source = locked[grade_id(cell)]
+    assert sum("BEGIN HIDDEN TESTS" in c.source for c in nb.cells) == len(graded_cells(source))
+    return nb
+
+
+def failing_tests(nb, folder) -> dict[str, str]:
+    """Run nb on past errors; {test grade_id: error} of the test cells that raised."""
+    execute(nb, folder, timeout=300, allow_errors=True)
+    failed = {}
+    for cell in nb.cells:
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        if grade_id(cell) and errors:
+            failed[grade_id(cell)] = f"{errors[0].ename}: {errors[0].evalue}"
+    return failed
+
+
+def grade_round_trip(lab: str, students: dict, tmp_path: Path) -> dict[str, float]:
+    """`python -m grader grade` on each student's notebook, as an instructor runs it.
+
+    Returns each student's score, after checking that no feedback page shows a
+    line of the hidden tests.
+    """
+    submissions, work = tmp_path / "submitted", tmp_path / "work"
+    for student, nb in students.items():
+        write(nb, submissions, student, lab)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "grade", str(submissions), "--lab", lab, "--work", str(work)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout
+    with open(work / "grades.csv", newline="") as f:
+        scores = {row["student_id"]: float(row[f"{lab} score"]) for row in csv.DictReader(f)}
+    assert set(scores) == set(students), proc.stdout
+    hidden = hidden_lines(lab)
+    for student in scores:
+        page = html.unescape((work / "feedback" / student / lab / f"{lab}.html").read_text())
+        leaked = [line for line in hidden if line in page]
+        assert not leaked, f"{student}'s feedback shows hidden test lines: {leaked[:3]}"
+    return scores
+
+
+def fairness_tests(lab: str, different: dict[str, str], mistakes: dict):
+    """The tests that say a lab grades fairly, for a lab's test module to bind to test_* names:
+
+    every exercise is graded and has a classic mistake; the reference and an
+    answer written differently (`different`: grade_id -> answer) get every
+    point; each mistake (name -> (edits for `solved`, the test cell it must
+    fail)) fails exactly its own test cell.
+    """
+    points = graded_cells(nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4))
+
+    def test_every_exercise_is_graded():
+        assert set(points) == {f"test_{gid}" for gid in different}, points
+        assert {cell for _, cell in mistakes.values()} == set(points), "a mistake for every exercise"
+
+    @pytest.mark.timeout(600)
+    @pytest.mark.parametrize("student", ["reference", "written differently"])
+    def test_correct_answers_get_every_point(student, tmp_path):
+        nb = solved(lab) if student == "reference" else solved(lab, answers=different)
+        assert failing_tests(graded_only(nb, lab), tmp_path) == {}
+
+    @pytest.mark.timeout(600)
+    @pytest.mark.parametrize("mistake", list(mistakes))
+    def test_each_mistake_costs_exactly_its_exercise(mistake, tmp_path):
+        edits, exercise = mistakes[mistake]
+        failed = failing_tests(graded_only(solved(lab, edits), lab), tmp_path)
+        assert set(failed) == {exercise}, failed
+
+    return test_every_exercise_is_graded, test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise

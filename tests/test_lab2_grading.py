@@ -9,19 +9,11 @@ through `python -m grader grade`.
 """
 from __future__ import annotations
 
-import csv
-import html
-import subprocess
-import sys
-
-import nbformat
 import pytest
 
-from grader import COURSE_ROOT
-from grader.execute import execute
 from grader.labs import graded_cells, read_notebook
 
-from submissions import REPO, grade_id, hidden_lines, solved, write
+from submissions import REPO, fairness_tests, grade_round_trip, solved
 
 LAB = "02_data_parallel"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
@@ -167,71 +159,14 @@ MISTAKES = {
 }
 
 
-def graded_only(nb):
-    """The setup cell and what nbgrader scores: read-only helpers, answers, tests.
-
-    As nbgrader's autograde does, test and read-only cells get the source
-    notebook's text back: the release has no hidden tests.
-    """
-    source = nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)
-    locked = {grade_id(c): c.source for c in source.cells if c.metadata.get("nbgrader", {}).get("locked")}
-    first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
-    nb.cells = [c for i, c in enumerate(nb.cells) if i == first_code or grade_id(c)]
-    for cell in nb.cells:
-        if grade_id(cell) in locked:
-            cell.source = locked[grade_id(cell)]
-    assert sum("BEGIN HIDDEN TESTS" in c.source for c in nb.cells) == len(POINTS)
-    return nb
-
-
-def failing_tests(nb, folder) -> dict[str, str]:
-    """{test grade_id: error} of the test cells that raised."""
-    execute(nb, folder, timeout=300, allow_errors=True)
-    failed = {}
-    for cell in nb.cells:
-        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
-        if grade_id(cell) and errors:
-            failed[grade_id(cell)] = f"{errors[0].ename}: {errors[0].evalue}"
-    return failed
-
-
-def test_every_exercise_is_graded():
-    assert set(POINTS) == {f"test_{gid}" for gid in DIFFERENT}, POINTS
-    assert {cell for _, cell in MISTAKES.values()} == set(POINTS), "a mistake for every exercise"
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("student", ["reference", "written differently"])
-def test_correct_answers_get_every_point(student, tmp_path):
-    nb = solved(LAB) if student == "reference" else solved(LAB, answers=DIFFERENT)
-    assert failing_tests(graded_only(nb), tmp_path) == {}
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("mistake", list(MISTAKES))
-def test_each_mistake_costs_exactly_its_exercise(mistake, tmp_path):
-    edits, exercise = MISTAKES[mistake]
-    failed = failing_tests(graded_only(solved(LAB, edits)), tmp_path)
-    assert set(failed) == {exercise}, failed
+(test_every_exercise_is_graded, test_correct_answers_get_every_point,
+ test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)
 
 
 @pytest.mark.timeout(900)
 def test_grading_round_trip(tmp_path):
     """`python -m grader grade` on lab 2: the full notebooks, as nbgrader runs them."""
-    submissions, work = tmp_path / "submitted", tmp_path / "work"
-    write(solved(LAB, answers=DIFFERENT), submissions, "different", LAB)
-    write(solved(LAB, MISTAKES["a sum where the mean belongs"][0]), submissions, "summed", LAB)
-    proc = subprocess.run(
-        [sys.executable, "-m", "grader", "grade", str(submissions), "--lab", LAB, "--work", str(work)],
-        cwd=COURSE_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout
-    with open(work / "grades.csv", newline="") as f:
-        grades = {row["student_id"]: row for row in csv.DictReader(f)}
+    scores = grade_round_trip(LAB, {"different": solved(LAB, answers=DIFFERENT),
+                                    "summed": solved(LAB, MISTAKES["a sum where the mean belongs"][0])}, tmp_path)
     full = sum(POINTS.values())
-    assert float(grades["different"][f"{LAB} score"]) == full, proc.stdout
-    assert float(grades["summed"][f"{LAB} score"]) == full - POINTS["test_average_gradients"], proc.stdout
-    hidden = hidden_lines(LAB)
-    for student in grades:
-        page = html.unescape((work / "feedback" / student / LAB / f"{LAB}.html").read_text())
-        leaked = [line for line in hidden if line in page]
-        assert not leaked, f"{student}'s feedback shows hidden test lines: {leaked[:3]}"
+    assert scores == {"different": full, "summed": full - POINTS["test_average_gradients"]}

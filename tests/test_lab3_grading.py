@@ -1,0 +1,197 @@
+"""Lab 3's tests grade fairly: each classic mistake of split-weight model
+parallelism costs its own exercise and no other, and a correct answer written
+differently from the reference gets every point.
+
+As for lab 2 (`test_lab2_grading`): each submission runs as nbgrader scores it,
+minus the demonstrations; then one nbgrader round trip grades two students.
+"""
+from __future__ import annotations
+
+import pytest
+
+from grader.labs import graded_cells, read_notebook
+
+from submissions import REPO, fairness_tests, grade_round_trip, solved
+
+LAB = "03_model_parallel"
+POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
+
+# The same exercises, answered in other correct ways than the reference's.
+DIFFERENT = {
+    "column_split": '''
+def column_split(x, weight, grad_output, world_size):
+    n_out = weight.size(1)
+    if n_out % world_size != 0:
+        raise ValueError(f"can't split {n_out} columns over {world_size} GPUs")
+    width = n_out // world_size
+    outs, errs = [], []
+    for k in range(world_size):
+        cols = list(range(k * width, (k + 1) * width))
+        outs.append(torch.matmul(x, weight[:, cols]))
+        errs.append(torch.matmul(grad_output[:, cols], weight[:, cols].t()))
+    return outs, torch.hstack(outs), errs, torch.stack(errs).sum(dim=0)
+''',
+    "row_split": '''
+def row_split(x, weight, grad_output, world_size):
+    if weight.shape[0] % world_size:
+        raise ValueError(f"weight has {weight.shape[0]} rows, not divisible by {world_size} GPUs")
+    ws, xs = torch.tensor_split(weight, world_size), torch.tensor_split(x, world_size, dim=1)
+    outs = [torch.einsum("bi,io->bo", xk, wk) for xk, wk in zip(xs, ws)]
+    errs = [torch.einsum("bo,io->bi", grad_output, wk) for wk in ws]
+    return outs, torch.stack(outs).sum(0), errs, torch.hstack(errs)
+''',
+    "column_parallel_linear": '''
+class CopyToRanks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)     # in place: autograd hands us our own copy here
+        return grad
+
+
+class GatherFromRanks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, part):
+        ctx.n, ctx.rank = dist.get_world_size(), dist.get_rank()
+        rows = part.t().contiguous().cpu()             # gather along dim 0 of the transpose
+        out = [torch.zeros_like(rows) for _ in range(ctx.n)]
+        dist.all_gather(out, rows)
+        return torch.cat(out).t().to(part.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.n, dim=-1)[ctx.rank].contiguous()
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, full, rank, world_size, gather_output=True):
+        super().__init__()
+        self.gather_output = gather_output
+        if full.out_features % world_size:
+            raise ValueError(f"out_features={full.out_features} is not a multiple of world_size={world_size}")
+        with torch.no_grad():
+            self.weight = nn.Parameter(torch.chunk(full.weight, world_size)[rank].contiguous())
+            self.bias = nn.Parameter(torch.chunk(full.bias, world_size)[rank].contiguous())
+
+    def forward(self, x):
+        out = CopyToRanks.apply(x) @ self.weight.t() + self.bias
+        if self.gather_output:
+            out = GatherFromRanks.apply(out)
+        return out
+''',
+    "row_parallel_linear": '''
+class SplitToRanks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return torch.chunk(x, dist.get_world_size(), dim=-1)[dist.get_rank()].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        pieces = [torch.zeros_like(grad).cpu() for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, grad.contiguous().cpu())
+        return torch.hstack(pieces).to(grad.device)
+
+
+class SumOverRanks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, partial):
+        partial = partial.contiguous()
+        dist.all_reduce(partial)
+        return partial
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.clone()
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, full, rank, world_size, input_is_split=False):
+        super().__init__()
+        self.input_is_split = input_is_split
+        if full.in_features % world_size:
+            raise ValueError(f"in_features={full.in_features} is not a multiple of world_size={world_size}")
+        with torch.no_grad():
+            self.weight = nn.Parameter(torch.chunk(full.weight, world_size, dim=1)[rank].contiguous())
+            self.bias = nn.Parameter(full.bias.clone())
+
+    def forward(self, x):
+        x = x if self.input_is_split else SplitToRanks.apply(x)
+        return torch.add(SumOverRanks.apply(x @ self.weight.t()), self.bias)
+''',
+    "split_block": '''
+class SplitBlock(nn.Module):
+    def __init__(self, block, rank, world_size):
+        super().__init__()
+        self.column = ColumnParallelLinear(block[0], rank, world_size, False)
+        self.activation = block[1]
+        self.row = RowParallelLinear(block[2], rank, world_size, True)
+
+    def forward(self, x):
+        hidden = self.column(x)
+        return self.row(self.activation(hidden))
+''',
+    "elements_sent": '''
+def elements_sent(direction, batch, inputs, outputs, world_size):
+    share = (world_size - 1) / world_size
+    gather, reduce = share, 2 * share
+    cost = {"column": (gather, reduce), "row": (reduce, gather)}   # (forward, backward)
+    if direction not in cost:
+        raise ValueError(direction)
+    forward, backward = cost[direction]
+    return batch * (forward * outputs + backward * inputs)
+''',
+}
+
+# The classic mistakes, each in one exercise, and the test cell that must catch it.
+MISTAKES = {
+    "column split adds its partial outputs": (
+        {"column_split": [("torch.cat(partial_outputs, dim=1)", "sum(partial_outputs)")]},
+        "test_column_split"),
+    "column split stacks its partial errors": (
+        {"column_split": [("sum(partial_errors)", "torch.cat(partial_errors, dim=0)")]},
+        "test_column_split"),
+    "row split stacks its partial outputs": (
+        {"row_split": [("sum(partial_outputs)", "torch.cat(partial_outputs, dim=1)")]},
+        "test_row_split"),
+    "no all-reduce in the column split's backward": (
+        {"column_parallel_linear": [("        dist.all_reduce(total)\n", "")]},
+        "test_column_parallel_linear"),
+    "every rank keeps rank 0's shard": (
+        {"column_parallel_linear": [("rows = slice(rank * per_rank, (rank + 1) * per_rank)",
+                                     "rows = slice(0, per_rank)")]},
+        "test_column_parallel_linear"),
+    "the row split's shards in reverse order": (
+        {"row_parallel_linear": [("columns = slice(rank * per_rank, (rank + 1) * per_rank)",
+                                  "columns = slice((world_size - 1 - rank) * per_rank, (world_size - rank) * per_rank)")]},
+        "test_row_parallel_linear"),
+    "a bias added on every rank of the row split": (
+        {"row_parallel_linear": [("SumOverRanks.apply(F.linear(x, self.weight))",
+                                  "SumOverRanks.apply(F.linear(x, self.weight, self.bias))"),
+                                 ("return y if self.bias is None else y + self.bias", "return y")]},
+        "test_row_parallel_linear"),
+    "the block gathers, then splits again": (
+        {"split_block": [("gather_output=False", "gather_output=True"),
+                         ("input_is_split=True", "input_is_split=False")]},
+        "test_split_block"),
+    "all-gather and all-reduce swapped in the count": (
+        {"elements_sent": [('if direction == "column":', 'if direction == "row":')]},
+        "test_elements_sent"),
+}
+
+
+(test_every_exercise_is_graded, test_correct_answers_get_every_point,
+ test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)
+
+
+@pytest.mark.timeout(900)
+def test_grading_round_trip(tmp_path):
+    """`python -m grader grade` on lab 3: the full notebooks, as nbgrader runs them."""
+    bias_everywhere = MISTAKES["a bias added on every rank of the row split"][0]
+    scores = grade_round_trip(LAB, {"different": solved(LAB, answers=DIFFERENT),
+                                    "biased": solved(LAB, bias_everywhere)}, tmp_path)
+    full = sum(POINTS.values())
+    assert scores == {"different": full, "biased": full - POINTS["test_row_parallel_linear"]}

@@ -17,7 +17,8 @@ TORCH_PIN := torch==2.13.0
 
 INSTALL_STAMP := $(VENV)/.installed
 LAB_INDEX := labs/index.ipynb
-BENCH_SCRIPTS = $(sort $(wildcard bench/*.py))
+# bench/_*.py are helpers the scripts share, not benchmarks.
+BENCH_SCRIPTS = $(sort $(filter-out bench/_%,$(wildcard bench/*.py)))
 
 .PHONY: install test lab release reference grade bench clean
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -29,20 +28,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import course
+from _rounds import compare, ratio_text, unrecorded
 from grader.solution import load
 
 LAB = load("02_data_parallel")
 SIZES_MB = (1, 16)
 RANKS = (2, 4)
 CALLS_PER_ROUND = 5
-
-
-def unrecorded(rank_function):
-    """Time without the course's recording: DDP's C++ calls never pay for it."""
-    def run(*args):
-        with course.comm.unrecorded():
-            return rank_function(*args)
-    return run
 
 
 @unrecorded
@@ -104,20 +96,6 @@ def time_training(bucket_bytes, rounds, steps, batch_size):
     return times
 
 
-def per_round(results, key):
-    """Seconds of each round: the slowest rank's, each rank's the median of its steps."""
-    ranks = [results[rank][key] for rank in results.ranks]
-    return [max(statistics.median(steps) for steps in rounds) for rounds in zip(*ranks)]
-
-
-def compare(results, ours, theirs):
-    """Medians of both (ms), and the round-by-round ratio: median, min, max."""
-    a, b = per_round(results, ours), per_round(results, theirs)
-    ratios = [x / y for x, y in zip(a, b)]
-    return {"ours_ms": statistics.median(a) * 1e3, "theirs_ms": statistics.median(b) * 1e3,
-            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="rounds per comparison")
@@ -143,19 +121,15 @@ def main():
           f"medians of {args.rounds} alternating rounds, slowest rank)\n")
     print("| ranks | tensor | ring (lab 2) | gloo all_reduce | ring / gloo (range) |\n|---|---|---|---|---|")
     for r in report["all_reduce"]:
-        print(f"| {r['ranks']} | {r['MB']} MB | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | {_ratio(r)} |")
+        print(f"| {r['ranks']} | {r['MB']} MB | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | {ratio_text(r)} |")
     print("\n| ranks | buckets | lab 2 step | DDP step | lab 2 / DDP, goal ≤ 1.05× (range) |\n|---|---|---|---|---|")
     for r in report["training"]:
         print(f"| {r['ranks']} | {r['bucket_MiB']:g} MiB | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | "
-              f"{_ratio(r)} |")
+              f"{ratio_text(r)} |")
     print(f"\n(wide MLP {LAB.WIDE_MLP}, global batch {batch_size})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")
-
-
-def _ratio(r):
-    return f"{r['ratio']:.2f}× ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import numpy as np
 from course import sizes, timemodel
 from course.sizes import Dense
 from course.transfer_view import run_controls
-from course.widgets import interactive_figure
+from course.widgets import interactive_figure, measured_only_at
 
 SCHEMES = ("data parallel", "split by column", "split by row")
 COLOURS = {"data parallel": "#de2d26", "split by column": "#3182bd", "split by row": "#31a354"}
@@ -53,7 +53,7 @@ def seconds(layer: Dense, batch: int, gpus: int, dtype: str, link: timemodel.Lin
     return times
 
 
-def _batches(gpus: int, upto: int) -> np.ndarray:
+def _batches(upto: int) -> np.ndarray:
     return np.unique(np.geomspace(1, upto, 200).round().astype(int))
 
 
@@ -100,7 +100,7 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
     if bytes_ax.get_legend_handles_labels()[0]:
         bytes_ax.legend(fontsize="small", frameon=False, loc="upper right")
 
-    batches = _batches(gpus, max(4096, 2 * batch))
+    batches = _batches(max(4096, 2 * batch))
     for scheme in SCHEMES:
         curve = [sent(layer, int(b), gpus, dtype)[scheme] / 1e6 for b in batches]
         batch_ax.plot(batches, curve, color=COLOURS[scheme], label=scheme)
@@ -140,9 +140,4 @@ def show(measured: Mapping[str, float] | None = None, **start):
         **run_controls(values, min_gpus=2),
     }
     run = {k: values[k] for k in BYTES_DEPEND_ON}
-
-    def draw_with_measured(**current):
-        same = all(current[k] == run[k] for k in BYTES_DEPEND_ON)
-        return draw(measured=measured if same else None, **current)
-
-    return interactive_figure(draw_with_measured, controls)
+    return interactive_figure(measured_only_at(draw, measured, run), controls)

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 from course import sizes, timemodel
 from course.plots import phase_colours
 from course.sizes import Dense
-from course.widgets import interactive_figure
+from course.widgets import interactive_figure, measured_only_at
 
 SCHEMES = ("ring", "naive, rank 0", "naive, other ranks")
 BYTES_DEPEND_ON = ("width", "depth", "gpus", "dtype")
@@ -97,14 +97,13 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
     return fig
 
 
-def run_controls(values: Mapping, *, min_gpus: int = 1, batch_step: int = 8) -> dict:
+def run_controls(values: Mapping, *, min_gpus: int = 1) -> dict:
     """The controls every view shares: batch, GPUs, dtype, interconnect and GPU model."""
     import ipywidgets as w
 
     style = {"description_width": "initial"}
     return {
-        "batch": w.IntSlider(values["batch"], min=batch_step, max=2048, step=batch_step,
-                             description="global batch", style=style),
+        "batch": w.IntSlider(values["batch"], min=8, max=2048, step=8, description="global batch", style=style),
         "gpus": w.IntSlider(values["gpus"], min=min_gpus, max=16, description="GPUs", style=style),
         "dtype": w.Dropdown(options=list(sizes.DTYPE_BYTES), value=values["dtype"], description="dtype"),
         "link": w.Dropdown(options=list(timemodel.PRESETS), value=values["link"], description="interconnect",
@@ -128,14 +127,9 @@ def show(measured: Mapping[str, float] | None = None, **start):
     controls = {
         "width": w.IntSlider(values["width"], min=100, max=8000, step=100, description="layer width", style=style),
         "depth": w.IntSlider(values["depth"], min=1, max=6, description="hidden layers", style=style),
-        **run_controls(values, min_gpus=1),
+        **run_controls(values),
     }
     # Measured bytes belong to the run's settings: shown only while the
     # settings that decide the bytes are the run's.
     run = {k: values[k] for k in BYTES_DEPEND_ON}
-
-    def draw_with_measured(**current):
-        same = all(current[k] == run[k] for k in BYTES_DEPEND_ON)
-        return draw(measured=measured if same else None, **current)
-
-    return interactive_figure(draw_with_measured, controls)
+    return interactive_figure(measured_only_at(draw, measured, run), controls)

@@ -46,3 +46,12 @@ def interactive_figure(draw: Callable, controls: Mapping, *, static: bool = Fals
     box = ipywidgets.VBox(list(controls.values()))
     display(box)
     return handle, box
+
+
+def measured_only_at(draw: Callable, measured, run: Mapping) -> Callable:
+    """draw(**values), given `measured` only while the values named in `run` are
+    still the run's: measured numbers belong to the settings they were measured at."""
+    def draw_with_measured(**current):
+        same = all(current[name] == value for name, value in run.items())
+        return draw(measured=measured if same else None, **current)
+    return draw_with_measured

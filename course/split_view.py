@@ -61,10 +61,7 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
          link: str = timemodel.PCIE3_X16.name, processor: str = timemodel.TITAN.name,
          measured: Mapping[str, float] | None = None):
     """The view as a matplotlib Figure (see the module docstring)."""
-    if link not in timemodel.PRESETS:
-        raise ValueError(f"link must be one of {list(timemodel.PRESETS)}, got {link!r}")
-    if processor not in timemodel.PROCESSORS:
-        raise ValueError(f"processor must be one of {list(timemodel.PROCESSORS)}, got {processor!r}")
+    interconnect, gpu = timemodel.link_named(link), timemodel.processor_named(processor)
     if gpus < 2:
         raise ValueError(f"with {gpus} GPU nothing is split or sent: choose at least 2 GPUs")
     layer = Dense("layer", inputs, outputs)
@@ -75,8 +72,8 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
         ax.text(0.5, 0.5, str(error), ha="center", va="center", wrap=True)
         ax.axis("off")
         return fig
-    times = seconds(layer, batch, gpus, dtype, timemodel.PRESETS[link])
-    compute = timemodel.PROCESSORS[processor].seconds(layer.training_flop(batch) / gpus)
+    times = seconds(layer, batch, gpus, dtype, interconnect)
+    compute = gpu.seconds(layer.training_flop(batch) / gpus)
     fig, (bytes_ax, batch_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
 
     bytes_ax.bar(SCHEMES, [now[s] / 1e6 for s in SCHEMES], color=[COLOURS[s] for s in SCHEMES])

@@ -141,3 +141,16 @@ A100 = Processor("NVIDIA A100", 19.5e12, 0.5, "19.5 TFLOPS float32 without tenso
 H100 = Processor("NVIDIA H100 SXM", 67e12, 0.5, "67 TFLOPS float32 without tensor cores; half assumed reached")
 PROCESSORS = {p.name: p for p in (TITAN, A100, H100)}
 
+
+def link_named(name: str) -> Link:
+    """The preset interconnect called `name` (a key of PRESETS)."""
+    if name not in PRESETS:
+        raise ValueError(f"link must be one of {list(PRESETS)}, got {name!r}")
+    return PRESETS[name]
+
+
+def processor_named(name: str) -> Processor:
+    """The preset processor called `name` (a key of PROCESSORS)."""
+    if name not in PROCESSORS:
+        raise ValueError(f"processor must be one of {list(PROCESSORS)}, got {name!r}")
+    return PROCESSORS[name]

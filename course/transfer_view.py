@@ -60,10 +60,7 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
          link: str = timemodel.NETWORK_40G.name, processor: str = timemodel.TITAN.name,
          measured: Mapping[str, float] | None = None):
     """The view as a matplotlib Figure (see the module docstring)."""
-    if link not in timemodel.PRESETS:
-        raise ValueError(f"link must be one of {list(timemodel.PRESETS)}, got {link!r}")
-    if processor not in timemodel.PROCESSORS:
-        raise ValueError(f"processor must be one of {list(timemodel.PROCESSORS)}, got {processor!r}")
+    interconnect, gpu = timemodel.link_named(link), timemodel.processor_named(processor)
     layers = mlp_layers(width, depth)
     sent = sent_by_scheme(layers, gpus, dtype)
     colours = phase_colours([f"all-reduce {layer.name}" for layer in layers])
@@ -84,7 +81,7 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
     bytes_ax.set_title(f"{gpus} GPUs, {dtype} gradients")
     bytes_ax.legend(fontsize="small", frameon=False)
 
-    seconds = estimate(layers, batch, gpus, dtype, timemodel.PRESETS[link], timemodel.PROCESSORS[processor])
+    seconds = estimate(layers, batch, gpus, dtype, interconnect, gpu)
     labels = list(seconds)
     time_ax.barh(labels, [seconds[k] * 1e3 for k in labels], color=["#6baed6", "#de2d26", "#fc9272"])
     for y, key in enumerate(labels):

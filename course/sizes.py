@@ -52,7 +52,8 @@ class Dense:
 
 @dataclass(frozen=True)
 class Conv:
-    """A 2-D convolution producing `out_channels` maps of `height` × `width`."""
+    """A 2-D convolution producing `out_channels` maps of `height` × `width`, then
+    max-pooled `pool` × `pool` (1: no pooling) before the next layer."""
     name: str
     in_channels: int
     out_channels: int
@@ -60,6 +61,7 @@ class Conv:
     height: int
     width: int
     bias: bool = True
+    pool: int = 1
 
     @property
     def weights(self) -> int:
@@ -67,7 +69,8 @@ class Conv:
                 + (self.out_channels if self.bias else 0))
 
     def activations(self, batch: int) -> int:
-        return batch * self.out_channels * self.height * self.width
+        """Output elements for a batch, after pooling (what the next layer receives)."""
+        return batch * self.out_channels * (self.height // self.pool) * (self.width // self.pool)
 
     def training_flop(self, batch: int) -> int:
         """As for Dense, with every weight used once per output position."""

@@ -130,13 +130,21 @@ class Processor:
     flops: float       # peak float32 multiply-adds x 2 per second
     efficiency: float  # the fraction of the peak a training step gets (assumed)
     source: str
+    full_batch: int = 1  # a pass over fewer images takes as long as one over this many
 
     def seconds(self, flop: float) -> float:
         return flop / (self.flops * self.efficiency)
 
+    def pass_seconds(self, flop_per_image: float, images: float) -> float:
+        """A pass over `images` images: as long as over `full_batch` when there are fewer."""
+        return self.seconds(flop_per_image * max(images, self.full_batch))
+
 
 TITAN = Processor("NVIDIA GTX TITAN (2013)", 4.5e12, 0.5,
-                  "Kepler GK110, 2688 cores x 837 MHz x 2 = 4.5 TFLOPS float32; half of it assumed reached")
+                  "Kepler GK110, 2688 cores x 837 MHz x 2 = 4.5 TFLOPS float32; half of it assumed reached. "
+                  "Under 128 images a pass is no faster than with 128: Yadan et al. find per-GPU batches "
+                  "of 64 or fewer under-use it (the convolution kernels of 2013 work on 128 images at once)",
+                  full_batch=128)
 A100 = Processor("NVIDIA A100", 19.5e12, 0.5, "19.5 TFLOPS float32 without tensor cores; half assumed reached")
 H100 = Processor("NVIDIA H100 SXM", 67e12, 0.5, "67 TFLOPS float32 without tensor cores; half assumed reached")
 PROCESSORS = {p.name: p for p in (TITAN, A100, H100)}

@@ -18,6 +18,7 @@ computed in the test.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -45,6 +46,27 @@ def under_grader() -> bool:
 def fresh_seed() -> int:
     """A random seed for test inputs nobody can know in advance (print it with a failure)."""
     return secrets.randbits(31)
+
+
+@contextlib.contextmanager
+def names_replaced(namespace: dict, **replacements):
+    """Inside the block, `namespace` (a notebook's `globals()`) maps each name to its
+    replacement; afterwards, back to what it was (or absent, if it was).
+
+    Tests of an exercise that builds on another's classes swap in correct stand-ins,
+    so that a mistake in the other exercise costs only that exercise's points.
+    """
+    missing = object()
+    saved = {name: namespace.get(name, missing) for name in replacements}
+    namespace.update(replacements)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
 
 
 def default_dir() -> Path:

@@ -120,9 +120,9 @@ def _launch_in_process(fn, world_size, args, kwargs, num_threads) -> RankResults
             torch.cuda.set_device(device)
         else:
             torch.set_num_threads(num_threads)
-        dist.init_process_group(here.backend)
+        dist.init_process_group(placement.process_group_backend(here.backend))
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
-    backend = dist.get_backend()
+    backend = "nccl" if "nccl" in dist.get_backend() else dist.get_backend()
     calls = recorder.Recorder(rank, backend)
     started = time.perf_counter()
     with calls.patch():

@@ -81,9 +81,16 @@ def message_device() -> torch.device:
     collectives, only all_reduce and broadcast also take GPU tensors)."""
     import torch.distributed as dist
 
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_initialized() and "nccl" in dist.get_backend():
         return device()
     return torch.device("cpu")
+
+
+def process_group_backend(backend: str) -> str:
+    """What init_process_group gets for `backend`: NCCL ranks also get gloo for CPU
+    tensors, so code that keeps a tensor on the CPU (a test's reference, a small
+    count) still runs on GPU ranks."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
 RANKS_VARIABLE = "COURSE_RANKS"

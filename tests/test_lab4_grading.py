@@ -1,0 +1,154 @@
+"""Lab 4's tests grade fairly: each classic mistake of hybrid parallelism costs its
+own exercise and no other, and a correct answer written differently from the
+reference gets every point.
+
+As for labs 2 and 3: each submission runs as nbgrader scores it, minus the
+demonstrations; then one nbgrader round trip grades two students.
+"""
+from __future__ import annotations
+
+import pytest
+
+from grader.labs import graded_cells, read_notebook
+
+from submissions import REPO, fairness_tests, grade_round_trip, solved
+
+LAB = "04_hybrid"
+POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
+
+# The same exercises, answered in other correct ways than the reference's.
+DIFFERENT = {
+    "choose_parallelism": '''
+def choose_parallelism(layer, batch, gpus):
+    if gpus <= 1:
+        raise ValueError("choose between schemes on 2 GPUs or more")
+    from course import transfer
+    gradient, outputs = sizes.nbytes(layer.weights), sizes.nbytes(layer.activations(batch))
+    data_parallel = transfer.ring_all_reduce(gradient, gpus)
+    model_parallel = transfer.ring_all_gather(outputs, gpus) + transfer.ring_all_reduce(outputs, gpus)
+    return {"data": data_parallel, "model": model_parallel,
+            "choice": "data" if data_parallel <= model_parallel else "model"}
+''',
+    "grid": '''
+def grid_coordinates(rank, grid):
+    if rank < 0 or rank >= grid.data * grid.model:
+        raise ValueError(f"no rank {rank} here")
+    return rank // grid.model, rank % grid.model
+
+
+def grid_groups(grid):
+    me, mine = dist.get_rank(), {}
+    for d in range(grid.data):           # rows first, then columns: the same order on every rank
+        group = dist.new_group(list(range(d * grid.model, (d + 1) * grid.model)))
+        if me // grid.model == d:
+            mine["model"] = group
+    for m in range(grid.model):
+        group = dist.new_group(list(range(m, grid.ranks, grid.model)))
+        if me % grid.model == m:
+            mine["data"] = group
+    return mine["data"], mine["model"]
+''',
+    "hand_over": '''
+class GatherImages(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, features, group):
+        ctx.group, ctx.rows, ctx.me = group, features.shape[0], dist.get_rank(group)
+        flat = features.detach().cpu().contiguous()
+        pieces = [torch.zeros_like(flat) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(pieces, flat, group=group)
+        return torch.cat(pieces, dim=0).to(features.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = grad.clone().contiguous()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)
+        return total.narrow(0, ctx.me * ctx.rows, ctx.rows), None
+
+
+class SumOverGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, partial, group):
+        out = partial.detach().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.clone(), None
+''',
+    "hybrid_convnet": '''
+class HybridConvNet(nn.Module):
+    def __init__(self, full, model_group):
+        super().__init__()
+        self.g = model_group
+        k, n = dist.get_rank(model_group), dist.get_world_size(model_group)
+        self.convolutions = nn.Sequential(*full.conv1, *full.conv2)    # flat, the same layers
+        dense, out = full.dense[1], full.output
+        width, cols = dense.out_features // n, out.in_features // n
+        self.dense = nn.Linear(dense.in_features, width).to(dense.weight)
+        self.output = nn.Linear(cols, out.out_features).to(out.weight)
+        with torch.no_grad():
+            self.dense.weight[:] = dense.weight[k * width:(k + 1) * width]
+            self.dense.bias[:] = dense.bias[k * width:(k + 1) * width]
+            self.output.weight[:] = out.weight[:, k * cols:(k + 1) * cols]
+            self.output.bias[:] = out.bias
+
+    def forward(self, images):
+        x = torch.flatten(self.convolutions(images), start_dim=1)
+        x = torch.relu(self.dense(GatherImages.apply(x, self.g)))
+        return SumOverGroup.apply(x @ self.output.weight.t(), self.g) + self.output.bias
+''',
+    "average_gradients": '''
+def average_gradients(convolution_params, dense_params, grid, data_group):
+    for p in convolution_params:
+        p.grad.div_(grid.data)                      # divide first: the sum comes out averaged
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+    for p in dense_params:
+        torch.distributed.all_reduce(p.grad, group=data_group)
+        p.grad.mul_(1.0 / grid.data)
+''',
+}
+
+MISTAKES = {
+    "activations counted once, not gathered and all-reduced": (
+        {"choose_parallelism": [("model_bytes = 3 * share", "model_bytes = share")]},
+        "test_choose_parallelism"),
+    "the wrong rank coordinates (position and replica swapped)": (
+        {"grid": [("return divmod(rank, grid.model)", "return divmod(rank, grid.model)[::-1]")]},
+        "test_grid"),
+    "the hand-over keeps its partial error, unsummed": (
+        {"hand_over": [("        dist.all_reduce(grad, group=ctx.group)       # every rank's partial error of every image, summed\n", "")]},
+        "test_hand_over"),
+    "the dense layers get only this rank's images (no gather)": (
+        {"hybrid_convnet": [("GatherImages.apply(features, self.group)", "features")]},
+        "test_hybrid_convnet"),
+    "the output bias added on every rank of the group": (
+        {"hybrid_convnet": [("SumOverGroup.apply(F.linear(hidden, self.output.weight), self.group) + self.output.bias",
+                             "SumOverGroup.apply(F.linear(hidden, self.output.weight, self.output.bias), self.group)")]},
+        "test_hybrid_convnet"),
+    "dense shards averaged over every rank": (
+        {"average_gradients": [("dist.all_reduce(p.grad, group=data_group)", "dist.all_reduce(p.grad)")]},
+        "test_average_gradients"),
+    "convolution gradients averaged over the data-parallel group only": (
+        {"average_gradients": [("        dist.all_reduce(p.grad)\n        p.grad /= grid.data\n    for p in dense",
+                                "        dist.all_reduce(p.grad, group=data_group)\n        p.grad /= grid.data\n    for p in dense")]},
+        "test_average_gradients"),
+    "convolution gradients divided by every rank (a mean where a sum belongs)": (
+        {"average_gradients": [("        dist.all_reduce(p.grad)\n        p.grad /= grid.data\n",
+                                "        dist.all_reduce(p.grad)\n        p.grad /= grid.ranks\n")]},
+        "test_average_gradients"),
+}
+
+
+(test_every_exercise_is_graded, test_correct_answers_get_every_point,
+ test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)
+
+
+@pytest.mark.timeout(900)
+def test_grading_round_trip(tmp_path):
+    """`python -m grader grade` on lab 4: the full notebooks, as nbgrader runs them."""
+    no_gather = MISTAKES["the dense layers get only this rank's images (no gather)"][0]
+    scores = grade_round_trip(LAB, {"different": solved(LAB, answers=DIFFERENT),
+                                    "no_gather": solved(LAB, no_gather)}, tmp_path)
+    full = sum(POINTS.values())
+    assert scores == {"different": full, "no_gather": full - POINTS["test_hybrid_convnet"]}

@@ -147,3 +147,17 @@ def assert_close(actual, expected, name: str, *, rank: int | None = None,
                          where, rtol, atol)
     else:
         raise TypeError(f"assert_close: cannot compare {type(expected).__name__} (for {where})")
+
+
+def gathered(tensor: torch.Tensor, dim: int = 0, group=None) -> torch.Tensor:
+    """Inside a rank: the whole of a tensor split along `dim` over the ranks of `group`
+    (every rank's part, in group-rank order), on the CPU, to compare with one process's.
+    A collective: every rank of the group calls it. gloo gathers CPU tensors only."""
+    import torch.distributed as dist
+
+    from course.placement import message_device
+
+    on = message_device()
+    parts = [torch.empty_like(tensor, device=on) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor.detach().contiguous().to(on), group=group)
+    return torch.cat(parts, dim=dim).cpu()

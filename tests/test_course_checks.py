@@ -465,3 +465,19 @@ def test_large_integers_and_unusual_tolerances_are_shown_exactly():
 def test_a_python_float_compares_in_the_results_dtype():
     check.assert_close(torch.tensor(0.1), 0.1, "loss")  # float32 0.1 against the float 0.1
     assert "dtype" not in fails(torch.tensor(0.5), 0.6, "loss")
+
+
+def parts_gathered():
+    """On every rank of 4: its own block of a 2 x 6 tensor, gathered over the world and over
+    the ranks of its parity."""
+    rank = torch.distributed.get_rank()
+    block = torch.full((2, 3), float(rank))
+    parity = [torch.distributed.new_group([0, 2]), torch.distributed.new_group([1, 3])][rank % 2]
+    return check.gathered(block, 0), check.gathered(block, 1, parity)
+
+
+def test_gathered_stacks_every_ranks_part_in_group_order():
+    for rank, (world, group) in enumerate(course.launch(parts_gathered, 4)):
+        assert torch.equal(world, torch.arange(4.0).repeat_interleave(2)[:, None].expand(8, 3))
+        mine = [r for r in range(4) if r % 2 == rank % 2]
+        assert torch.equal(group, torch.tensor(mine, dtype=torch.float32).repeat_interleave(3).expand(2, 6))

@@ -50,7 +50,7 @@ def estimate(layers, batch: int, gpus: int, dtype: str, link: timemodel.Link,
     share = batch / gpus
     gradient = [sizes.nbytes(layer.weights, dtype) for layer in layers]
     return {
-        "compute (one rank)": processor.seconds(sum(layer.training_flop(share) for layer in layers)),
+        "compute (one rank)": processor.pass_seconds(sum(layer.training_flop(1) for layer in layers), share),
         "ring all-reduce": sum(timemodel.ring_all_reduce_seconds(b, gpus, link) for b in gradient),
         "naive all-reduce": sum(timemodel.naive_all_reduce_seconds(b, gpus, link) for b in gradient),
     }

@@ -59,8 +59,11 @@ def test_bars_are_the_bytes_each_rank_sends():
 def test_time_panel_is_the_time_model():
     layers = transfer_view.mlp_layers(1000, 2)
     seconds = transfer_view.estimate(layers, 128, 4, "float32", timemodel.NETWORK_40G, timemodel.TITAN)
-    flop = sum(6 * layer.inputs * layer.outputs * 32 for layer in layers)
+    # 32 images per rank: a TITAN's pass costs as much as over 128 (timemodel.TITAN.full_batch)
+    flop = sum(6 * layer.inputs * layer.outputs * 128 for layer in layers)
     assert seconds["compute (one rank)"] == pytest.approx(flop / (4.5e12 * 0.5))
+    at_512 = transfer_view.estimate(layers, 512, 4, "float32", timemodel.NETWORK_40G, timemodel.TITAN)
+    assert at_512["compute (one rank)"] == pytest.approx(seconds["compute (one rank)"])
     gradient = [4 * layer.weights for layer in layers]
     assert seconds["ring all-reduce"] == pytest.approx(
         sum(6 * (5e-6 + g / 4 / 5e9) for g in gradient))

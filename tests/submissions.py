@@ -164,3 +164,19 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict):
         assert set(failed) == {exercise}, failed
 
     return test_every_exercise_is_graded, test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise
+
+
+def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, mistake: str):
+    """A test for a lab's module to bind: `python -m grader grade` on two students, one who
+    answers differently (every point) and one who makes `mistake` (all but its exercise's)."""
+    points = graded_cells(nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4))
+
+    @pytest.mark.timeout(900)
+    def test_grading_round_trip(tmp_path):
+        edits, exercise = mistakes[mistake]
+        scores = grade_round_trip(lab, {"different": solved(lab, answers=different),
+                                        "mistaken": solved(lab, edits)}, tmp_path)
+        full = sum(points.values())
+        assert scores == {"different": full, "mistaken": full - points[exercise]}
+
+    return test_grading_round_trip

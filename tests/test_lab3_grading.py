@@ -7,14 +7,9 @@ minus the demonstrations; then one nbgrader round trip grades two students.
 """
 from __future__ import annotations
 
-import pytest
-
-from grader.labs import graded_cells, read_notebook
-
-from submissions import REPO, fairness_tests, grade_round_trip, solved
+from submissions import fairness_tests, round_trip_test
 
 LAB = "03_model_parallel"
-POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
 
 # The same exercises, answered in other correct ways than the reference's.
 DIFFERENT = {
@@ -187,11 +182,5 @@ MISTAKES = {
  test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)
 
 
-@pytest.mark.timeout(900)
-def test_grading_round_trip(tmp_path):
-    """`python -m grader grade` on lab 3: the full notebooks, as nbgrader runs them."""
-    bias_everywhere = MISTAKES["a bias added on every rank of the row split"][0]
-    scores = grade_round_trip(LAB, {"different": solved(LAB, answers=DIFFERENT),
-                                    "biased": solved(LAB, bias_everywhere)}, tmp_path)
-    full = sum(POINTS.values())
-    assert scores == {"different": full, "biased": full - POINTS["test_row_parallel_linear"]}
+# The nbgrader round trip: the full notebooks, as an instructor grades them.
+test_grading_round_trip = round_trip_test(LAB, DIFFERENT, MISTAKES, "a bias added on every rank of the row split")

@@ -7,14 +7,9 @@ demonstrations; then one nbgrader round trip grades two students.
 """
 from __future__ import annotations
 
-import pytest
-
-from grader.labs import graded_cells, read_notebook
-
-from submissions import REPO, fairness_tests, grade_round_trip, solved
+from submissions import fairness_tests, round_trip_test
 
 LAB = "04_hybrid"
-POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
 
 # The same exercises, answered in other correct ways than the reference's.
 DIFFERENT = {
@@ -144,11 +139,5 @@ MISTAKES = {
  test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)
 
 
-@pytest.mark.timeout(900)
-def test_grading_round_trip(tmp_path):
-    """`python -m grader grade` on lab 4: the full notebooks, as nbgrader runs them."""
-    no_gather = MISTAKES["the dense layers get only this rank's images (no gather)"][0]
-    scores = grade_round_trip(LAB, {"different": solved(LAB, answers=DIFFERENT),
-                                    "no_gather": solved(LAB, no_gather)}, tmp_path)
-    full = sum(POINTS.values())
-    assert scores == {"different": full, "no_gather": full - POINTS["test_hybrid_convnet"]}
+# The nbgrader round trip: the full notebooks, as an instructor grades them.
+test_grading_round_trip = round_trip_test(LAB, DIFFERENT, MISTAKES, "the dense layers get only this rank's images (no gather)")

@@ -6,6 +6,10 @@ solution's, stored in ``grader/reference/<lab>.json``:
     REFERENCE = course.grading.Reference("01_single_gpu")
     REFERENCE.check("train_step/params after 5 steps", params)
 
+While grading, the stored values stay outside the submission's reach: `check`
+sends the value to the grader's judge (``COURSE_REFERENCE_JUDGE``, see
+grader/judge.py), which compares and answers with the same message.
+
 The stored values are recorded from the solutions themselves: ``python -m
 grader reference`` executes each solution notebook with ``COURSE_REFERENCE_RECORD``
 set to a folder, and there every ``check`` records its value instead of
@@ -23,6 +27,7 @@ import json
 import math
 import os
 import secrets
+import socket
 from pathlib import Path
 
 import torch
@@ -31,6 +36,7 @@ from course import check
 
 RECORD_ENV = "COURSE_REFERENCE_RECORD"   # folder to record reference values into
 DIR_ENV = "COURSE_REFERENCE_DIR"         # folder to read them from (default: grader/reference)
+JUDGE_ENV = "COURSE_REFERENCE_JUDGE"     # while grading: the judge's socket (grader.judge)
 FORMAT = 1
 
 
@@ -182,6 +188,10 @@ class Reference:
         The failure message names `name` (default: the key), the rank, the
         largest difference and the tolerance.
         """
+        judge = os.environ.get(JUDGE_ENV)
+        if judge:
+            ask_judge(judge, self.lab, key, actual, name=name, rank=rank, rtol=rtol, atol=atol)
+            return
         if self.recording:
             path = self.path()
             values = read(path) if path.is_file() else {}
@@ -193,3 +203,18 @@ class Reference:
             raise KeyError(f"no reference value {key!r} for lab {self.lab} in {self.path()}; "
                            "regenerate with `python -m grader reference`")
         check.assert_close(actual, stored[key], name or key, rank=rank, rtol=rtol, atol=atol)
+
+
+def ask_judge(socket_path: str, lab: str, key: str, actual, **how) -> None:
+    """Have the grader's judge compare `actual` with the stored value `key`; AssertionError if it differs."""
+    try:
+        value = encode(actual)
+    except TypeError as e:
+        raise AssertionError(f"{how.get('name') or key}: {e}") from None
+    request = json.dumps({"lab": lab, "key": key, "value": value, **how}).encode() + b"\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(socket_path)
+        connection.sendall(request)
+        answer = json.loads(connection.makefile("rb").readline())
+    if not answer.get("ok"):
+        raise AssertionError(answer.get("message", "the check failed"))

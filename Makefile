@@ -20,7 +20,7 @@ LAB_INDEX := labs/index.ipynb
 # bench/_*.py are helpers the scripts share, not benchmarks.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_%,$(wildcard bench/*.py)))
 
-.PHONY: install test lab release reference grade bench clean
+.PHONY: install sandbox-tools test lab release reference grade bench clean
 
 install: $(INSTALL_STAMP)
 
@@ -29,7 +29,12 @@ $(INSTALL_STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q $(TORCH_PIN)
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	sh grader/sandbox-tools.sh
 	touch $@
+
+# The grader's sandbox; a no-op where bubblewrap is already installed.
+sandbox-tools:
+	sh grader/sandbox-tools.sh
 
 test: $(INSTALL_STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -63,6 +63,19 @@ c.Execute.skip_cells_with_tag = "nbgrader-skip-5c1e9a07d3b84f26a9e0b71c4d62f8e3"
 # configurable and is always True, which autograde needs (a failing test cell
 # is recorded as 0 points and the remaining cells still run).
 
+# Under `python -m grader grade`, the kernel runs in a sandbox (grader/sandbox.py):
+# the same preprocessors as nbgrader's, with Execute swapped for the jailed one.
+if os.environ.get("GRADER_SANDBOX_SPEC"):
+    c.Autograde.autograde_preprocessors = [
+        "grader.sandboxed.SandboxedExecute",
+        "nbgrader.preprocessors.IgnorePattern",
+        "nbconvert.preprocessors.ClearMetadataPreprocessor",
+        "nbgrader.preprocessors.LimitOutput",
+        "nbgrader.preprocessors.SaveAutoGrades",
+        "nbgrader.preprocessors.AssignLatePenalties",
+        "nbgrader.preprocessors.CheckCellMetadata",
+    ]
+
 # A graded test cell deleted from a submission is restored from the gradebook
 # and run, instead of silently dropping out of the grading.
 c.OverwriteCells.add_missing_cells = True
@@ -73,5 +86,6 @@ c.OverwriteCells.add_missing_cells = True
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "grader.feedback.HideHiddenTests",
+    "grader.feedback.AddVerdict",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

@@ -5,6 +5,9 @@ Accepted layouts, one folder per student (the folder name is the student id):
     SUBMISSIONS/<student>/<lab>.ipynb
     SUBMISSIONS/<student>/<lab>/<lab>.ipynb      (nbgrader's submitted/ layout)
 
+SUBMISSIONS may also be a zip of either layout, optionally inside one top
+folder (``unpack`` extracts its notebooks, and nothing else, safely).
+
 Anything else (a notebook that is no lab of the course, a file outside a
 student folder, a student id nbgrader cannot use) is reported, not graded.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import stat
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +25,8 @@ from .labs import NotebookError, parse_notebook, validate_notebook
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 SKIPPED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
+MAX_NOTEBOOK_BYTES = 100 << 20   # one notebook, unzipped
+MAX_ZIP_BYTES = 2 << 30          # all of a zip's notebooks, unzipped
 
 
 @dataclass(frozen=True)
@@ -82,3 +89,58 @@ def place(submission: Submission, submitted_dir: Path) -> Path:
     target = target_dir / f"{submission.lab}.ipynb"
     shutil.copyfile(submission.path, target)
     return target
+
+
+def unpack(archive: Path, target: Path, labs: list[str]) -> tuple[Path, list[str]]:
+    """Extract the notebooks of a zip of submissions into target; (folder to grade, problems).
+
+    Only ``.ipynb`` members are written, each at most MAX_NOTEBOOK_BYTES, all
+    together at most MAX_ZIP_BYTES; absolute paths, ``..`` and links are refused.
+    """
+    try:
+        zf = zipfile.ZipFile(archive)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise GraderError(f"{archive}: not a zip file ({e})") from None
+    problems, members = [], []
+    with zf:
+        for info in zf.infolist():
+            parts = [p for p in info.filename.replace("\\", "/").split("/") if p]
+            if info.is_dir() or not parts or not parts[-1].endswith(".ipynb"):
+                continue
+            if info.filename.startswith("/") or ".." in parts or stat.S_ISLNK(info.external_attr >> 16):
+                problems.append(f"{info.filename}: refused (an absolute path, '..' or a link)")
+            elif any(p.startswith(".") or p in SKIPPED for p in parts):
+                continue
+            elif info.file_size > MAX_NOTEBOOK_BYTES:
+                problems.append(f"{info.filename}: refused ({info.file_size >> 20} MB; a notebook may "
+                                f"have at most {MAX_NOTEBOOK_BYTES >> 20} MB)")
+            else:
+                members.append((info, parts))
+        if sum(info.file_size for info, _ in members) > MAX_ZIP_BYTES:
+            raise GraderError(f"{archive}: its notebooks unzip to more than {MAX_ZIP_BYTES >> 30} GB")
+        # One folder around everything (e.g. submitted/), unless it is a single student's folder.
+        tops = {parts[0] for _, parts in members}
+        strip = len(tops) == 1 and all(len(parts) >= 3 and parts[1] not in labs for _, parts in members)
+        if target.exists():
+            shutil.rmtree(target)
+        for info, parts in members:
+            path = target.joinpath(*parts[1:] if strip else parts)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, path.open("wb") as dst:
+                # file_size is what the zip claims; count what really comes out.
+                shutil.copyfileobj(_Capped(src, MAX_NOTEBOOK_BYTES), dst)
+    return target, problems
+
+
+class _Capped:
+    """A reader that raises once more than `limit` bytes came out of it."""
+
+    def __init__(self, raw, limit: int):
+        self.raw, self.left = raw, limit
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n if n >= 0 else self.left + 1)
+        self.left -= len(data)
+        if self.left < 0:
+            raise GraderError("a notebook in the zip unzips to more than it says; refused")
+        return data

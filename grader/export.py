@@ -6,7 +6,8 @@ as a real zero. Here each lab has four columns:
     <lab> score         the autograded points (empty when not graded)
     <lab> max score     the points available
     <lab> graded        yes / no
-    <lab> not graded because   why, in plain words (empty when graded)
+    <lab> verdict       what happened, in plain words (grader.verdict): "graded: 9 of 13
+                        points; ..." or "not graded: <why>"
 
 then ``total score`` (graded labs only) and ``total max score``.
 """
@@ -19,12 +20,13 @@ from nbgrader.api import Gradebook, MissingEntry
 
 from . import nbgrader_cli
 from .labs import course_config
+from .verdict import as_text
 
 
 def columns(labs: list[str]) -> list[str]:
     cols = ["student_id"]
     for lab in labs:
-        cols += [f"{lab} score", f"{lab} max score", f"{lab} graded", f"{lab} not graded because"]
+        cols += [f"{lab} score", f"{lab} max score", f"{lab} graded", f"{lab} verdict"]
     return cols + ["total score", "total max score"]
 
 
@@ -41,21 +43,19 @@ def rows(students: list[str], points: dict[str, float], status: dict, db_url: st
                 total_max += max_score
                 if entry is None:
                     row.update({f"{lab} score": "", f"{lab} graded": "no",
-                                f"{lab} not graded because": "no submission"})
+                                f"{lab} verdict": "not graded: no submission"})
                     continue
-                score = None
+                score, lines = None, entry["verdict"]
                 if entry["graded"]:
                     try:
                         score = gradebook.find_submission(lab, student).score
                     except MissingEntry:
-                        entry = {"graded": False, "problem": "the gradebook has no grade for it"}
+                        lines = ["not graded: the gradebook has no grade for it"]
                 if score is None:
-                    row.update({f"{lab} score": "", f"{lab} graded": "no",
-                                f"{lab} not graded because": entry["problem"]})
+                    row.update({f"{lab} score": "", f"{lab} graded": "no", f"{lab} verdict": as_text(lines)})
                 else:
                     total += score
-                    row.update({f"{lab} score": score, f"{lab} graded": "yes",
-                                f"{lab} not graded because": ""})
+                    row.update({f"{lab} score": score, f"{lab} graded": "yes", f"{lab} verdict": as_text(lines)})
             row["total score"], row["total max score"] = total, total_max
             out.append(row)
     return out

@@ -10,10 +10,27 @@ the tolerance).
 """
 from __future__ import annotations
 
+import json
+import os
+
+from nbformat.v4 import new_markdown_cell
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode
 
+from .verdict import as_markdown
+
 HIDDEN_NOTE = "# (hidden tests, not shown)"
+VERDICT_ENV = "GRADER_VERDICT"  # the verdict's lines as JSON, set by grader.grade for generate_feedback
+
+
+class AddVerdict(NbGraderPreprocessor):
+    """Put the grading verdict (grader.verdict) at the top of the feedback."""
+
+    def preprocess(self, nb, resources):
+        verdict = json.loads(os.environ.get(VERDICT_ENV) or "[]")
+        if verdict:
+            nb.cells.insert(0, new_markdown_cell(as_markdown(verdict)))
+        return nb, resources
 
 
 class HideHiddenTests(NbGraderPreprocessor):

@@ -48,7 +48,8 @@ def display_path(path: Path, root: Path) -> str:
         return str(path)
 
 
-def _source_text(cell: dict) -> str:
+def source_text(cell: dict) -> str:
+    """A cell's source as one string (nbformat allows a list of lines)."""
     src = cell.get("source", "")
     return "".join(src) if isinstance(src, list) else src
 
@@ -117,7 +118,7 @@ def notebook_title(nb: dict) -> str | None:
     for cell in nb.get("cells", []):
         if cell.get("cell_type") != "markdown":
             continue
-        for line in _source_text(cell).splitlines():
+        for line in source_text(cell).splitlines():
             m = _HEADING_RE.match(line)
             if m and m.group(1):
                 return m.group(1)

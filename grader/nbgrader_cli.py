@@ -5,7 +5,9 @@ CLI's, and no nbgrader or traitlets state leaks from one run into the next.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -15,6 +17,7 @@ from pathlib import Path
 from . import GraderError
 
 LOG_TAIL_CHARS = 6000
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _path_with_scripts(path: str) -> str:
@@ -48,6 +51,26 @@ def run(args: Sequence[str], root: Path, *, env: Mapping[str, str] | None = None
                               stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise GraderError(f"`nbgrader {' '.join(args)}` did not finish within {timeout:.0f} s") from e
+
+
+def _die_with_grader() -> None:
+    # In the child, before exec: if the grader dies (killed, Ctrl-C), so does nbgrader,
+    # and with it the kernel's jail (bwrap --die-with-parent).
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def run_logged(args: Sequence[str], root: Path, env: Mapping[str, str], log: Path, timeout: float) -> int | None:
+    """nbgrader in its own session, output to a file; None if it ran past timeout (then it is killed)."""
+    with log.open("w", encoding="utf-8") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=root,
+                                env=environment(env), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_die_with_grader)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
 
 
 def log_tail(proc: subprocess.CompletedProcess) -> str:

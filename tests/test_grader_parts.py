@@ -15,7 +15,9 @@ import torch
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from course import grading
-from grader import COURSE_ROOT, GraderError, collect, export, reference
+from grader import COURSE_ROOT, GraderError, collect, export, reference, verdict
+from grader.judge import Judge, required_checks
+from grader.sandbox import Limits
 from grader.feedback import HIDDEN_NOTE, HideHiddenTests
 from grader.grade import gradable_labs, inspect_autograded
 
@@ -116,7 +118,7 @@ def test_tests_that_never_ran_mean_not_graded(tmp_path):
 def test_csv_row_for_a_student_without_a_submission(tmp_path):
     rows = export.rows(["dora"], {"01_single_gpu": 9.0}, {}, f"sqlite:///{tmp_path / 'gb.db'}", COURSE_ROOT)
     assert rows == [{"student_id": "dora", "01_single_gpu score": "", "01_single_gpu max score": 9.0,
-                     "01_single_gpu graded": "no", "01_single_gpu not graded because": "no submission",
+                     "01_single_gpu graded": "no", "01_single_gpu verdict": "not graded: no submission",
                      "total score": 0.0, "total max score": 9.0}]
 
 
@@ -191,3 +193,106 @@ def test_solution_loader_names_the_labs_it_has(tmp_path):
     (tmp_path / "solutions" / "01_x").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=r"01_x"):
         load("02_missing", root=tmp_path)
+
+
+# --------------------------------------------------------------------------
+# Zips of submissions
+# --------------------------------------------------------------------------
+
+def _zip(path, members):
+    import zipfile
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in members.items():
+            zf.writestr(name, text)
+    return path
+
+
+def test_unpack_takes_both_layouts_inside_a_top_folder(tmp_path):
+    nb = nbformat.writes(new_notebook())
+    archive = _zip(tmp_path / "class.zip", {"export/alice/01_single_gpu.ipynb": nb,
+                                            "export/bob/02_data_parallel/02_data_parallel.ipynb": nb,
+                                            "export/bob/notes.txt": "not a notebook",
+                                            "__MACOSX/export/._alice": "litter"})
+    folder, problems = collect.unpack(archive, tmp_path / "out", LABS)
+    found, more = collect.find(folder, LABS)
+    assert [(s.student, s.lab) for s in found] == [("alice", "01_single_gpu"), ("bob", "02_data_parallel")]
+    assert problems == more == []
+    single, _ = collect.unpack(_zip(tmp_path / "one.zip", {"carol/01_single_gpu/01_single_gpu.ipynb": nb}),
+                               tmp_path / "one", LABS)
+    assert [s.student for s in collect.find(single, LABS)[0]] == ["carol"]
+
+
+def test_unpack_refuses_paths_out_of_the_folder(tmp_path):
+    nb = nbformat.writes(new_notebook())
+    archive = _zip(tmp_path / "evil.zip", {"../../escape/01_single_gpu.ipynb": nb,
+                                           "/abs/01_single_gpu.ipynb": nb, "dan/01_single_gpu.ipynb": nb})
+    folder, problems = collect.unpack(archive, tmp_path / "out", LABS)
+    assert len(problems) == 2 and all("refused" in p for p in problems), problems
+    assert not (tmp_path / "escape").exists()
+    assert [p.relative_to(folder).as_posix() for p in folder.rglob("*.ipynb")] == ["dan/01_single_gpu.ipynb"]
+    (tmp_path / "junk.zip").write_text("not a zip")
+    with pytest.raises(GraderError, match="not a zip"):
+        collect.unpack(tmp_path / "junk.zip", tmp_path / "junk", LABS)
+
+
+# --------------------------------------------------------------------------
+# The judge: reference answers compared outside the submission's kernel
+# --------------------------------------------------------------------------
+
+def test_the_judge_answers_checks_and_knows_which_never_came(tmp_path, monkeypatch):
+    grading.write(tmp_path / "99_lab.json", "99_lab", {"w": torch.tensor([1.0, 2.0]), "n": 3})
+    nb = {"cells": [_graded_cell('REFERENCE.check("w", w)\nREFERENCE.check("n", n)', "test_w", True),
+                    _graded_cell('REFERENCE.check("n", n)', "test_n", True),
+                    _graded_cell("assert True", "test_plain", True)]}
+    required = required_checks(nb)
+    assert required == {"test_w": ["w", "n"], "test_n": ["n"]}
+    with Judge("99_lab", tmp_path, tmp_path / "judge.sock") as judge:
+        monkeypatch.setenv(grading.JUDGE_ENV, str(judge.socket_path))
+        ref = grading.Reference("99_lab")
+        ref.check("n", 3)
+        with pytest.raises(AssertionError, match="largest difference"):
+            ref.check("w", torch.tensor([1.0, 2.5]))
+        with pytest.raises(AssertionError, match="no reference value"):
+            ref.check("made up", 1)
+        assert judge.unverified(required) == {"test_w": "its hidden check 'w' failed"}
+        ref.check("w", torch.tensor([1.0, 2.0]))
+        assert judge.unverified({"test_x": ["x"]}) == {"test_x": "its hidden check 'x' never reached the grader"}
+
+
+def test_every_stored_reference_value_is_required_by_a_test_cell():
+    for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid"):
+        source = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+        required = {key for keys in required_checks(source).values() for key in keys}
+        stored = set(grading.read(COURSE_ROOT / "grader" / "reference" / f"{lab}.json"))
+        assert required == stored, f"{lab}: checks the judge cannot hold to account: {stored ^ required}"
+
+
+# --------------------------------------------------------------------------
+# Verdicts
+# --------------------------------------------------------------------------
+
+def test_errors_are_explained_in_plain_words():
+    limits = Limits(memory_bytes=2 << 30, processes=64)
+    said = lambda ename, evalue: verdict.explain_error({"ename": ename, "evalue": evalue}, limits, 10)  # noqa: E731
+    assert said("CellTimeoutError", "") .startswith("ran past the 10 s limit")
+    assert "2 GiB per process" in said("MemoryError", "")
+    assert "2 GiB per process" in said("RuntimeError", "DefaultCPUAllocator: can't allocate memory")
+    assert "limit is 64" in said("BlockingIOError", "[Errno 11] Resource temporarily unavailable")
+    assert "network" in said("OSError", "[Errno 101] Network is unreachable")
+    assert "outside its own folder" in said("OSError", "[Errno 30] Read-only file system: '/x'")
+    assert "solutions, reference answers or gradebook" in said(
+        "FileNotFoundError", "[Errno 2] No such file or directory: '/c/grader/reference/01.json'")
+    assert said("ValueError", "bad shape") == "raised ValueError: bad shape"
+
+
+def test_tampering_with_test_cells_is_reported():
+    tests = ["test_a", "test_b", "test_c"]
+    released_nb = {"cells": [_graded_cell("assert a", g, False) for g in tests]}
+    submitted = {"cells": [_graded_cell("assert a", "test_a", False), _graded_cell("pass", "test_b", False)]}
+    submitted["cells"][0].metadata["tags"] = ["skip-execution"]
+    said = verdict.tampering(submitted, released_nb, tests)
+    assert said == ["the skip-execution tag on test cell test_a was ignored; the test ran",
+                    "test cell test_b was edited; the original was graded instead",
+                    "test cell test_c was missing; the original was put back and graded"]
+    assert "metadata was removed" in verdict.unmatchable({"cells": [new_code_cell("x")]})
+    assert verdict.unmatchable(submitted) is None

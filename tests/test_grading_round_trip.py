@@ -6,10 +6,9 @@ in which every student tests one promise of the grader:
 - the solution gets full marks, and the untouched release zero on every cell;
 - one wrong exercise loses exactly that exercise's points, also when only
   the hidden tests catch the mistake;
-- a `skip-execution` tag, a deleted test cell, or an endless loop does not
-  save a wrong answer or sink the rest of the notebook;
-- a damaged notebook is reported "not graded", not scored 0;
 - feedback never shows hidden tests; the CSV has one row per student.
+
+Submissions that try to break the grader are tests/test_hostile_grading.py.
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ from nbgrader.api import Gradebook
 from grader import COURSE_ROOT
 from grader.labs import course_config, graded_cells, read_notebook
 
-from submissions import REPO, grade_id, hidden_lines, released, solved, write
+from submissions import REPO, hidden_lines, released, solved, write
 
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
@@ -42,20 +41,8 @@ LAPS_AFTER_BACKWARD = [
 CELL_TIMEOUT_S = 8
 
 
-def _with_tag(nb, gid, tag):
-    for cell in nb.cells:
-        if grade_id(cell) == gid:
-            cell.metadata.setdefault("tags", []).append(tag)
-    return nb
-
-
-def _without(nb, gid):
-    nb.cells = [c for c in nb.cells if grade_id(c) != gid]
-    return nb
-
-
 def _class():
-    """student -> (notebook or raw text, expected {grade_id: score} or None if not graded)."""
+    """student -> (notebook, expected {grade_id: score})."""
     full = dict(POINTS)
     wrong = lambda gid: {**full, gid: 0.0}  # noqa: E731
     return {
@@ -63,13 +50,6 @@ def _class():
         "untouched": (released(LAB), {gid: 0.0 for gid in POINTS}),
         "wrong_momentum": (solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), wrong("test_momentum_sgd")),
         "hidden_only": (solved(LAB, {"train_step": LAPS_AFTER_BACKWARD}), wrong("test_train_step")),
-        "skip_tag": (_with_tag(solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), "test_momentum_sgd",
-                               "skip-execution"), wrong("test_momentum_sgd")),
-        "deleted_test": (_without(solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), "test_momentum_sgd"),
-                         wrong("test_momentum_sgd")),
-        "endless_loop": (solved(LAB, {"phase_timer": [("def _mark(self):", "while True:\n        pass\n\n    def _mark(self):")]}),
-                         wrong("test_phase_timer")),
-        "damaged": ('{"cells": [', None),
     }
 
 
@@ -79,10 +59,7 @@ def graded(tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
     students = _class()
     for student, (nb, _) in students.items():
-        if isinstance(nb, str):
-            (folder / student).mkdir()
-            (folder / student / f"{LAB}.ipynb").write_text(nb)
-        elif student == "solved":  # nbgrader's own layout: <student>/<lab>/<lab>.ipynb
+        if student == "solved":  # nbgrader's own layout: <student>/<lab>/<lab>.ipynb
             write(nb, folder / student, LAB, LAB)
         else:
             write(nb, folder, student, LAB)
@@ -118,18 +95,11 @@ def test_full_marks_and_zero(graded):
     assert all(score == 0 for score in _cell_scores(graded["work"], "untouched").values())
 
 
-def test_damaged_notebook_is_not_graded_not_zero(graded):
-    row = graded["csv"]["damaged"]
-    assert row[f"{LAB} graded"] == "no"
-    assert row[f"{LAB} score"] == ""
-    assert "not valid JSON" in row[f"{LAB} not graded because"]
-
-
 def test_csv_has_one_row_per_student(graded):
     assert sorted(graded["csv"]) == sorted(graded["students"])
     for row in graded["csv"].values():
         assert row[f"{LAB} graded"] in ("yes", "no")
-        assert (row[f"{LAB} graded"] == "yes") == (row[f"{LAB} not graded because"] == "")
+        assert row[f"{LAB} verdict"].startswith("graded: " if row[f"{LAB} graded"] == "yes" else "not graded: ")
 
 
 def test_feedback_shows_no_hidden_tests(graded):

@@ -1,0 +1,77 @@
+"""One gradebook for the class, written by one process.
+
+Each submission is autograded against a private copy of the gradebook (so
+several can run side by side without sqlite locks between nbgrader
+processes); when it is done, the grader copies its scores and comments into
+the class gradebook, one submission at a time.
+"""
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+from sqlalchemy.exc import SAWarning
+
+from nbgrader.api import Gradebook
+
+from . import nbgrader_cli
+
+
+def db_url(path: Path) -> str:
+    return f"sqlite:///{Path(path)}"
+
+
+def private_copy(master: Path, target: Path) -> Path:
+    shutil.copyfile(master, target)
+    return target
+
+
+def zero_cells(path: Path, course_id: str, lab: str, student: str, grade_ids: list[str]) -> None:
+    """Score these test cells 0: a manual score, which overrides the autograded one (the verdict says why)."""
+    if not grade_ids:
+        return
+    nbgrader_cli.put_scripts_on_path()
+    with Gradebook(db_url(path), course_id=course_id) as gb:
+        for grade_id in grade_ids:
+            grade = gb.find_grade(grade_id, lab, lab, student)
+            grade.manual_score = 0.0
+        gb.db.commit()
+
+
+def merge(private: Path, master: Path, course_id: str, lab: str, student: str) -> None:
+    """Copy (student, lab)'s submission, scores and comments from a private gradebook into the master."""
+    nbgrader_cli.put_scripts_on_path()
+    with warnings.catch_warnings(), Gradebook(db_url(private), course_id=course_id) as src, \
+            Gradebook(db_url(master), course_id=course_id) as dst:
+        # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; the rows are right.
+        warnings.simplefilter("ignore", SAWarning)
+        submitted = src.find_submission(lab, student)
+        dst.update_or_create_student(student)
+        target = dst.update_or_create_submission(lab, student, timestamp=submitted.timestamp)
+        for notebook in submitted.notebooks:
+            into = {n.name: n for n in target.notebooks}[notebook.name]
+            into.flagged = notebook.flagged
+            grades = {g.name: g for g in into.grades}
+            for grade in notebook.grades:
+                copy = grades[grade.name]
+                copy.auto_score, copy.manual_score = grade.auto_score, grade.manual_score
+                copy.extra_credit, copy.needs_manual_grade = grade.extra_credit, grade.needs_manual_grade
+            comments = {c.name: c for c in into.comments}
+            for comment in notebook.comments:
+                comments[comment.name].auto_comment = comment.auto_comment
+                comments[comment.name].manual_comment = comment.manual_comment
+        dst.db.commit()
+
+
+def cell_scores(path: Path, course_id: str, lab: str, student: str) -> dict[str, float]:
+    """{grade_id: score} of a submission's test cells."""
+    nbgrader_cli.put_scripts_on_path()
+    with Gradebook(db_url(path), course_id=course_id) as gb:
+        return {g.name: g.score for g in gb.find_submission_notebook(lab, lab, student).grades}
+
+
+def score(path: Path, course_id: str, lab: str, student: str) -> float:
+    nbgrader_cli.put_scripts_on_path()
+    with Gradebook(db_url(path), course_id=course_id) as gb:
+        return gb.find_submission(lab, student).score

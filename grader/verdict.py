@@ -1,0 +1,147 @@
+"""What happened to one submission, in plain words: for the CSV and the feedback.
+
+`lines` reads the submitted notebook (what the student changed in the test
+cells), the autograded one (what every cell raised, what was cut short) and
+the judge's findings, and says each thing once, naming the cell.
+"""
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+from .labs import source_text
+from .sandbox import Limits
+from .sandboxed import OUTPUT_NOTE
+
+MAX_LINE = 240
+MAX_LINES = 12
+HIDDEN_PARTS = ("solutions", "reference", "gradebook", "grader/work")
+_OUTPUT_NOTE_RE = re.compile(re.escape(OUTPUT_NOTE.split("{")[0]) + r"(.*?); only")
+
+
+def _grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _short(text: str, limit: int = MAX_LINE) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def tampering(submitted: dict, released: dict, tests: list[str]) -> list[str]:
+    """What the student did to the test cells, each put right by nbgrader before grading."""
+    original = {_grade_id(c): c for c in released.get("cells", []) if _grade_id(c) in tests}
+    found = {_grade_id(c): c for c in submitted.get("cells", []) if _grade_id(c) in tests}
+    out = []
+    for gid in tests:
+        cell = found.get(gid)
+        if cell is None:
+            out.append(f"test cell {gid} was missing; the original was put back and graded")
+            continue
+        if gid in original and source_text(cell).strip() != source_text(original[gid]).strip():
+            out.append(f"test cell {gid} was edited; the original was graded instead")
+        if "skip-execution" in cell.get("metadata", {}).get("tags", []):
+            out.append(f"the skip-execution tag on test cell {gid} was ignored; the test ran")
+    return out
+
+
+def unmatchable(submitted: dict) -> str | None:
+    """Why nbgrader cannot match this notebook's cells to the lab's tests (None: it can)."""
+    if any(c.get("metadata", {}).get("nbgrader") for c in submitted.get("cells", [])):
+        return None
+    return ("the notebook's grading metadata was removed, so its answers cannot be matched to the "
+            "tests; download the lab again and copy the answers into it")
+
+
+def why_died(console: str, limits: Limits) -> str:
+    """What the kernel's console says about its death, as a clause ('' when it says nothing)."""
+    if "Resource temporarily unavailable" in console or "Thread creation failed" in console:
+        return f": it started too many processes or threads (the limit is {limits.processes})"
+    if "Segmentation fault" in console:
+        return ": a segmentation fault"
+    if "Fatal Python error" in console:
+        line = next(x for x in console.splitlines() if "Fatal Python error" in x)
+        return f": {_short(line, 120)} (the memory limit is {limits.memory_bytes / 2**30:g} GiB per process)"
+    return " (it crashed, or was killed for using too much of something)"
+
+
+def _where(cell, index: int) -> str:
+    gid = _grade_id(cell)
+    if gid:
+        return f"cell {gid}"
+    first = next((line.strip() for line in source_text(cell).splitlines() if line.strip()), "")
+    return f"cell {index + 1} ({_short(first, 40)})"
+
+
+def explain_error(output: dict, limits: Limits, cell_timeout: float | None) -> str:
+    """An error output as the reason a cell stopped, in plain words."""
+    ename, evalue = output.get("ename", "Error"), str(output.get("evalue", ""))
+    text = f"{ename}: {evalue}"
+    if ename in ("CellTimeoutError", "KeyboardInterrupt"):  # only the grader interrupts a cell
+        limit = f"the {cell_timeout:g} s limit" if cell_timeout else "its time limit"
+        return f"ran past {limit} for one cell and was stopped (an endless loop, or ranks waiting on each other)"
+    if ename == "MemoryError" or "allocate memory" in evalue or "DefaultCPUAllocator" in evalue:
+        return f"ran out of memory (the limit is {limits.memory_bytes / 2**30:g} GiB per process)"
+    if "Resource temporarily unavailable" in evalue or "can't start new thread" in evalue:
+        return f"started too many processes or threads (the limit is {limits.processes})"
+    if any(words in evalue for words in ("Network is unreachable", "Connection refused",
+                                          "Temporary failure in name resolution")):
+        return "tried to reach the network, which graded code cannot"
+    if "Read-only file system" in evalue or (ename == "PermissionError" and "denied" in evalue):
+        return f"tried to write outside its own folder, which graded code cannot ({_short(text, 120)})"
+    if ename in ("FileNotFoundError", "PermissionError") and any(p in evalue for p in HIDDEN_PARTS):
+        return "tried to read the course's solutions, reference answers or gradebook, which graded code cannot see"
+    return f"raised {_short(text, 160)}"
+
+
+def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: float | None) -> list[str]:
+    """Every cell that raised or was cut short, and every failed test."""
+    out = []
+    for index, cell in enumerate(autograded.get("cells", [])):
+        if cell.get("cell_type") != "code":
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                reason = explain_error(output, limits, cell_timeout)
+                if _grade_id(cell) in tests and reason.startswith("raised AssertionError"):
+                    reason = "failed: " + reason.removeprefix("raised AssertionError: ")
+                out.append(f"{_where(cell, index)} {reason}")
+                break
+        for output in cell.get("outputs", []):
+            note = _OUTPUT_NOTE_RE.search(str(output.get("text", "")))
+            if output.get("output_type") == "stream" and note:
+                out.append(f"{_where(cell, index)} printed {note.group(1)}; only the first "
+                           f"{limits.output_bytes >> 10} kB are kept in the graded notebook")
+    return out
+
+
+def lines(*, graded: bool, why_not: str = "", score: float | None = None, max_score: float = 0,
+          tampered: list[str] = (), ran: list[str] = (), unverified: dict[str, str] | None = None) -> list[str]:
+    """The verdict: first line graded or not, then what happened, most important first."""
+    head = f"graded: {score:g} of {max_score:g} points" if graded else f"not graded: {why_not}"
+    out = [head, *tampered]
+    out += [f"test cell {gid} gets no points: {why}" for gid, why in (unverified or {}).items()]
+    out += list(ran)
+    if len(out) > MAX_LINES:
+        out = out[: MAX_LINES - 1] + [f"… and {len(out) - MAX_LINES + 1} more"]
+    return [_short(line) for line in out]
+
+
+def as_text(verdict: list[str]) -> str:
+    return "; ".join(verdict)
+
+
+def as_markdown(verdict: list[str]) -> str:
+    return "**Grading:** " + verdict[0] + "\n\n" + "".join(f"- {line}\n" for line in verdict[1:])
+
+
+def write_page(path: Path, student: str, lab: str, verdict: list[str]) -> Path:
+    """The feedback page of a submission that nbgrader could not grade (it writes none)."""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in verdict[1:])
+    page = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(lab)}: {html.escape(student)}"
+            f"</title></head><body><h1>{html.escape(lab)}</h1><p><b>{html.escape(verdict[0])}</b></p>"
+            f"<ul>{items}</ul><p>Ask your instructor if you think this is wrong.</p></body></html>\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path

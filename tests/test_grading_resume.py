@@ -1,0 +1,80 @@
+"""Grading again loses nothing and redoes nothing: `python -m grader grade` run
+twice grades only what changed, and a run killed half-way resumes without
+regrading the students it finished."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import nbformat
+import pytest
+from nbformat.v4 import new_markdown_cell
+
+from submissions import REPO, solved, write
+
+LAB = "01_single_gpu"
+
+
+def _grade(folder, work, *extra):
+    proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB,
+                           "--work", str(work), "--unsafe", *extra],
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout
+    return proc.stdout
+
+
+def _status(work) -> dict:
+    path = work / "status.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _rows(work) -> dict:
+    with open(work / "grades.csv", newline="") as f:
+        return {row["student_id"]: row for row in csv.DictReader(f)}
+
+
+@pytest.mark.timeout(900)
+def test_an_interrupted_run_resumes_and_a_second_run_grades_only_what_changed(tmp_path):
+    folder, work = tmp_path / "submissions", tmp_path / "work"
+    for student in ("ann", "ben"):
+        write(solved(LAB), folder, student, LAB)
+    (folder / "cat").mkdir()
+    (folder / "cat" / f"{LAB}.ipynb").write_text('{"cells": [')
+    # Killed (its whole session, as Ctrl-C or a crash would) once the first student is done.
+    grader = subprocess.Popen([sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB,
+                               "--work", str(work), "--unsafe"], cwd=REPO, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while not _status(work) and time.monotonic() < deadline and grader.poll() is None:
+        time.sleep(0.2)
+    os.killpg(grader.pid, signal.SIGKILL)
+    grader.wait()
+    finished = _status(work)
+    assert len([lab for labs in finished.values() for lab in labs]) == 1, finished
+    (first,) = finished
+
+    log = _grade(folder, work)
+    assert "1 submissions unchanged" in log, log
+    resumed = _status(work)
+    assert resumed[first] == finished[first], "the student graded before the interruption was graded again"
+    rows = _rows(work)
+    assert sorted(rows) == ["ann", "ben", "cat"]
+    assert [rows[s][f"{LAB} graded"] for s in ("ann", "ben", "cat")] == ["yes", "yes", "no"]
+    grades = (work / "grades.csv").read_bytes()
+
+    log = _grade(folder, work)
+    assert "3 submissions unchanged" in log, log
+    assert _status(work) == resumed and (work / "grades.csv").read_bytes() == grades
+
+    nb = nbformat.read(folder / "ben" / f"{LAB}.ipynb", as_version=4)
+    nb.cells.append(new_markdown_cell("A note added after grading."))
+    nbformat.write(nb, folder / "ben" / f"{LAB}.ipynb")
+    log = _grade(folder, work)
+    assert "2 submissions unchanged" in log and "ben" in log and "ann 01" not in log, log
+    assert _status(work)["ann"] == resumed["ann"] and _status(work)["ben"] != resumed["ben"]
+    assert _rows(work) == rows

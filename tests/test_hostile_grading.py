@@ -1,0 +1,209 @@
+"""The hostile suite: a class of lab 1 submissions that try to break the grader.
+
+One run of `python -m grader grade` (as instructors run it: a zip of the
+class, two submissions at a time) grades honest students beside students whose
+notebooks deadlock their ranks, loop forever, kill a rank, segfault, eat
+memory, start processes by the thousand, tamper with the test cells, strip the
+metadata, are not JSON, read the solutions and the reference answers, write
+outside their folder, open network connections, print megabytes, or switch
+the hidden checks off. Each must end in a plain verdict in the CSV and the
+feedback, never a false pass, and the honest students must be graded as if
+they were alone.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import zipfile
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell
+
+from grader import sandbox
+from grader.labs import graded_cells, read_notebook
+
+from submissions import REPO, grade_id, solved
+
+LAB = "01_single_gpu"
+POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
+FULL = sum(POINTS.values())
+CELL_TIMEOUT_S = 20
+MEMORY_GB = 2
+MAX_PROCESSES = 128
+MOMENTUM_DAMPENED = ("self.velocity[i].mul_(self.momentum).add_(p.grad)",
+                     "self.velocity[i].mul_(self.momentum).add_(p.grad, alpha=1 - self.momentum)")
+
+pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None and not os.environ.get("CI"),
+                                reason=f"no sandbox here: {sandbox.unavailable()}")
+
+
+EITHER = "graded (at most full marks), or not graded"
+
+
+def _with_cells(*sources, edits=None):
+    """The solved lab with hostile cells right after its setup cell (course is imported there)."""
+    nb = solved(LAB, edits)
+    setup = next(i for i, c in enumerate(nb.cells) if "REFERENCE = course.grading.Reference" in c.source)
+    nb.cells[setup + 1:setup + 1] = [new_code_cell(s) for s in sources]
+    return nb
+
+
+def _retagged(nb, gid, *, tag=None, source=None, delete=False):
+    for cell in list(nb.cells):
+        if grade_id(cell) == gid:
+            if delete:
+                nb.cells.remove(cell)
+            if tag:
+                cell.metadata.setdefault("tags", []).append(tag)
+            if source is not None:
+                cell.source = source
+    return nb
+
+
+def _stripped(nb):
+    for cell in nb.cells:
+        cell.metadata.pop("nbgrader", None)
+    return nb
+
+
+def _class(port: int, work) -> dict:
+    """student -> (notebook or raw text, expected score (None: not graded), words its verdict must have)."""
+    wrong_momentum = solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]})
+    momentum = POINTS["test_momentum_sgd"]
+    referenced = sum(POINTS[g] for g in ("test_momentum_sgd", "test_train_step"))
+    return {
+        "honest": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
+        "honest_too": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
+        "deadlock": (_with_cells(
+            "import torch, torch.distributed as dist\n"
+            "def wait_for_each_other():\n"
+            "    dist.recv(torch.zeros(1), src=1 - dist.get_rank())   # both receive, nobody sends\n"
+            "course.launch(wait_for_each_other, 2, timeout=None)"),
+            FULL, [f"ran past the {CELL_TIMEOUT_S} s limit"]),
+        "endless_loop": (_with_cells("while True:\n    pass"), FULL, [f"ran past the {CELL_TIMEOUT_S} s limit"]),
+        "rank_exits": (_with_cells("import os\ndef leave():\n    os._exit(3)\ncourse.launch(leave, 2)"),
+                       FULL, ["raised", "exit"]),
+        # A kernel that dies takes the tests after it along: not graded, and why.
+        "segfault": (_with_cells("import ctypes\nctypes.string_at(0)"), None,
+                     ["not graded: the kernel died while running the notebook"]),
+        # These two end in an error in the cell or in the kernel's death, whichever the
+        # limit hits first (Python or a C library): either way, the verdict names the limit.
+        "memory_bomb": (_with_cells("hog = []\nwhile True:\n    hog.append(bytearray(100 << 20))"), EITHER,
+                        [f"limit is {MEMORY_GB:g} GiB per process"]),
+        "process_burst": (_with_cells("import subprocess\n"
+                                      "sleepers = [subprocess.Popen(['sleep', '600']) for _ in range(5000)]"),
+                          EITHER, [f"too many processes or threads (the limit is {MAX_PROCESSES})"]),
+        "test_deleted": (_retagged(wrong_momentum, "test_momentum_sgd", delete=True), FULL - momentum,
+                         ["test cell test_momentum_sgd was missing; the original was put back",
+                          "cell test_momentum_sgd failed"]),
+        "test_edited": (_retagged(solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), "test_momentum_sgd",
+                                  source="print('all good')"), FULL - momentum,
+                        ["test cell test_momentum_sgd was edited; the original was graded"]),
+        "skip_tag": (_retagged(solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), "test_momentum_sgd",
+                               tag="skip-execution"), FULL - momentum,
+                     ["skip-execution tag on test cell test_momentum_sgd was ignored"]),
+        "metadata_stripped": (_stripped(solved(LAB)), None, ["not graded: the notebook's grading metadata was removed"]),
+        "malformed": ('{"cells": [', None, ["not graded: the file is not valid JSON"]),
+        "reads_secrets": (_with_cells(
+            f"print(open({str(REPO / 'solutions' / LAB / f'{LAB}.ipynb')!r}).read()[:300])",
+            f"print(open({str(REPO / 'grader' / 'reference' / f'{LAB}.json')!r}).read()[:300])",
+            f"print(open({str(work / 'gradebook.db')!r}, 'rb').read()[:300])"),
+            FULL, ["tried to read the course's solutions, reference answers or gradebook"]),
+        "switches_checks_off": (_with_cells(
+            "course.grading.Reference.check = lambda self, *args, **kwargs: None"), FULL - referenced,
+            ["test cell test_momentum_sgd gets no points: its hidden check", "never reached the grader"]),
+        "writes_outside": (_with_cells(
+            f"open({str(REPO / 'course' / 'sneaky.py')!r}, 'w').write('owned = True')",
+            f"open({str(work / 'autograded' / 'honest' / LAB / 'sneaky.txt')!r}, 'w').write('hi')"),
+            FULL, ["tried to write outside its own folder"]),
+        "network": (_with_cells(
+            "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=5)",
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)"),
+            FULL, ["tried to reach the network"]),
+        "floods_output": (_with_cells("for line in range(400_000):\n    print('spam ' * 25)"),
+                          FULL, ["printed", "MB; only the first 1024 kB are kept"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    work = tmp / "work"
+    server = socket.create_server(("127.0.0.1", 0))   # on the host: the jail must not reach it
+    connections = []
+    threading.Thread(target=lambda: connections.append(server.accept()), daemon=True).start()
+    students = _class(server.getsockname()[1], work)
+    archive = tmp / "class.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for student, (nb, _, _) in students.items():
+            text = nb if isinstance(nb, str) else nbformat.writes(nb)
+            # Inside a top folder, as LMS exports are; half in nbgrader's submitted/ layout.
+            name = f"{student}/{LAB}/{LAB}.ipynb" if len(student) % 2 else f"{student}/{LAB}.ipynb"
+            zf.writestr(f"class/{name}", text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "grade", str(archive), "--lab", LAB, "--work", str(work), "--jobs", "2",
+         f"--cell-timeout={CELL_TIMEOUT_S}", f"--memory-gb={MEMORY_GB}", f"--max-processes={MAX_PROCESSES}",
+         "--timeout=300"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
+    server.close()
+    assert proc.returncode == 0, proc.stdout
+    with open(work / "grades.csv", newline="") as f:
+        grades = {row["student_id"]: row for row in csv.DictReader(f)}
+    return {"work": work, "students": students, "csv": grades, "log": proc.stdout, "connections": connections}
+
+
+CASES = list(_class(0, REPO))
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("student", CASES)
+def test_each_case_gets_its_verdict_and_never_a_false_pass(hostile, student):
+    _, expected, words = hostile["students"][student]
+    row = hostile["csv"][student]
+    verdict = row[f"{LAB} verdict"]
+    for w in words:
+        assert w in verdict, f"{student}: {w!r} not in the verdict {verdict!r}\n{hostile['log']}"
+    if expected is EITHER and row[f"{LAB} graded"] == "yes":  # a hog left in memory may sink later cells
+        assert float(row[f"{LAB} score"]) <= FULL, row
+    elif expected in (None, EITHER):
+        assert (row[f"{LAB} graded"], row[f"{LAB} score"]) == ("no", ""), row
+    else:
+        assert row[f"{LAB} graded"] == "yes", row
+        assert float(row[f"{LAB} score"]) == expected, row
+    page = hostile["work"] / "feedback" / student / LAB / f"{LAB}.html"
+    text = html.unescape(page.read_text(encoding="utf-8"))
+    assert verdict.split("; ")[0] in text, f"{student}'s feedback does not give the verdict"
+    assert page.stat().st_size < 5 << 20, f"{student}'s feedback page is {page.stat().st_size >> 20} MB"
+
+
+def test_nothing_outlives_the_jail(hostile):
+    for slot in range(2):
+        assert sandbox.processes_of(sandbox.BASE_UID + slot) == [], "a submission's processes outlived it"
+    sleepers = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True).stdout.split()
+    assert sleepers == [], sleepers
+
+
+def test_the_course_the_other_students_and_the_network_are_out_of_reach(hostile):
+    assert not (REPO / "course" / "sneaky.py").exists()
+    assert not (hostile["work"] / "autograded" / "honest" / LAB / "sneaky.txt").exists()
+    assert hostile["connections"] == [], "a submission reached a server on the grading machine"
+
+
+def test_the_gradebook_holds_every_grade_intact(hostile):
+    db = sqlite3.connect(hostile["work"] / "gradebook.db")
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    db.close()
+    from nbgrader.api import Gradebook
+    from grader.labs import course_config
+    course_id = course_config(REPO).CourseDirectory.course_id
+    with Gradebook(f"sqlite:///{hostile['work'] / 'gradebook.db'}", course_id=course_id) as gb:
+        for student, row in hostile["csv"].items():
+            if row[f"{LAB} graded"] == "yes":
+                assert gb.find_submission(LAB, student).score == float(row[f"{LAB} score"]), student

@@ -86,6 +86,5 @@ c.OverwriteCells.add_missing_cells = True
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "grader.feedback.HideHiddenTests",
-    "grader.feedback.AddVerdict",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

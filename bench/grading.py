@@ -28,6 +28,7 @@ import nbformat
 
 from course import grading
 from grader import COURSE_ROOT, grade
+from grader.workspace import gradable_labs
 from grader.execute import execute
 
 PROMISE = 1.5
@@ -63,7 +64,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--lab", dest="labs", action="append", help="only this lab (repeatable)")
     args = parser.parse_args()
-    labs = args.labs or list(grade.gradable_labs(COURSE_ROOT))
+    labs = args.labs or list(gradable_labs(COURSE_ROOT))
     runs, grades, totals = {lab: [] for lab in labs}, {lab: [] for lab in labs}, []
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         # Once a term, not per student: the gradebook learns the labs' test cells.

@@ -53,9 +53,9 @@ def run(args: Sequence[str], root: Path, *, env: Mapping[str, str] | None = None
         raise GraderError(f"`nbgrader {' '.join(args)}` did not finish within {timeout:.0f} s") from e
 
 
-def _die_with_grader() -> None:
-    # In the child, before exec: if the grader dies (killed, Ctrl-C), so does nbgrader,
-    # and with it the kernel's jail (bwrap --die-with-parent).
+def die_with_grader() -> None:
+    # In the child, before exec: if the grader dies (killed, Ctrl-C), so does the child,
+    # and with nbgrader the kernel's jail (bwrap --die-with-parent).
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
@@ -64,7 +64,7 @@ def run_logged(args: Sequence[str], root: Path, env: Mapping[str, str], log: Pat
     with log.open("w", encoding="utf-8") as out:
         proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=root,
                                 env=environment(env), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_grader)
+                                start_new_session=True, preexec_fn=die_with_grader)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

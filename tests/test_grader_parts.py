@@ -6,6 +6,7 @@ The whole round trip is tests/test_grading_round_trip.py.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -19,7 +20,9 @@ from grader import COURSE_ROOT, GraderError, collect, export, reference, verdict
 from grader.judge import Judge, required_checks
 from grader.sandbox import Limits
 from grader.feedback import HIDDEN_NOTE, HideHiddenTests
-from grader.grade import gradable_labs, inspect_autograded
+from grader.feedback_worker import FeedbackWorker
+from grader.grade_submission import inspect_autograded
+from grader.workspace import gradable_labs
 
 LABS = ["01_single_gpu", "02_data_parallel"]
 
@@ -94,6 +97,38 @@ def test_hidden_tests_and_their_tracebacks_are_removed():
     assert "weights on rank 1: 3 of 8 elements differ" in traceback
     assert nb.cells[1].outputs[0]["traceback"] == ["keep me"]
 
+
+
+def test_feedback_worker_reports_a_failed_render_and_keeps_serving(tmp_path):
+    worker = FeedbackWorker(COURSE_ROOT, timeout=120, log=tmp_path / "worker.log")
+    try:
+        problem = worker.write(tmp_path / "missing.ipynb", tmp_path / "page.html", "sqlite:///nowhere",
+                               "alice", "01_single_gpu", ["graded"])
+        assert problem and "missing.ipynb" in problem, problem
+        assert not (tmp_path / "page.html").exists()
+        first = worker.proc.pid
+        again = worker.write(tmp_path / "missing.ipynb", tmp_path / "page.html", "sqlite:///nowhere",
+                             "alice", "01_single_gpu", ["graded"])
+        assert again == problem and worker.proc.pid == first  # the same process answered both
+    finally:
+        worker.close()
+    assert "FileNotFoundError" in (tmp_path / "worker.log").read_text()
+
+
+def test_feedback_worker_stops_a_render_that_hangs(tmp_path):
+    fifo = tmp_path / "never-written.ipynb"
+    os.mkfifo(fifo)  # reading it blocks forever: a render that never ends
+    worker = FeedbackWorker(COURSE_ROOT, timeout=10, log=tmp_path / "worker.log")
+    try:
+        problem = worker.write(fifo, tmp_path / "page.html", "sqlite:///nowhere", "alice", "01_single_gpu", [])
+        assert problem == "rendering the feedback took more than 10 s and was stopped"
+        assert worker.proc is None
+        # The next page gets a fresh process.
+        problem = worker.write(tmp_path / "missing.ipynb", tmp_path / "page.html", "sqlite:///nowhere",
+                               "alice", "01_single_gpu", [])
+        assert "missing.ipynb" in problem
+    finally:
+        worker.close()
 
 def _graded_cell(source, grade_id, executed):
     cell = new_code_cell(source, execution_count=1 if executed else None)

@@ -1,0 +1,166 @@
+"""Grading one student's lab, start to finish, in a sandbox (one slot of ``grade --jobs``).
+
+1. autograde: ``nbgrader autograde``, its kernel in a sandbox (grader.sandbox)
+   with the limits of `Limits`, the hidden tests' reference answers held
+   outside it by the judge (grader.judge), against a private copy of the
+   gradebook;
+2. verdict: what happened, in plain words (grader.verdict); a test cell whose
+   hidden checks never reached the judge gets no points;
+3. feedback: the page rendered by the slot's feedback worker, hidden tests
+   removed, the verdict on top; a page with the verdict where nothing could
+   be graded;
+4. the private gradebook's scores are merged into the class gradebook.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from course import grading
+
+from . import collect, gradebook, nbgrader_cli, sandbox, verdict
+from .execute import INLINE_BACKEND
+from .feedback_worker import FeedbackWorker
+from .judge import Judge
+from .labs import course_config
+from .sandboxed import SPEC_ENV
+from .workspace import LabInfo, Workspace
+
+
+def _last_error(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if "ERROR" in line or "Error" in line]
+    return lines[-1][:300] if lines else "no error message"
+
+
+def inspect_autograded(path: Path) -> tuple[bool, str]:
+    """(graded, why not): did every graded test cell of the autograded notebook run?"""
+    if not path.is_file():
+        return False, "nbgrader wrote no autograded notebook"
+    nb = nbformat.read(path, as_version=4)
+    cells = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    not_run = [(i, c) for i, c in cells if c.metadata.get("nbgrader", {}).get("grade")
+               and c.get("execution_count") is None]
+    if not not_run:
+        return True, ""
+    first = min(i for i, _ in not_run)
+    ran = [i for i, c in cells if c.get("execution_count") is not None and i < first]
+    last = f"after cell {ran[-1] + 1}" if ran else "before the first cell"
+    ids = ", ".join(c.metadata["nbgrader"]["grade_id"] for _, c in not_run)
+    return False, (f"execution stopped {last} (the kernel died or was stopped), so the tests "
+                   f"{ids} never ran")
+
+
+def _tail(path: Path, chars: int = 20000) -> str:
+    if not path.is_file():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - chars))
+        return f.read().decode("utf-8", "replace")
+
+
+@dataclass
+class SubmissionGrader:
+    """One grading run's labs, limits and shared state; `grade` may run in several threads, one per slot."""
+    root: Path
+    ws: Workspace
+    labs: dict[str, LabInfo]
+    limits: sandbox.Limits
+    cell_timeout: float | None
+    sandboxed: bool
+    lock: threading.Lock
+    feedback: dict[int, FeedbackWorker]  # slot -> its renderer
+
+    @property
+    def course_id(self) -> str:
+        return course_config(self.root).CourseDirectory.course_id
+
+    def grade(self, submission: collect.Submission, slot: int) -> dict:
+        """Autograde, judge and give feedback for one student's lab; returns its status entry."""
+        started = time.time()
+        lab = self.labs[submission.lab]
+        why = collect.unreadable(submission.path) or verdict.unmatchable(collect.parse_notebook(submission.path))
+        if why:
+            return self._not_graded(submission, why, started)
+        collect.place(submission, self.ws.submitted)
+        uid = sandbox.BASE_UID + slot if self.sandboxed and os.geteuid() == 0 else None
+        sandbox.kill_all(uid)  # anything an interrupted earlier run left behind
+        jail = Path(tempfile.mkdtemp(prefix="grader-"))  # short: unix socket paths are limited
+        try:
+            with self.lock:
+                private = gradebook.private_copy(self.ws.gradebook, jail / "gradebook.db")
+            env = {"MPLBACKEND": INLINE_BACKEND,
+                   grading.DIR_ENV: str(jail / "no-reference-here")}
+            if self.sandboxed:
+                spec = sandbox.prepare(jail, uid, self.limits)
+                env[SPEC_ENV] = str(spec.spec_file)
+                judge_dir = spec.judge_dir
+            else:
+                judge_dir = jail
+            selector = [submission.lab, f"--student={submission.student}", "--force"]
+            limits = [f"--Execute.timeout={self.cell_timeout:g}"] if self.cell_timeout else []
+            with Judge(lab.name, self.root / "grader" / "reference", judge_dir / "judge.sock") as judge:
+                env[grading.JUDGE_ENV] = str(judge.socket_path)
+                code = nbgrader_cli.run_logged(["autograde", *selector, *self.ws.flags(private), *limits],
+                                               self.root, env, jail / "autograde.log", self.limits.wall_s)
+            leftovers = sandbox.kill_all(uid)
+            autograded = self.ws.autograded / submission.student / lab.name / f"{lab.name}.ipynb"
+            if code is None:
+                graded, problem = False, (f"grading ran past the limit of {self.limits.wall_s:.0f} s "
+                                          "for one notebook and was stopped")
+            elif code != 0 and "Kernel died" in _tail(jail / "autograde.log"):
+                console = _tail(spec.console) if self.sandboxed else ""
+                graded, problem = False, "the kernel died while running the notebook" + verdict.why_died(console, self.limits)
+            elif code != 0:
+                graded, problem = False, f"nbgrader autograde failed: {_last_error(_tail(jail / 'autograde.log'))}"
+            else:
+                graded, problem = inspect_autograded(autograded)
+            if leftovers:  # the jail should never let this happen; say so rather than hide it
+                problem = (problem + "; " if problem else "") + f"{len(leftovers)} processes outlived the jail"
+            if not graded:
+                return self._not_graded(submission, problem, started)
+            unverified = judge.unverified(lab.required)
+            scores = gradebook.cell_scores(private, self.course_id, lab.name, submission.student)
+            unverified = {gid: why for gid, why in unverified.items() if scores.get(gid, 0) > 0}
+            gradebook.zero_cells(private, self.course_id, lab.name, submission.student, list(unverified))
+            done = nbformat.read(autograded, as_version=4)
+            lines = verdict.lines(
+                graded=True, score=gradebook.score(private, self.course_id, lab.name, submission.student),
+                max_score=lab.max_score,
+                tampered=verdict.tampering(collect.parse_notebook(submission.path), lab.released, list(lab.points)),
+                ran=verdict.execution(done, list(lab.points), self.limits, self.cell_timeout),
+                unverified=unverified)
+            problem = self.feedback[slot].write(autograded, self._page(submission), gradebook.db_url(private),
+                                                submission.student, lab.name, lines)
+            if problem:
+                lines.append(f"no feedback page: {problem}")
+            with self.lock:
+                gradebook.merge(private, self.ws.gradebook, self.course_id, lab.name, submission.student)
+            return {"graded": True, "verdict": lines, "seconds": round(time.time() - started, 1)}
+        finally:
+            sandbox.kill_all(uid)
+            self._keep_logs(jail, submission)
+            shutil.rmtree(jail, ignore_errors=True)
+
+    def _page(self, submission: collect.Submission) -> Path:
+        return self.ws.feedback / submission.student / submission.lab / f"{submission.lab}.html"
+
+    def _keep_logs(self, jail: Path, submission: collect.Submission) -> None:
+        """nbgrader's log and the tail of the kernel's console, for the instructor: logs/<student>/<lab>.log."""
+        parts = [(name, _tail(jail / name)) for name in ("autograde.log", "console.log")]
+        text = "".join(f"===== {name}\n{body}\n" for name, body in parts if body)
+        if text:
+            target = self.ws.root / "logs" / submission.student / f"{submission.lab}.log"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+
+    def _not_graded(self, submission: collect.Submission, why: str, started: float) -> dict:
+        lines = verdict.lines(graded=False, why_not=why)
+        verdict.write_page(self._page(submission), submission.student, submission.lab, lines)
+        return {"graded": False, "verdict": lines, "seconds": round(time.time() - started, 1)}

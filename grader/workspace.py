@@ -1,0 +1,108 @@
+"""What a grading run works on: its folders (Workspace) and the labs it grades (LabInfo).
+
+The gradebook must know a lab's test cells before nbgrader can autograde it;
+`prepare_gradebook` tells it, again only for labs that changed. A submission's
+`fingerprint` names the notebook and the lab's version, so a later run knows
+what it has graded already.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import collect, gradebook
+from .judge import required_checks
+from .labs import find_labs, read_notebook
+from .release import generate_assignment
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The folders and files one grading run writes, and the nbgrader flags that point there."""
+    root: Path
+
+    @property
+    def submitted(self) -> Path: return self.root / "submitted"
+    @property
+    def autograded(self) -> Path: return self.root / "autograded"
+    @property
+    def feedback(self) -> Path: return self.root / "feedback"
+    @property
+    def gradebook(self) -> Path: return self.root / "gradebook.db"
+    @property
+    def status_file(self) -> Path: return self.root / "status.json"
+
+    def flags(self, db: Path | None = None) -> list[str]:
+        return [f"--CourseDirectory.submitted_directory={self.submitted}",
+                f"--CourseDirectory.autograded_directory={self.autograded}",
+                f"--CourseDirectory.feedback_directory={self.feedback}",
+                f"--CourseDirectory.db_url={gradebook.db_url(db or self.gradebook)}"]
+
+    def load_status(self) -> dict:
+        if self.status_file.is_file():
+            return json.loads(self.status_file.read_text(encoding="utf-8"))
+        return {}
+
+    def save_status(self, status: dict) -> None:
+        tmp = self.status_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(status, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(self.status_file)
+
+
+@dataclass(frozen=True)
+class LabInfo:
+    """What grading a lab needs to know about it, read once per run."""
+    name: str
+    points: dict[str, float]          # grade_id -> points of the test cells
+    released: dict                    # the student release, to see what a student changed
+    required: dict[str, list[str]]    # grade_id -> reference keys its hidden tests check
+    version: str                      # changes when the lab or its reference answers do
+
+    @property
+    def max_score(self) -> float:
+        return sum(self.points.values())
+
+
+def lab_infos(root: Path) -> dict[str, LabInfo]:
+    """The labs that have graded test cells."""
+    infos = {}
+    for lab in find_labs(root):
+        if not lab.points:
+            continue
+        source = read_notebook(lab.notebook, root)
+        reference = root / "grader" / "reference" / f"{lab.name}.json"
+        digest = hashlib.sha256(lab.notebook.read_bytes())
+        digest.update(reference.read_bytes() if reference.is_file() else b"")
+        released = root / "labs" / lab.name / f"{lab.name}.ipynb"
+        infos[lab.name] = LabInfo(lab.name, lab.points,
+                                  read_notebook(released, root) if released.is_file() else source,
+                                  required_checks(source), digest.hexdigest()[:16])
+    return infos
+
+
+def gradable_labs(root: Path) -> dict[str, float]:
+    """{lab: total points} for the labs that have graded test cells."""
+    return {lab.name: sum(lab.points.values()) for lab in find_labs(root) if lab.points}
+
+
+def prepare_gradebook(ws: Workspace, root: Path, infos: dict[str, LabInfo]) -> None:
+    """The gradebook must know each lab's test cells before autograde can use it.
+
+    nbgrader takes seconds per lab for that, so it is done again only for a lab
+    that changed since (labs.json records the versions the gradebook holds).
+    """
+    marker = ws.root / "labs.json"
+    known = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() and ws.gradebook.is_file() else {}
+    with tempfile.TemporaryDirectory(prefix="grader-grade-") as tmp:
+        for lab, info in infos.items():
+            if known.get(lab) != info.version:
+                generate_assignment(lab, root, Path(tmp), gradebook.db_url(ws.gradebook))
+                known[lab] = info.version
+                marker.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def fingerprint(submission: collect.Submission, lab: LabInfo) -> str:
+    return hashlib.sha256(submission.path.read_bytes()).hexdigest()[:16] + "/" + lab.version

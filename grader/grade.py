@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import COURSE_ROOT, GraderError, collect, export, gradebook, sandbox, verdict
+from .autograde_worker import AutogradeWorker
 from .feedback_worker import FeedbackWorker
 from .grade_submission import SubmissionGrader
 from .labs import display_path
@@ -67,9 +68,15 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
             todo.append(submission)
     if len(todo) < len(found):
         say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept (--regrade grades them again)")
-    feedback = {slot: FeedbackWorker(root, FEEDBACK_TIMEOUT_S, ws.root / "logs" / f"feedback-{slot}.log")
-                for slot in range(jobs)}
-    grader = SubmissionGrader(root, ws, infos, limits, cell_timeout, not why_not, threading.Lock(), feedback)
+    jobs = min(jobs, len(todo))  # no idle slots, and no renderer when nothing is to be graded
+    logs = ws.root / "logs"
+    autograde = {slot: AutogradeWorker(root, logs / f"autograde-{slot}.log") for slot in range(jobs)}
+    feedback = {slot: FeedbackWorker(root, FEEDBACK_TIMEOUT_S, logs / f"feedback-{slot}.log") for slot in range(jobs)}
+    workers = [*autograde.values(), *feedback.values()]
+    for worker in workers:
+        worker.start()
+    grader = SubmissionGrader(root, ws, infos, limits, cell_timeout, not why_not, threading.Lock(),
+                              autograde, feedback)
     slots: queue.Queue[int] = queue.Queue()
     for slot in range(jobs):
         slots.put(slot)
@@ -89,11 +96,11 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
                 f"{verdict.as_text(entry['verdict'])} ({entry['seconds']:.0f} s)")
 
     try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
             for future in [pool.submit(run, s) for s in todo]:
                 future.result()
     finally:
-        for worker in feedback.values():
+        for worker in workers:
             worker.close()
     target = Path(csv_path) if csv_path else ws.root / "grades.csv"
     students = sorted({s.student for s in found} | set(status))

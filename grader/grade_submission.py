@@ -1,6 +1,6 @@
 """Grading one student's lab, start to finish, in a sandbox (one slot of ``grade --jobs``).
 
-1. autograde: ``nbgrader autograde``, its kernel in a sandbox (grader.sandbox)
+1. autograde: ``nbgrader autograde`` in the slot's warm process, its kernel in a sandbox (grader.sandbox)
    with the limits of `Limits`, the hidden tests' reference answers held
    outside it by the judge (grader.judge), against a private copy of the
    gradebook;
@@ -25,7 +25,8 @@ import nbformat
 
 from course import grading
 
-from . import collect, gradebook, nbgrader_cli, sandbox, verdict
+from . import collect, gradebook, sandbox, verdict
+from .autograde_worker import AutogradeWorker
 from .execute import INLINE_BACKEND
 from .feedback_worker import FeedbackWorker
 from .judge import Judge
@@ -75,7 +76,8 @@ class SubmissionGrader:
     cell_timeout: float | None
     sandboxed: bool
     lock: threading.Lock
-    feedback: dict[int, FeedbackWorker]  # slot -> its renderer
+    autograde: dict[int, AutogradeWorker]  # slot -> its nbgrader
+    feedback: dict[int, FeedbackWorker]    # slot -> its renderer
 
     @property
     def course_id(self) -> str:
@@ -107,8 +109,8 @@ class SubmissionGrader:
             limits = [f"--Execute.timeout={self.cell_timeout:g}"] if self.cell_timeout else []
             with Judge(lab.name, self.root / "grader" / "reference", judge_dir / "judge.sock") as judge:
                 env[grading.JUDGE_ENV] = str(judge.socket_path)
-                code = nbgrader_cli.run_logged(["autograde", *selector, *self.ws.flags(private), *limits],
-                                               self.root, env, jail / "autograde.log", self.limits.wall_s)
+                code = self.autograde[slot].run([*selector, *self.ws.flags(private), *limits], env,
+                                                jail / "autograde.log", self.limits.wall_s)
             leftovers = sandbox.kill_all(uid)
             autograded = self.ws.autograded / submission.student / lab.name / f"{lab.name}.ipynb"
             if code is None:

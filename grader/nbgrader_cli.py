@@ -2,6 +2,8 @@
 
 A subprocess, not nbgrader's in-process API: config loading is exactly the
 CLI's, and no nbgrader or traitlets state leaks from one run into the next.
+(Grading, which runs autograde once per notebook, keeps one warm nbgrader per
+slot instead: grader.autograde_worker.)
 """
 from __future__ import annotations
 
@@ -57,20 +59,6 @@ def die_with_grader() -> None:
     # In the child, before exec: if the grader dies (killed, Ctrl-C), so does the child,
     # and with nbgrader the kernel's jail (bwrap --die-with-parent).
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def run_logged(args: Sequence[str], root: Path, env: Mapping[str, str], log: Path, timeout: float) -> int | None:
-    """nbgrader in its own session, output to a file; None if it ran past timeout (then it is killed)."""
-    with log.open("w", encoding="utf-8") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=root,
-                                env=environment(env), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_grader)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None
 
 
 def log_tail(proc: subprocess.CompletedProcess) -> str:

@@ -121,7 +121,7 @@ def test_feedback_worker_stops_a_render_that_hangs(tmp_path):
     worker = FeedbackWorker(COURSE_ROOT, timeout=10, log=tmp_path / "worker.log")
     try:
         problem = worker.write(fifo, tmp_path / "page.html", "sqlite:///nowhere", "alice", "01_single_gpu", [])
-        assert problem == "rendering the feedback took more than 10 s and was stopped"
+        assert problem == "the feedback renderer ran past the limit of 10 s and was stopped"
         assert worker.proc is None
         # The next page gets a fresh process.
         problem = worker.write(tmp_path / "missing.ipynb", tmp_path / "page.html", "sqlite:///nowhere",

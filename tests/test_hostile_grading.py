@@ -207,3 +207,27 @@ def test_the_gradebook_holds_every_grade_intact(hostile):
         for student, row in hostile["csv"].items():
             if row[f"{LAB} graded"] == "yes":
                 assert gb.find_submission(LAB, student).score == float(row[f"{LAB} score"]), student
+
+
+@pytest.mark.timeout(900)
+def test_a_notebook_past_the_whole_notebook_limit_is_stopped_and_the_next_student_graded(tmp_path):
+    # No cell limit trips first: only the per-notebook limit can stop it. Its ranks sleep, so
+    # killing the notebook must take them too; the next student gets a fresh nbgrader.
+    stuck = _with_cells("import subprocess\nsubprocess.Popen(['sleep', '601'])\nwhile True:\n    pass")
+    folder, work = tmp_path / "class", tmp_path / "work"
+    for student, nb in (("a_stuck", stuck), ("b_honest", solved(LAB))):
+        (folder / student).mkdir(parents=True)
+        nbformat.write(nb, folder / student / f"{LAB}.ipynb")
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB, "--work", str(work),
+         "--cell-timeout=600", "--timeout=40"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout
+    with open(work / "grades.csv", newline="") as f:
+        grades = {row["student_id"]: row for row in csv.DictReader(f)}
+    stopped = grades["a_stuck"]
+    assert stopped[f"{LAB} graded"] == "no", stopped
+    assert "ran past the limit of 40 s for one notebook" in stopped[f"{LAB} verdict"], stopped
+    assert (grades["b_honest"][f"{LAB} graded"], float(grades["b_honest"][f"{LAB} score"])) == ("yes", FULL)
+    assert sandbox.processes_of(sandbox.BASE_UID) == []
+    assert subprocess.run(["pgrep", "-f", "sleep 601"], capture_output=True, text=True).stdout == ""

@@ -78,16 +78,18 @@ class SubmissionGrader:
     lock: threading.Lock
     autograde: dict[int, AutogradeWorker]  # slot -> its nbgrader
     feedback: dict[int, FeedbackWorker]    # slot -> its renderer
+    course_id: str = ""                    # read from nbgrader_config.py once, not per submission
 
-    @property
-    def course_id(self) -> str:
-        return course_config(self.root).CourseDirectory.course_id
+    def __post_init__(self):
+        self.course_id = self.course_id or course_config(self.root).CourseDirectory.course_id
 
     def grade(self, submission: collect.Submission, slot: int) -> dict:
         """Autograde, judge and give feedback for one student's lab; returns its status entry."""
         started = time.time()
         lab = self.labs[submission.lab]
-        why = collect.unreadable(submission.path) or verdict.unmatchable(collect.parse_notebook(submission.path))
+        why = collect.unreadable(submission.path)
+        submitted = None if why else collect.parse_notebook(submission.path)
+        why = why or verdict.unmatchable(submitted)
         if why:
             return self._not_graded(submission, why, started)
         collect.place(submission, self.ws.submitted)
@@ -116,11 +118,11 @@ class SubmissionGrader:
             if code is None:
                 graded, problem = False, (f"grading ran past the limit of {self.limits.wall_s:.0f} s "
                                           "for one notebook and was stopped")
-            elif code != 0 and "Kernel died" in _tail(jail / "autograde.log"):
+            elif code != 0 and "Kernel died" in (log := _tail(jail / "autograde.log")):
                 console = _tail(spec.console) if self.sandboxed else ""
                 graded, problem = False, "the kernel died while running the notebook" + verdict.why_died(console, self.limits)
             elif code != 0:
-                graded, problem = False, f"nbgrader autograde failed: {_last_error(_tail(jail / 'autograde.log'))}"
+                graded, problem = False, f"nbgrader autograde failed: {_last_error(log)}"
             else:
                 graded, problem = inspect_autograded(autograded)
             if leftovers:  # the jail should never let this happen; say so rather than hide it
@@ -135,7 +137,7 @@ class SubmissionGrader:
             lines = verdict.lines(
                 graded=True, score=gradebook.score(private, self.course_id, lab.name, submission.student),
                 max_score=lab.max_score,
-                tampered=verdict.tampering(collect.parse_notebook(submission.path), lab.released, list(lab.points)),
+                tampered=verdict.tampering(submitted, lab.released, list(lab.points)),
                 ran=verdict.execution(done, list(lab.points), self.limits, self.cell_timeout),
                 unverified=unverified)
             problem = self.feedback[slot].write(autograded, self._page(submission), gradebook.db_url(private),

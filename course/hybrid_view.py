@@ -124,6 +124,24 @@ def draw(*, model: str = LAB_CONVNET, batch: int = 256, gpus: int = 4, dtype: st
     return fig
 
 
+def describe(*, model: str, batch: int, gpus: int, dtype: str, link: str, processor: str, scheme: str,
+             processors: Mapping[str, timemodel.Processor] | None = None) -> str:
+    """The figure's headline numbers, in a line of markdown: one GPU's step, and the fastest grid's."""
+    gpu = _named("processor", processor, {**timemodel.PROCESSORS, **(processors or {})})
+    predicted = _predict(_named("model", model, MODELS), configurations(gpus), batch, gpu, timemodel.link_named(link),
+                         scheme, dtype)
+    runs = {grid: p for grid, p in predicted.items() if isinstance(p, dict)}
+    one = runs.get(Grid(1, 1))
+    if one is None or len(runs) < 2:
+        return f"**{model}, batch {batch}:** no grid of 2 to {gpus} GPUs runs here; the figure says why."
+    fastest = min(runs, key=lambda grid: runs[grid]["step"])
+    best = runs[fastest]
+    return (f"**{model}, batch {batch}, scheme {scheme!r}, on {processor} over {link}:** one GPU takes "
+            f"{one['step'] * 1e3:.3g} ms per step; the fastest grid of up to {gpus} GPUs is **{fastest}**, "
+            f"{best['step'] * 1e3:.3g} ms (**×{one['step'] / best['step']:.2f}**), each rank sending "
+            f"{best['sent'] / 1e6:.3g} MB per step.")
+
+
 def show(measured: Mapping[Grid, Mapping[str, float]] | None = None,
          processors: Mapping[str, timemodel.Processor] | None = None, **start):
     """The view with menus and sliders (a static figure under grading or headless).
@@ -149,4 +167,5 @@ def show(measured: Mapping[Grid, Mapping[str, float]] | None = None,
                                 description="processor", style=style),
     }
     run = {k: values[k] for k in RUN_SETTINGS}
-    return interactive_figure(measured_only_at(partial(draw, processors=processors), measured, run), controls)
+    return interactive_figure(measured_only_at(partial(draw, processors=processors), measured, run), controls,
+                              describe=partial(describe, processors=processors))

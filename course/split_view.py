@@ -118,6 +118,22 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
     return fig
 
 
+def describe(*, inputs: int, outputs: int, batch: int, gpus: int, dtype: str, link: str, processor: str) -> str:
+    """The figure's headline numbers, in a line of markdown: each scheme's bytes and ms, and the crossovers."""
+    layer = Dense("layer", inputs, outputs)
+    try:
+        now = sent(layer, batch, gpus, dtype)
+    except ValueError as error:
+        return f"**Cannot split:** {error}"
+    times = seconds(layer, batch, gpus, dtype, timemodel.link_named(link))
+    compute = timemodel.processor_named(processor).seconds(layer.training_flop(batch) / gpus)
+    cheapest = min(SCHEMES, key=now.get)
+    schemes = "; ".join(f"{scheme} {now[scheme] / 1e6:.3g} MB ({times[scheme] * 1e3:.3g} ms)" for scheme in SCHEMES)
+    crossings = " and ".join(f"{sizes.split_weight_crossover(layer, gpus, d):,.0f} (by {d})" for d in sizes.DIRECTIONS)
+    return (f"**{inputs}×{outputs} weight, batch {batch}, {gpus} GPUs, over {link}:** {schemes} per rank per step. "
+            f"Cheapest: **{cheapest}**; compute {compute * 1e3:.3g} ms per rank on {processor}. A split sends less than data parallelism below a batch of {crossings}.")
+
+
 def show(measured: Mapping[str, float] | None = None, **start):
     """The view with sliders and menus (a static figure under grading or headless).
 
@@ -137,4 +153,4 @@ def show(measured: Mapping[str, float] | None = None, **start):
         **run_controls(values, min_gpus=2),
     }
     run = {k: values[k] for k in BYTES_DEPEND_ON}
-    return interactive_figure(measured_only_at(draw, measured, run), controls)
+    return interactive_figure(measured_only_at(draw, measured, run), controls, describe=describe)

@@ -94,6 +94,18 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
     return fig
 
 
+def describe(*, width: int, depth: int, batch: int, gpus: int, dtype: str, link: str, processor: str) -> str:
+    """The figure's headline numbers, in a line of markdown: bytes per rank and the time model's ms."""
+    layers = mlp_layers(width, depth)
+    sent = {scheme: sum(per_layer) / 1e6 for scheme, per_layer in sent_by_scheme(layers, gpus, dtype).items()}
+    ms = {what: s * 1e3 for what, s in estimate(layers, batch, gpus, dtype, timemodel.link_named(link),
+                                                  timemodel.processor_named(processor)).items()}
+    return (f"**{gpus} GPUs, {dtype}:** per step each rank sends **{sent['ring']:.3g} MB** with a ring all-reduce; "
+            f"with the naive one rank 0 sends {sent['naive, rank 0']:.3g} MB and every other rank "
+            f"{sent['naive, other ranks']:.3g} MB. Over {link}: ring {ms['ring all-reduce']:.3g} ms, naive "
+            f"{ms['naive all-reduce']:.3g} ms, against {ms['compute (one rank)']:.3g} ms of compute per rank.")
+
+
 def run_controls(values: Mapping, *, min_gpus: int = 1) -> dict:
     """The controls every view shares: batch, GPUs, dtype, interconnect and GPU model."""
     import ipywidgets as w
@@ -129,4 +141,4 @@ def show(measured: Mapping[str, float] | None = None, **start):
     # Measured bytes belong to the run's settings: shown only while the
     # settings that decide the bytes are the run's.
     run = {k: values[k] for k in BYTES_DEPEND_ON}
-    return interactive_figure(measured_only_at(draw, measured, run), controls)
+    return interactive_figure(measured_only_at(draw, measured, run), controls, describe=describe)

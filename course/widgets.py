@@ -1,11 +1,13 @@
 """A figure with controls: static everywhere, live where a front end is attached.
 
-    interactive_figure(draw, {"gpus": IntSlider(4, 1, 16)})
+    interactive_figure(draw, {"gpus": IntSlider(4, 1, 16)}, describe=headline)
 
-`draw(**values)` returns a matplotlib Figure. The figure for the controls'
-starting values is displayed as an ordinary output, so it shows in headless
-runs, in exported HTML and in nbgrader's feedback. Below it come the controls;
-in JupyterLab, moving one redraws the figure in place (a display update).
+`draw(**values)` returns a matplotlib Figure; `describe(**values)`, if given,
+the figure's headline numbers as a line of markdown (numbers a reader can
+copy, search and read aloud, which pixels are not). Both, for the controls'
+starting values, are displayed as ordinary outputs, so they show in headless
+runs, in exported HTML and in nbgrader's feedback. Below them come the
+controls; in JupyterLab, moving one redraws both in place (display updates).
 Without a front end the controls are inert, and under nbgrader they are not
 created at all (`course.grading.under_grader`): nobody is there to move them.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import matplotlib.pyplot as plt
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from course.grading import under_grader
 
@@ -25,14 +27,16 @@ def _render(draw: Callable, values: dict):
     return fig
 
 
-def interactive_figure(draw: Callable, controls: Mapping, *, static: bool = False):
-    """Display draw(**current values); with controls unless static or grading.
+def interactive_figure(draw: Callable, controls: Mapping, *, static: bool = False,
+                       describe: Callable[..., str] | None = None):
+    """Display draw(**current values) and describe(**current values); with controls unless static or grading.
 
     controls: keyword -> an ipywidgets value widget (slider, dropdown, ...).
-    Returns the display handle (its .update redraws) and the controls' box, or None.
+    Returns the figure's display handle (its .update redraws) and the controls' box, or None.
     """
     values = {name: widget.value for name, widget in controls.items()}
     handle = display(_render(draw, values), display_id=True)
+    summary = display(Markdown(describe(**values)), display_id=True) if describe else None
     if static or under_grader() or not controls:
         return handle, None
     import ipywidgets
@@ -40,6 +44,8 @@ def interactive_figure(draw: Callable, controls: Mapping, *, static: bool = Fals
     def redraw(_change):
         current = {name: widget.value for name, widget in controls.items()}
         handle.update(_render(draw, current))
+        if summary is not None:
+            summary.update(Markdown(describe(**current)))
 
     for widget in controls.values():
         widget.observe(redraw, names="value")

@@ -149,12 +149,28 @@ def test_bad_settings_say_what_is_allowed(kwargs, words):
     plt.close("all")
 
 
+def test_the_views_numbers_are_one_gpus_step_and_the_fastest_grids():
+    text = hybrid_view.describe(model=hybrid_view.KRIZHEVSKY_2012, batch=256, gpus=4, dtype="float32",
+                                link=timemodel.PCIE3_X16.name, processor=timemodel.TITAN.name, scheme="paper")
+    steps = {grid: grid_model.step(grid_model.KRIZHEVSKY, grid, 256, timemodel.TITAN, timemodel.PCIE3_X16, "paper")
+             for grid in hybrid_view.configurations(4)}
+    fastest = min(steps, key=lambda grid: steps[grid]["step"])
+    assert fastest == Grid(2, 2)                          # the paper's order: the hybrid wins
+    assert f"**{fastest}**" in text and f"×{steps[Grid(1, 1)]['step'] / steps[fastest]['step']:.2f}" in text
+    assert f"{steps[fastest]['sent'] / 1e6:.3g} MB" in text
+    cpu = timemodel.Processor("this CPU (measured)", 50e9, 1.0, "a test")
+    assert cpu.name in hybrid_view.describe(model=hybrid_view.LAB_CONVNET, batch=64, gpus=2, dtype="float64",
+                                            link=timemodel.LOCAL_GLOO.name, processor=cpu.name, scheme="lab",
+                                            processors={cpu.name: cpu})
+
+
 def test_no_controls_under_nbgrader(monkeypatch):
     shown = []
     monkeypatch.setattr(widgets, "display", lambda obj, display_id=False: shown.append(obj) or "handle")
     monkeypatch.setenv("NBGRADER_EXECUTION", "1")
     assert hybrid_view.show(measured={Grid(2, 1): {"step": 1e-3, "sent": 1}}, gpus=2) == ("handle", None)
-    (fig,) = shown                                # the figure, and no box of controls
+    fig, numbers = shown                          # the figure and its numbers, and no box of controls
+    assert "fastest grid of up to 2 GPUs" in numbers.data
     assert len(_rows(fig.axes[0])) == 3 and _line(fig.axes[0], "measured")
 
 
@@ -162,7 +178,7 @@ def test_measured_only_beside_the_settings_they_were_measured_at(monkeypatch):
     seen, built = [], {}
     monkeypatch.setattr(hybrid_view, "draw", lambda measured=None, **v: seen.append((measured, v)) or plt.figure())
     monkeypatch.setattr(hybrid_view, "interactive_figure",
-                        lambda draw, controls: built.update(draw=draw, controls=controls))
+                        lambda draw, controls, describe: built.update(draw=draw, controls=controls))
     cpu = timemodel.Processor("this CPU (measured)", 50e9, 1.0, "a test")
     measured = {Grid(2, 1): {"step": 1e-3, "sent": 1}}
     hybrid_view.show(measured=measured, processors={cpu.name: cpu}, processor=cpu.name, batch=64, gpus=2)

@@ -73,6 +73,20 @@ def test_an_uneven_split_is_said_in_the_figure():
     plt.close(fig)
 
 
+def test_the_views_numbers_are_each_schemes_bytes_time_and_the_crossovers():
+    settings = dict(inputs=1000, outputs=500, batch=128, gpus=2, dtype="float32", link=timemodel.PCIE3_X16.name,
+                    processor=timemodel.TITAN.name)
+    text = split_view.describe(**settings)
+    layer = sizes.Dense("layer", 1000, 500)
+    sent = split_view.sent(layer, 128, 2, "float32")
+    times = split_view.seconds(layer, 128, 2, "float32", timemodel.PCIE3_X16)
+    for scheme in split_view.SCHEMES:
+        assert f"{scheme} {sent[scheme] / 1e6:.3g} MB ({times[scheme] * 1e3:.3g} ms)" in text
+    assert "Cheapest: **split by row**" in text              # Dettmers' shapes: 512 kB against 2 MB
+    assert "400 (by column) and 500 (by row)" in text
+    assert split_view.describe(**{**settings, "gpus": 3}).startswith("**Cannot split:**")
+
+
 @pytest.mark.parametrize("kwargs, words", [
     ({"link": "carrier pigeon"}, "link must be one of"),
     ({"processor": "abacus"}, "processor must be one of"),
@@ -89,7 +103,7 @@ def test_measured_bytes_only_beside_the_settings_they_were_measured_at(monkeypat
     seen, built = [], {}
     monkeypatch.setattr(split_view, "draw", lambda measured=None, **v: seen.append(measured) or plt.figure())
 
-    def fake_interactive_figure(draw, controls):
+    def fake_interactive_figure(draw, controls, describe):
         built.update(draw=draw, values={k: w.value for k, w in controls.items()})
 
     monkeypatch.setattr(split_view, "interactive_figure", fake_interactive_figure)

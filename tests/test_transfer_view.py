@@ -107,6 +107,28 @@ def test_controls_redraw_the_figure_in_place(shown):
     assert [kind for kind, _ in shown] == ["display", "display", "update"]  # figure, controls, redraw
 
 
+def test_the_numbers_under_the_figure_follow_the_controls(shown):
+    slider = ipywidgets.IntSlider(2, min=1, max=8)
+    widgets.interactive_figure(lambda n: plt.figure(), {"n": slider}, describe=lambda n: f"**n** is {n}")
+    slider.value = 5
+    assert [(kind, type(obj).__name__) for kind, obj in shown] == [
+        ("display", "Figure"), ("display", "Markdown"), ("display", "VBox"), ("update", "Figure"), ("update", "Markdown")]
+    assert [obj.data for _, obj in shown if isinstance(obj, widgets.Markdown)] == ["**n** is 2", "**n** is 5"]
+    plt.close("all")
+
+
+def test_the_views_numbers_are_the_bytes_and_times_of_the_model():
+    layers = transfer_view.mlp_layers(500, 3)
+    text = transfer_view.describe(width=500, depth=3, batch=64, gpus=4, dtype="float16",
+                                  link=timemodel.NVLINK4.name, processor=timemodel.TITAN.name)
+    ring = sizes.data_parallel_total(layers, 4, "float16", "ring") / 1e6
+    naive = sizes.data_parallel_total(layers, 4, "float16", "naive", rank=0) / 1e6
+    ms = transfer_view.estimate(layers, 64, 4, "float16", timemodel.NVLINK4, timemodel.TITAN)
+    for number in (ring, naive, *(s * 1e3 for s in ms.values())):
+        assert f"{number:.3g}" in text
+    assert text.startswith("**4 GPUs, float16:**") and timemodel.NVLINK4.name in text
+
+
 @pytest.mark.parametrize("grading, static", [(True, False), (False, True)])
 def test_no_controls_under_nbgrader_or_when_static(shown, monkeypatch, grading, static):
     if grading:
@@ -116,6 +138,11 @@ def test_no_controls_under_nbgrader_or_when_static(shown, monkeypatch, grading, 
                                              {"n": ipywidgets.IntSlider(3)}, static=static)
     assert box is None and calls == [3]
     assert [kind for kind, _ in shown] == ["display"]  # the figure, still shown
+    if grading:  # the numbers too, where a view has them
+        shown.clear()
+        transfer_view.show(gpus=2)
+        assert [type(obj).__name__ for _, obj in shown] == ["Figure", "Markdown"]
+    plt.close("all")
 
 
 def test_measured_bytes_only_beside_the_settings_they_were_measured_at(shown, monkeypatch):

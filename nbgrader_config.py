@@ -11,6 +11,8 @@ grader/work/, which .gitignore keeps out of the repository.
 
 import os
 
+from grader.nbgrader_cli import put_scripts_on_path
+
 c = get_config()  # noqa: F821 -- injected by traitlets when it loads this file
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -18,6 +20,11 @@ WORK = os.path.join(ROOT, "grader", "work")
 # nbgrader creates the gradebook but not its parent folder, and grader/work is
 # not in git, so create it on load.
 os.makedirs(WORK, exist_ok=True)
+
+# nbgrader makes a new gradebook by running the `alembic` script by name. `make lab`
+# starts .venv/bin/jupyter without activating the venv, so formgrader's first page
+# failed with "No such file or directory: 'alembic'": find it beside this Python.
+put_scripts_on_path()
 
 # --- Course layout ----------------------------------------------------------
 c.CourseDirectory.root = ROOT  # not cwd: works however the file is loaded
@@ -43,6 +50,16 @@ c.CourseDirectory.ignore = [
     ".virtual_documents",
     ".pytest_cache",
 ]
+
+# --- Exchange ---------------------------------------------------------------
+# Where formgrader's Release/Collect and the students' Assignment List meet.
+# nbgrader's default, /usr/local/share/nbgrader/exchange, exists only where an
+# administrator made it; without it both panels only say that the exchange is
+# missing. On one machine (a laptop, a live demo) it lives here, made on load
+# like the gradebook's folder. On a shared JupyterHub, point it at a folder
+# every student can read and write.
+c.Exchange.root = os.path.join(WORK, "exchange")
+os.makedirs(c.Exchange.root, exist_ok=True)
 
 # --- Release ----------------------------------------------------------------
 # Same as nbgrader's default python stub, pinned so the release stays stable

@@ -14,6 +14,7 @@ created at all (`course.grading.under_grader`): nobody is there to move them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
@@ -27,18 +28,29 @@ def _render(draw: Callable, values: dict):
     return fig
 
 
+class Shown(NamedTuple):
+    """What interactive_figure put on screen: the figure's display handle (its .update
+    redraws) and the controls' box, or None. Left as a cell's last value (a view's
+    `show(...)` without a semicolon) it adds nothing: it is on screen already."""
+    handle: object
+    controls: object | None
+
+    def _ipython_display_(self):
+        pass
+
+
 def interactive_figure(draw: Callable, controls: Mapping, *, static: bool = False,
                        describe: Callable[..., str] | None = None):
     """Display draw(**current values) and describe(**current values); with controls unless static or grading.
 
     controls: keyword -> an ipywidgets value widget (slider, dropdown, ...).
-    Returns the figure's display handle (its .update redraws) and the controls' box, or None.
+    Returns the figure's display handle and the controls' box, or None, as a Shown.
     """
     values = {name: widget.value for name, widget in controls.items()}
     handle = display(_render(draw, values), display_id=True)
     summary = display(Markdown(describe(**values)), display_id=True) if describe else None
     if static or under_grader() or not controls:
-        return handle, None
+        return Shown(handle, None)
     import ipywidgets
 
     def redraw(_change):
@@ -51,7 +63,7 @@ def interactive_figure(draw: Callable, controls: Mapping, *, static: bool = Fals
         widget.observe(redraw, names="value")
     box = ipywidgets.VBox(list(controls.values()))
     display(box)
-    return handle, box
+    return Shown(handle, box)
 
 
 def measured_only_at(draw: Callable, measured, run: Mapping) -> Callable:

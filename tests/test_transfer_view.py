@@ -107,6 +107,16 @@ def test_controls_redraw_the_figure_in_place(shown):
     assert [kind for kind, _ in shown] == ["display", "display", "update"]  # figure, controls, redraw
 
 
+def test_a_shown_view_left_as_a_cells_value_displays_nothing_more(shown):
+    from IPython.core.formatters import DisplayFormatter
+
+    result = widgets.interactive_figure(lambda n: plt.figure(), {"n": ipywidgets.IntSlider(2)})
+    handle, box = result                            # still a pair
+    assert isinstance(box, ipywidgets.VBox)
+    assert DisplayFormatter().format(result) == ({}, {})   # no "(<DisplayHandle ...>, VBox(...))" under the cell
+    plt.close("all")
+
+
 def test_the_numbers_under_the_figure_follow_the_controls(shown):
     slider = ipywidgets.IntSlider(2, min=1, max=8)
     widgets.interactive_figure(lambda n: plt.figure(), {"n": slider}, describe=lambda n: f"**n** is {n}")

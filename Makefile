@@ -20,7 +20,7 @@ LAB_INDEX := labs/index.ipynb
 # bench/_*.py are helpers the scripts share, not benchmarks.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_%,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools test lab release reference grade bench clean
+.PHONY: install sandbox-tools browser-tools test lab release reference grade bench clean
 
 install: $(INSTALL_STAMP)
 
@@ -36,7 +36,11 @@ $(INSTALL_STAMP): pyproject.toml
 sandbox-tools:
 	sh grader/sandbox-tools.sh
 
-test: $(INSTALL_STAMP)
+# The browser tests' chromium, from Debian; a no-op where it is already installed.
+browser-tools:
+	sh tests/browser-tools.sh
+
+test: $(INSTALL_STAMP) browser-tools
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # default_url (not a file argument) so that the printed URL, the browser and a

@@ -1,0 +1,215 @@
+"""The course in a real browser: JupyterLab in headless Chromium, driven as a person drives it.
+
+Every solution notebook is opened and run with Run > Run All Cells; each must run clean,
+its figures' controls must respond (a slider moved with the keyboard redraws the figure
+and its numbers), rank output must appear in the cell, and a deadlocked launch must end
+in the cell with the readable error. The nbgrader extensions load for an instructor
+(formgrader lists the labs), and Validate tells a student what fails and what passes.
+
+The server is the one `make lab` starts (its command from `make -n lab`), serving a copy
+of the course, so nothing a test does touches the repository. A screenshot of each lab
+is saved under test-artifacts/browser/ (or $COURSE_TEST_ARTIFACTS): look at them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from browser import LAB_SETTINGS, SERVER_ARGS, Notebook, chromium, move_first_slider, text_of, widget_cells
+from grader.labs import ignore_patterns
+from lab_server import REPO_ROOT, TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
+from submissions import solved
+
+ARTIFACTS = Path(os.environ.get("COURSE_TEST_ARTIFACTS", REPO_ROOT / "test-artifacts")) / "browser"
+SOLUTIONS = sorted(p.relative_to(REPO_ROOT) for p in (REPO_ROOT / "solutions").glob("*/*.ipynb"))
+DEADLOCK_TIMEOUT_S = 5
+# The labs' own time budget is 90 s headless; the browser, the server and the
+# kernel share the same 2 cores.
+RUN_LIMIT_S = 300
+
+pytestmark = pytest.mark.timeout(RUN_LIMIT_S + 120)
+
+
+def _scratch_notebook() -> nbformat.NotebookNode:
+    """What a student might type: ranks that print, then a launch whose rank 1 skips a collective."""
+    hello = ("import torch, torch.distributed as dist, course\n\n"
+             "def hello():\n"
+             "    print(f'hello from rank {dist.get_rank()} of {dist.get_world_size()}')\n\n"
+             "course.launch(hello, 2);")
+    deadlock = ("def rank_1_skips_the_all_reduce():\n"
+                "    if dist.get_rank() == 1:\n"
+                "        return 'skipped'\n"
+                "    dist.all_reduce(torch.ones(4))\n\n"
+                f"course.launch(rank_1_skips_the_all_reduce, 2, timeout={DEADLOCK_TIMEOUT_S})")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(hello), nbformat.v4.new_code_cell(deadlock)])
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    return nb
+
+
+@pytest.fixture(scope="module")
+def course_copy(tmp_path_factory) -> Path:
+    """The course as an instructor's and a student's server sees it: solutions, release, nbgrader config,
+    a student's finished lab 1 and a scratch notebook."""
+    root = tmp_path_factory.mktemp("course")
+    for folder in ("solutions", "labs"):
+        shutil.copytree(REPO_ROOT / folder, root / folder, ignore=shutil.ignore_patterns(*ignore_patterns(REPO_ROOT)))
+    shutil.copy(REPO_ROOT / "nbgrader_config.py", root)
+    (root / "student").mkdir()
+    nbformat.write(solved("01_single_gpu"), root / "student" / "01_single_gpu.ipynb")
+    nbformat.write(_scratch_notebook(), root / "student" / "scratch.ipynb")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(course_copy, tmp_path_factory):
+    # `make lab`'s command, serving the copy instead of the repository.
+    argv = make_jupyter_command("lab", [*TEST_LAB_ARGS, *SERVER_ARGS])
+    root_dir = [i for i, arg in enumerate(argv) if arg.startswith("--ServerApp.root_dir=")]
+    assert len(root_dir) == 1, f"`make lab` should set --ServerApp.root_dir once: {argv}"
+    argv[root_dir[0]] = f"--ServerApp.root_dir={course_copy}"
+    env = {"COURSE_RANKS": ""} if os.environ.get("COURSE_RANKS") else {}   # the labs at their defaults
+    with serve(argv, tmp_path_factory.mktemp("jupyter"), cwd=course_copy, settings=LAB_SETTINGS, env=env) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as running:
+        yield running
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    yield context.new_page()
+    context.close()
+
+
+def test_the_server_serves_the_copy_with_the_tests_settings(server, course_copy):
+    info = [json.loads(f.read_text()) for f in server.runtime_dir.glob("jpserver-*.json")]
+    assert [Path(i["root_dir"]) for i in info] == [course_copy]
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.parent.name for p in SOLUTIONS])
+def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path, record_property):
+    notebook = Notebook(page, server, str(path))
+    notebook.open()
+    seconds = notebook.run_all(RUN_LIMIT_S)
+    record_property("browser_run_s", round(seconds, 1))
+    errors = notebook.errors()
+    assert not errors, f"{path} in JupyterLab:\n" + "\n".join(errors)
+
+    cells = notebook.code_cells()
+    with_controls = widget_cells(cells)
+    if "_view.show(" in (REPO_ROOT / path).read_text():
+        assert with_controls, f"{path} shows a view, but no figure with live controls rendered in JupyterLab"
+    for index in with_controls:
+        moved = move_first_slider(notebook, index)
+        before, after = moved["before"], moved["after"]
+        where = f"{path}, cell {index}, slider {moved['label']!r}"
+        assert after["value"] != before["value"], f"{where}: the arrow key did not move the slider"
+        assert after["figure"] != before["figure"], f"{where}: moved to {after['value']}, the figure stayed"
+        assert after["numbers"] != before["numbers"], f"{where}: moved to {after['value']}, the numbers stayed"
+        assert re.search(r"\d", after["numbers"]), f"{where}: no numbers under the figure: {after['numbers']!r}"
+
+    showcase = next(iter(with_controls), None)
+    if showcase is None:   # no widget: the cell where the ranks speak, else the last figure
+        showcase = next((c["index"] for c in cells if any("[rank 1]" in text_of(o) for o in c["outputs"])),
+                        max(c["index"] for c in cells if any("image/png" in o.get("data", {}) for o in c["outputs"])))
+    notebook.screenshot(showcase, ARTIFACTS / f"{path.parent.name}.png")
+    print(f"{path}: ran in JupyterLab in {seconds:.1f} s; screenshot {ARTIFACTS / path.parent.name}.png")
+    notebook.close()
+
+
+def test_rank_output_and_a_deadlock_reach_the_cell_readably(server, page):
+    notebook = Notebook(page, server, "student/scratch.ipynb")
+    notebook.open()
+    started = time.monotonic()
+    notebook.run_all(60)
+    elapsed = time.monotonic() - started
+    hello, deadlock = notebook.code_cells()
+    shown = notebook.output_text(hello["index"])
+    for rank in (0, 1):
+        assert f"[rank {rank}] hello from rank {rank} of 2" in shown, shown
+
+    errors = [o for o in deadlock["outputs"] if o["output_type"] == "error"]
+    assert [e["ename"] for e in errors] == ["RankTimeout"], deadlock["outputs"]
+    shown = notebook.output_text(deadlock["index"])
+    assert f"did not finish rank_1_skips_the_all_reduce within {DEADLOCK_TIMEOUT_S} s" in shown, shown
+    assert "dist.all_reduce(torch.ones(4))" in shown, f"the page does not show where rank 0 waits:\n{shown}"
+    assert "rank 1" in shown and "returned" in shown, f"the page does not say that rank 1 returned:\n{shown}"
+    assert elapsed < DEADLOCK_TIMEOUT_S + 45, f"the deadlocked cell took {elapsed:.0f} s to end"
+    notebook.screenshot(deadlock["index"], ARTIFACTS / "deadlock.png")
+    notebook.close()
+
+
+def test_nbgrader_extensions_load_for_an_instructor(server, page):
+    notebook = Notebook(page, server, "labs/index.ipynb")
+    page.goto(f"{server.url}/lab?reset&token={TOKEN}")
+    page.wait_for_selector(".lm-MenuBar-itemLabel")
+    page.locator(".lm-MenuBar-itemLabel").get_by_text("Nbgrader", exact=True).click()
+    items = page.locator(".lm-Menu-itemLabel").all_inner_texts()
+    assert {"Assignment List", "Course List", "Formgrader", "Create assignment"} <= set(items), items
+    page.keyboard.press("Escape")
+
+    notebook.menu("Nbgrader", "Formgrader")
+    formgrader = page.frame_locator("iframe[src*='formgrader']")
+    labs = formgrader.locator("#main-table td.name")
+    labs.first.wait_for(timeout=30_000)
+    listed = labs.all_inner_texts()
+    assert listed == sorted(p.parent.name for p in SOLUTIONS if p.parent.name[:2].isdigit()), listed
+    assert "exchange directory" not in formgrader.locator("body").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "formgrader.png"))
+
+    notebook.menu("Nbgrader", "Assignment List")
+    released = page.locator("#released_assignments_list")
+    released.wait_for(timeout=30_000)
+    page.wait_for_function("() => !document.querySelector('#released_assignments_list')"
+                           ".innerText.includes('Loading')", timeout=30_000)
+    listing = page.locator(".jp-LabShell").inner_text()
+    assert "exchange directory does not exist" not in listing, listing[:2000]
+    assert "Error fetching courses" not in listing, listing[:2000]
+    page.screenshot(path=str(ARTIFACTS / "assignment-list.png"))
+
+
+@pytest.mark.parametrize("path, verdict", [
+    ("labs/01_single_gpu/01_single_gpu.ipynb", "failed"),
+    ("student/01_single_gpu.ipynb", "passes"),
+], ids=["the release as handed out", "a finished lab"])
+def test_validate_tells_a_student_what_fails_and_passes_a_finished_lab(server, page, path, verdict):
+    notebook = Notebook(page, server, path)
+    notebook.open()
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-NotebookPanel-toolbar").get_by_role(
+        "button", name="Validate").click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=RUN_LIMIT_S * 1e3)
+    text = dialog.inner_text()
+    assert "Validation Results" in text, text[:2000]
+    if verdict == "passes":
+        assert "Success! Your notebook passes all the tests." in text, text[:2000]
+    else:
+        assert "The following cell failed" in text and "NotImplementedError" in text, text[:2000]
+        assert "check_sleeps(PhaseTimer" in text, f"the dialog does not show which cell failed:\n{text[:2000]}"
+    page.screenshot(path=str(ARTIFACTS / f"validate-{verdict}.png"))
+    dialog.locator("button").last.click()
+    notebook.close()
+
+
+
+def test_make_test_installs_the_browser_before_the_tests_run():
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    dry_run = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=REPO_ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert dry_run.returncode == 0, dry_run.stderr
+    commands = dry_run.stdout.splitlines()
+    browser = next(i for i, c in enumerate(commands) if c == "sh tests/browser-tools.sh")
+    pytest_run = next(i for i, c in enumerate(commands) if "-m pytest" in c)
+    assert browser < pytest_run, commands

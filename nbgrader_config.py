@@ -10,8 +10,8 @@ grader/work/, which .gitignore keeps out of the repository.
 """
 
 import os
-
-from grader.nbgrader_cli import put_scripts_on_path
+import sys
+import sysconfig
 
 c = get_config()  # noqa: F821 -- injected by traitlets when it loads this file
 
@@ -24,7 +24,10 @@ os.makedirs(WORK, exist_ok=True)
 # nbgrader makes a new gradebook by running the `alembic` script by name. `make lab`
 # starts .venv/bin/jupyter without activating the venv, so formgrader's first page
 # failed with "No such file or directory: 'alembic'": find it beside this Python.
-put_scripts_on_path()
+# (Not imported from grader.nbgrader_cli, which does the same for the grader's own
+# subprocesses: this file must load wherever it is copied, with or without grader/.)
+_scripts = [os.path.dirname(sys.executable), sysconfig.get_path("scripts")]
+os.environ["PATH"] = os.pathsep.join(dict.fromkeys(_scripts + os.environ.get("PATH", "").split(os.pathsep)))
 
 # --- Course layout ----------------------------------------------------------
 c.CourseDirectory.root = ROOT  # not cwd: works however the file is loaded

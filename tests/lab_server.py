@@ -148,8 +148,9 @@ def write_settings(settings_dir: Path, settings: Mapping[str, Mapping]) -> None:
 
 @contextmanager
 def serve(argv: list[str], home: Path, *, cwd: Path = REPO_ROOT, settings: Mapping[str, Mapping] = {},
-          env: Mapping[str, str] = {}) -> Iterator[LabServer]:
-    """Run `argv` (a jupyter lab command) with every per-user folder under `home`, until the block ends."""
+          env: Mapping[str, str | None] = {}) -> Iterator[LabServer]:
+    """Run `argv` (a jupyter lab command) with every per-user folder under `home`, until the block ends.
+    env: variables to set, or to unset where None."""
     runtime_dir = home / "runtime"
     # Everything the server reads or writes per user lives here, not under $HOME.
     server_env = dict(
@@ -160,10 +161,12 @@ def serve(argv: list[str], home: Path, *, cwd: Path = REPO_ROOT, settings: Mappi
         JUPYTERLAB_SETTINGS_DIR=str(home / "lab-settings"),
         JUPYTERLAB_WORKSPACES_DIR=str(home / "lab-workspaces"),
         IPYTHONDIR=str(home / "ipython"),
-        **env,
     )
-    for variable in ("JUPYTER_PORT", "JUPYTER_TOKEN"):
-        server_env.pop(variable, None)
+    for variable, value in {"JUPYTER_PORT": None, "JUPYTER_TOKEN": None, **env}.items():
+        if value is None:
+            server_env.pop(variable, None)
+        else:
+            server_env[variable] = value
     write_settings(home / "lab-settings", settings)
     log_path = home / "server.log"
     with open(log_path, "wb") as log:

@@ -26,6 +26,7 @@ import nbformat
 import pytest
 
 from browser import LAB_SETTINGS, SERVER_ARGS, Notebook, chromium, move_first_slider, text_of, widget_cells
+from course.placement import RANKS_VARIABLE
 from grader.labs import ignore_patterns
 from lab_server import REPO_ROOT, TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
 from submissions import solved
@@ -77,7 +78,7 @@ def server(course_copy, tmp_path_factory):
     root_dir = [i for i, arg in enumerate(argv) if arg.startswith("--ServerApp.root_dir=")]
     assert len(root_dir) == 1, f"`make lab` should set --ServerApp.root_dir once: {argv}"
     argv[root_dir[0]] = f"--ServerApp.root_dir={course_copy}"
-    env = {"COURSE_RANKS": ""} if os.environ.get("COURSE_RANKS") else {}   # the labs at their defaults
+    env = {RANKS_VARIABLE: None}     # the labs at their default ranks, as a student first meets them
     with serve(argv, tmp_path_factory.mktemp("jupyter"), cwd=course_copy, settings=LAB_SETTINGS, env=env) as lab:
         yield lab
 

@@ -2,6 +2,7 @@
 
     phase_bars(ax, {"batch 32": phases32, "batch 256": phases256})
     throughput_curve(ax, sweep_frame)
+    projector()                         # big type and thick lines from here on, for a classroom
 
 Colours group the phases of a training step the same way in every lab: data
 (greys), forward (blues), loss (purple), backward (oranges), the optimizer
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 
 # Phase-name prefix -> colour map; the first prefix that matches wins.
@@ -92,3 +94,33 @@ def throughput_curve(ax, frame, *, title: str | None = None, tile: int = 32, sma
         ax.set_title(title)
     ax.legend(fontsize="small", frameon=False)
     return ax
+
+
+#: What `projector` changes: type readable from the back of a room, lines visible on a washed-out
+#: screen, figures that fill a wide output area, and enough pixels for them (the inline backend
+#: renders a figure at `figure.dpi`).
+PROJECTOR = {"font.size": 17, "axes.titlesize": 19, "axes.labelsize": 17, "xtick.labelsize": 15,
+             "ytick.labelsize": 15, "legend.fontsize": 15, "figure.titlesize": 19,
+             "lines.linewidth": 3.0, "lines.markersize": 9.0, "axes.linewidth": 1.4,
+             "figure.figsize": (12.0, 6.0), "figure.dpi": 110.0, "savefig.dpi": "figure"}
+
+
+class projector:
+    """Set matplotlib up for a projector (`PROJECTOR`, then `rc`: more rcParams) now.
+
+    Called on its own (`plots.projector()`, the live demo's first cell), the settings stay
+    for the session; as a context manager (`with plots.projector(): ...`), the previous
+    values come back at the end of the block.
+    """
+
+    def __init__(self, rc: Mapping | None = None):
+        settings = {**PROJECTOR, **(rc or {})}
+        self.saved = {name: mpl.rcParams[name] for name in settings}   # KeyError for a name matplotlib lacks
+        mpl.rcParams.update(settings)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        mpl.rcParams.update(self.saved)
+        return False

@@ -513,6 +513,37 @@ def test_phase_colours_are_stable_for_the_same_groups():
     assert one["forward a"] != one["backward a"]
 
 
+
+def test_projector_sets_large_type_and_thick_lines_and_gives_the_old_values_back():
+    import matplotlib as mpl
+
+    before = {name: mpl.rcParams[name] for name in plots.PROJECTOR}
+    assert mpl.rcParams["font.size"] < 16
+    with plots.projector({"lines.linewidth": 5.0}) as settings:
+        assert mpl.rcParams["font.size"] >= 16 and mpl.rcParams["axes.titlesize"] >= 16
+        assert mpl.rcParams["lines.linewidth"] == 5.0, "rc overrides PROJECTOR"
+        assert tuple(mpl.rcParams["figure.figsize"]) == plots.PROJECTOR["figure.figsize"]
+        assert mpl.rcParams["figure.dpi"] > before["figure.dpi"]
+        fig = plt.figure()
+        assert tuple(fig.get_size_inches()) == plots.PROJECTOR["figure.figsize"], "new figures are projector-sized"
+        plt.close(fig)
+        assert settings.saved == before
+    assert {name: mpl.rcParams[name] for name in plots.PROJECTOR} == before
+    with pytest.raises(KeyError):
+        plots.projector({"no.such.setting": 1})
+    assert {name: mpl.rcParams[name] for name in plots.PROJECTOR} == before, "nothing set when a name is wrong"
+
+
+def test_projector_called_on_its_own_stays_set():
+    import matplotlib as mpl
+
+    before = {name: mpl.rcParams[name] for name in plots.PROJECTOR}
+    try:
+        plots.projector()
+        assert mpl.rcParams["font.size"] == plots.PROJECTOR["font.size"]
+    finally:
+        mpl.rcParams.update(before)
+
 def test_throughput_curve_on_a_sweep(ax):
     fake = FakeSteps(lambda b: itertools.repeat(0.001 + b * 1e-5))
     frame = throughput.sweep(fake, [128, 16, 48, 32, 64], steps=2, warmup=0, progress=False)

@@ -34,6 +34,13 @@ def threads_per_rank():
     return torch.get_num_threads()
 
 
+def optimizer_imports_already_loaded():
+    """Whether the modules a rank's first optimizer needs were there before it was built."""
+    loaded = "torch._dynamo" in sys.modules
+    torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    return loaded
+
+
 def prints_lines():
     rank = dist.get_rank()
     print(f"hello from {rank}")
@@ -121,6 +128,12 @@ def test_results_come_back_by_rank(world_size):
 def test_one_thread_per_rank_by_default():
     assert list(course.launch(threads_per_rank, 2)) == [1, 1]
     assert list(course.launch(threads_per_rank, 2, num_threads=2)) == [2, 2]
+
+
+def test_ranks_start_with_what_an_optimizer_imports_already_imported():
+    # torch.optim imports torch._dynamo when the first optimizer is built: 1.3-1.8 s in every
+    # rank of every launch on a 2-core machine, unless the forkserver imported it once
+    assert list(course.launch(optimizer_imports_already_loaded, 2)) == [True, True]
 
 
 def test_output_reaches_the_caller_prefixed_by_rank(capfd):

@@ -86,15 +86,19 @@ def draw(*, model: str = LAB_CONVNET, batch: int = 256, gpus: int = 4, dtype: st
     time_ax.barh(ys, [runs[y]["communication"] * 1e3 for y in ys], left=compute,
                  color=COLOURS["communication"], label="communication")
     sent_ax.barh(ys, [runs[y]["sent"] / 1e6 for y in ys], color=COLOURS["sent"])
+    step_labels = {}
     for y, grid in enumerate(grids):
         if y not in runs:
             time_ax.text(0, y, f" cannot run: {predicted[grid]}", va="center", fontsize="small", color="dimgrey")
             continue
         step_ms = runs[y]["step"] * 1e3
         speedup = f", ×{one / runs[y]['step']:.2f}" if one and runs[y]["step"] else ""
-        time_ax.text(0.99, y, f"{step_ms:.3g} ms{speedup}", transform=time_ax.get_yaxis_transform(),
-                     ha="right", va="center", fontsize="small")      # a column at the right: clear of the marks
+        step_labels[y] = f"{step_ms:.3g} ms{speedup}"
         sent_ax.text(runs[y]["sent"] / 1e6, y, f" {runs[y]['sent'] / 1e6:.3g} MB", va="center", fontsize="small")
+    # the step times as labels outside the right edge: no bar or dot can land on them, at any font size
+    step_column = time_ax.secondary_yaxis("right")
+    step_column.set_yticks(list(step_labels), list(step_labels.values()), fontsize="small")
+    step_column.tick_params(length=0)
 
     dots = [(grids.index(grid), values) for grid, values in (measured or {}).items() if grid in grids]
     if dots:
@@ -113,12 +117,13 @@ def draw(*, model: str = LAB_CONVNET, batch: int = 256, gpus: int = 4, dtype: st
     time_ax.set_xlabel("ms per step on one rank (time model)")
     time_ax.set_title("step time, × speed-up over one GPU", fontsize="medium")
     longest = max([p["step"] for p in runs.values()] + [v["step"] for _, v in dots], default=0) * 1e3
-    time_ax.set_xlim(0, 1.4 * longest or 1)
+    time_ax.set_xlim(0, 1.1 * longest or 1)
     sent_ax.set_xlabel("MB sent per rank per step")
     sent_ax.set_title(f"{dtype} tensors, ring collectives", fontsize="medium")
     sent_ax.margins(x=0.3)
     sent_ax.set_xlim(left=0)
-    fig.suptitle(f"{model}, batch {batch}, on {processor} over {link}; scheme {scheme!r}", fontsize="medium")
+    fig.suptitle(f"{model}, batch {batch}, on {processor} over {link}; scheme {scheme!r}", fontsize="medium",
+                 wrap=True)
     fig.legend(*time_ax.get_legend_handles_labels(), loc="lower center", ncol=4, fontsize="small", frameon=False)
     fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
     return fig

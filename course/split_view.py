@@ -74,7 +74,7 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
         return fig
     times = seconds(layer, batch, gpus, dtype, interconnect)
     compute = gpu.seconds(layer.training_flop(batch) / gpus)
-    fig, (bytes_ax, batch_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (bytes_ax, batch_ax) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
 
     bytes_ax.bar(SCHEMES, [now[s] / 1e6 for s in SCHEMES], color=[COLOURS[s] for s in SCHEMES])
     for x, scheme in enumerate(SCHEMES):
@@ -91,8 +91,10 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
         bytes_ax.plot(range(len(SCHEMES)), blog, "x", color="black", markersize=9, zorder=3,
                       label="the blog's figure")
     bytes_ax.set_ylabel("MB sent per rank per step")
-    bytes_ax.set_title(f"{inputs}×{outputs} weight, batch {batch}, {gpus} GPUs; ms over {link}\n"
-                       f"compute {compute * 1e3:.3g} ms per rank on {processor}", fontsize="medium")
+    # the settings above both panels, wrapped to the figure's width (long at a projector's type size)
+    fig.suptitle(f"{inputs}×{outputs} weight, batch {batch}, {gpus} GPUs; ms over {link}; "
+                 f"compute {compute * 1e3:.3g} ms per rank on {processor}", fontsize="medium", wrap=True)
+    bytes_ax.set_title("one step, per rank", fontsize="medium")
     bytes_ax.margins(y=0.25)
     if bytes_ax.get_legend_handles_labels()[0]:
         bytes_ax.legend(fontsize="small", frameon=False, loc="upper right")
@@ -112,9 +114,8 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
     batch_ax.set_yscale("log")
     batch_ax.set_xlabel("global batch (samples per step)")
     batch_ax.set_ylabel("MB sent per rank per step")
-    batch_ax.set_title("bytes against batch: a split sends less left of its dot", fontsize="medium")
+    batch_ax.set_title("a split sends less left of its dot", fontsize="medium")
     batch_ax.legend(fontsize="small", frameon=False)
-    fig.tight_layout()
     return fig
 
 

@@ -64,7 +64,9 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
     layers = mlp_layers(width, depth)
     sent = sent_by_scheme(layers, gpus, dtype)
     colours = phase_colours([f"all-reduce {layer.name}" for layer in layers])
-    fig, (bytes_ax, time_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
+    # the bytes get more room: three labelled bars and the legend beside them
+    fig, (bytes_ax, time_ax) = plt.subplots(1, 2, figsize=(12, 4.2), width_ratios=(1.5, 1),
+                                           layout="constrained")   # makes room for the legend outside
 
     bottoms = [0.0] * len(SCHEMES)
     for i, layer in enumerate(layers):
@@ -77,9 +79,11 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
             raise ValueError(f"measured bytes for {scheme!r}: schemes are {SCHEMES}")
         bytes_ax.plot([SCHEMES.index(scheme)], [value / 1e6], "o", color="black", zorder=3,
                       label="measured" if scheme == next(iter(measured)) else None)
+    bytes_ax.set_xticks(range(len(SCHEMES)), [s.replace(", ", ",\n") for s in SCHEMES])
     bytes_ax.set_ylabel("MB sent per rank per step")
     bytes_ax.set_title(f"{gpus} GPUs, {dtype} gradients")
-    bytes_ax.legend(fontsize="small", frameon=False)
+    # beside the bars, not over them: they fill the axes
+    bytes_ax.legend(fontsize="small", frameon=False, loc="upper left", bbox_to_anchor=(1, 1))
 
     seconds = estimate(layers, batch, gpus, dtype, interconnect, gpu)
     labels = list(seconds)
@@ -87,10 +91,10 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
     for y, key in enumerate(labels):
         time_ax.text(seconds[key] * 1e3, y, f" {seconds[key] * 1e3:.3g} ms", va="center", fontsize="small")
     time_ax.invert_yaxis()
-    time_ax.set_xlabel("ms per step (time model)")
-    time_ax.set_title(f"batch {batch} over {gpus} GPUs: {processor}, {link}", fontsize="medium")
-    time_ax.margins(x=0.25)
-    fig.tight_layout()
+    time_ax.set_xlabel("ms per step (time model)", loc="right")
+    # right-aligned: a long title reaches left over the free space, not off the figure
+    time_ax.set_title(f"batch {batch} over {gpus} GPUs:\n{processor}, {link}", fontsize="medium", loc="right")
+    time_ax.margins(x=0.45)
     return fig
 
 

@@ -68,7 +68,8 @@ def test_bars_are_the_time_models_step_and_bytes():
         assert (c_left, compute) == pytest.approx((0, step["compute"] * 1e3))
         assert (m_left, communication) == pytest.approx((step["compute"] * 1e3, step["communication"] * 1e3))
         assert sent[y] == [(0, pytest.approx(step["sent"] / 1e6))]    # one bar per grid
-        (label,) = [t.get_text() for t in time_ax.texts if round(t.get_position()[1]) == y]
+        (step_column,) = time_ax.child_axes       # the step times, right of the bars
+        (label,) = [t.get_text() for t, at in zip(step_column.get_yticklabels(), step_column.get_yticks()) if at == y]
         assert label.endswith(f"×{one / step['step']:.2f}")
     assert [t.get_text() for t in time_ax.get_yticklabels()] == [str(g) for g in grids]
     title = fig._suptitle.get_text()

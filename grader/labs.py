@@ -2,7 +2,8 @@
 
 A lab is ``solutions/<lab>/<lab>.ipynb`` (nbgrader source format) with a
 two-digit name such as ``00_ranks`` and a ``# Title`` heading. A malformed
-lab is a GraderError that names the file.
+lab is a GraderError that names the file. ``solutions/demo.ipynb``
+(DEMO_NOTEBOOK), the instructor's live demo, is not a lab: skipped.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ SOURCE_DIR = "solutions"  # must match c.CourseDirectory.source_directory
 RELEASE_DIR = "labs"  # must match c.CourseDirectory.release_directory
 INDEX_NAME = "index.ipynb"
 LAB_NAME_RE = re.compile(r"^\d{2}_[a-z0-9][a-z0-9_]*$")  # e.g. 00_ranks
+# The instructor's live demo (`make demo`): no exercises, never released nor graded.
+# A file, not a folder, because nbgrader takes every folder of solutions/ for an
+# assignment (formgrader would offer to release it).
+DEMO_NOTEBOOK = "demo.ipynb"
 
 
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -136,7 +141,7 @@ def find_labs(root: Path = COURSE_ROOT) -> list[Lab]:
         raise GraderError(f"{display_path(source, root)}/: no such directory")
     labs, problems = [], []
     for entry in sorted(source.iterdir()):
-        if entry.name.startswith(".") or entry.name == "__pycache__":
+        if entry.name.startswith(".") or entry.name in ("__pycache__", DEMO_NOTEBOOK):
             continue
         if not entry.is_dir():
             if entry.suffix == ".ipynb":

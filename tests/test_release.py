@@ -21,7 +21,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from grader import COURSE_ROOT, GraderError
 from grader.compare import compare_releases
-from grader.labs import ignore_patterns
+from grader.labs import DEMO_NOTEBOOK, find_labs, ignore_patterns
 from grader.release import release
 
 REPO = COURSE_ROOT
@@ -52,6 +52,9 @@ def test_labs_and_solutions_pair_up():
     sources = {p.relative_to(SOLUTIONS) for p in SOLUTIONS.glob("*/*.ipynb")}
     released = {p.relative_to(LABS) for p in LABS.glob("*/*.ipynb")}
     assert sources, "no solutions/<lab>/<lab>.ipynb found"
+    # solutions/demo.ipynb is the live demo (`make demo`), not a lab: never released
+    assert (SOLUTIONS / DEMO_NOTEBOOK).is_file(), f"solutions/{DEMO_NOTEBOOK}: the live demo is missing"
+    assert not list(LABS.rglob("demo*")), "the live demo is not a lab: nothing of it belongs in labs/"
     assert (LABS / "index.ipynb").is_file(), "labs/index.ipynb is missing; run `make release`"
     no_source = sorted(str(p) for p in released - sources)
     no_release = sorted(str(p) for p in sources - released)
@@ -214,6 +217,20 @@ def test_lab_folder_without_notebook(small_course):
     with pytest.raises(GraderError, match=re.escape("solutions/03_x/03_x.ipynb")):
         release(root=small_course, quiet=True)
     assert not (small_course / "labs").exists()
+
+
+def test_the_demo_notebook_is_skipped_and_other_stray_notebooks_still_fail(small_course):
+    # not a lab: no folder of its own, no nbgrader metadata, nothing graded
+    nbformat.write(new_notebook(cells=[new_markdown_cell("# The live demo"), new_code_cell("1 + 1")]),
+                   small_course / "solutions" / DEMO_NOTEBOOK)
+    assert [lab.name for lab in find_labs(small_course)] == ["00_ranks"]
+    release(root=small_course, quiet=True)
+    assert sorted(p.name for p in (small_course / "labs").iterdir()) == ["00_ranks", "index.ipynb"]
+    assert "demo" not in (small_course / "labs" / "index.ipynb").read_text().lower()
+    stray = small_course / "solutions" / "demo_2.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("1 + 1")]), stray)
+    with pytest.raises(GraderError, match=re.escape("solutions/demo_2.ipynb: notebooks belong in a lab folder")):
+        find_labs(small_course)
 
 
 def test_notebook_not_json(small_course):

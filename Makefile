@@ -17,10 +17,12 @@ TORCH_PIN := torch==2.13.0
 
 INSTALL_STAMP := $(VENV)/.installed
 LAB_INDEX := labs/index.ipynb
+# The instructor's live demo: a notebook beside the solutions, not a lab.
+DEMO := solutions/demo.ipynb
 # bench/_*.py are helpers the scripts share, not benchmarks.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_%,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools browser-tools test lab release reference grade bench clean
+.PHONY: install sandbox-tools browser-tools test lab demo release reference grade bench clean
 
 install: $(INSTALL_STAMP)
 
@@ -43,11 +45,18 @@ browser-tools:
 test: $(INSTALL_STAMP) browser-tools
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-# default_url (not a file argument) so that the printed URL, the browser and a
-# visit to / all land on the index, also with --no-browser on a remote machine.
-# Listing the index as a prerequisite makes a missing one an error, not a 404 page.
+# JupyterLab on the course, landing on the notebook $(1). default_url (not a file
+# argument) so that the printed URL, the browser and a visit to / all land on it,
+# also with --no-browser on a remote machine.
+jupyter_lab_on = $(VENV)/bin/jupyter lab --ServerApp.root_dir='$(CURDIR)' --LabApp.default_url=/lab/tree/$(1) $(ROOT_FLAG) $(LAB_ARGS)
+
+# Listing the notebook as a prerequisite makes a missing one an error, not a 404 page.
 lab: $(INSTALL_STAMP) $(LAB_INDEX)
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir='$(CURDIR)' --LabApp.default_url=/lab/tree/$(LAB_INDEX) $(ROOT_FLAG) $(LAB_ARGS)
+	$(call jupyter_lab_on,$(LAB_INDEX))
+
+# The live demo, for a projector: Run All Cells, a minute on a laptop.
+demo: $(INSTALL_STAMP) $(DEMO)
+	$(call jupyter_lab_on,$(DEMO))
 
 # Regenerates labs/ from solutions/.
 release: $(INSTALL_STAMP)

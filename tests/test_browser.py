@@ -33,6 +33,8 @@ from submissions import solved
 
 ARTIFACTS = Path(os.environ.get("COURSE_TEST_ARTIFACTS", REPO_ROOT / "test-artifacts")) / "browser"
 SOLUTIONS = sorted(p.relative_to(REPO_ROOT) for p in (REPO_ROOT / "solutions").glob("*/*.ipynb"))
+# ... and the instructor's live demo (`make demo`), run and checked as the labs are
+DEMO = Path("solutions/demo.ipynb")
 DEADLOCK_TIMEOUT_S = 5
 # The labs' own time budget is 90 s headless; the browser, the server and the
 # kernel share the same 2 cores.
@@ -101,7 +103,7 @@ def test_the_server_serves_the_copy_with_the_tests_settings(server, course_copy)
     assert [Path(i["root_dir"]) for i in info] == [course_copy]
 
 
-@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.parent.name for p in SOLUTIONS])
+@pytest.mark.parametrize("path", [*SOLUTIONS, DEMO], ids=[p.stem for p in [*SOLUTIONS, DEMO]])
 def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path, record_property):
     notebook = Notebook(page, server, str(path))
     notebook.open()
@@ -127,8 +129,8 @@ def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path
     if showcase is None:   # no widget: the cell where the ranks speak, else the last figure
         showcase = next((c["index"] for c in cells if any("[rank 1]" in text_of(o) for o in c["outputs"])),
                         max(c["index"] for c in cells if any("image/png" in o.get("data", {}) for o in c["outputs"])))
-    notebook.screenshot(showcase, ARTIFACTS / f"{path.parent.name}.png")
-    print(f"{path}: ran in JupyterLab in {seconds:.1f} s; screenshot {ARTIFACTS / path.parent.name}.png")
+    notebook.screenshot(showcase, ARTIFACTS / f"{path.stem}.png")
+    print(f"{path}: ran in JupyterLab in {seconds:.1f} s; screenshot {ARTIFACTS / path.stem}.png")
     notebook.close()
 
 

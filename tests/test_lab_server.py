@@ -1,8 +1,9 @@
-"""`make lab` starts JupyterLab on the course and opens the labs' index.
+"""`make lab` starts JupyterLab on the course and opens the labs' index; `make demo`
+the same server, opening the live demo.
 
-The server under test is started with the very command `make lab` would run
-(read from `make -n lab`, with this interpreter's venv), so the Makefile and
-this test cannot drift apart. It runs on a port the OS picks, with a private
+Each server under test is started with the very command `make lab` (or `make demo`)
+would run (read from `make -n TARGET`, with this interpreter's venv), so the Makefile and
+these tests cannot drift apart. It runs on a port the OS picks, with a private
 runtime/config/data directory, and is stopped with everything it started."""
 
 from __future__ import annotations
@@ -17,12 +18,20 @@ import pytest
 from lab_server import JUPYTER, REPO_ROOT, TEST_LAB_ARGS, TOKEN, http_get, make_jupyter_command, serve
 
 LAB_INDEX = "labs/index.ipynb"
-INDEX_TREE_URL = f"/lab/tree/{LAB_INDEX}"
+# make target -> the notebook its server lands on
+LANDING = {"lab": LAB_INDEX, "demo": "solutions/demo.ipynb"}
 
 
-def make_lab_command(lab_args: list[str]) -> list[str]:
-    """The jupyter command line that `make lab` runs for this interpreter's venv."""
-    return make_jupyter_command("lab", lab_args)
+def make_lab_command(lab_args: list[str], target: str = "lab") -> list[str]:
+    """The jupyter command line that `make TARGET` runs for this interpreter's venv."""
+    return make_jupyter_command(target, lab_args)
+
+
+@pytest.fixture(scope="module", params=list(LANDING))
+def server(request, tmp_path_factory):
+    """A server started as `make lab` or `make demo` starts it, and the notebook it lands on."""
+    with serve(make_lab_command(TEST_LAB_ARGS, request.param), tmp_path_factory.mktemp("jupyter")) as running:
+        yield running, LANDING[request.param]
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +40,13 @@ def lab_server(tmp_path_factory):
         yield server
 
 
-def test_make_lab_runs_this_venvs_jupyter_on_the_course_with_the_index():
-    argv = make_lab_command([])
+@pytest.mark.parametrize("target", list(LANDING))
+def test_make_runs_this_venvs_jupyter_on_the_course_with_its_notebook(target):
+    argv = make_lab_command([], target)
     assert argv[0] == str(JUPYTER)
     assert f"--ServerApp.root_dir={REPO_ROOT}" in argv
-    assert any(LAB_INDEX in arg for arg in argv[2:]), f"`make lab` does not mention {LAB_INDEX}: {argv}"
+    assert any(LANDING[target] in arg for arg in argv[2:]), f"`make {target}` does not mention {LANDING[target]}: {argv}"
+    assert (REPO_ROOT / LANDING[target]).is_file()
 
 
 def test_index_notebook_is_served_and_lists_the_labs(lab_server):
@@ -56,28 +67,32 @@ def test_index_notebook_is_served_and_lists_the_labs(lab_server):
     assert not unlisted, f"{LAB_INDEX} does not mention these labs: {unlisted}"
 
 
-def test_index_opens_in_jupyterlab(lab_server):
-    status, headers, body = http_get(lab_server.port, f"{INDEX_TREE_URL}?token={TOKEN}", token=None)
+def test_the_notebook_opens_in_jupyterlab(server):
+    server, landing = server
+    status, headers, body = http_get(server.port, f"/lab/tree/{landing}?token={TOKEN}", token=None)
     assert status == 200
     assert headers["content-type"].startswith("text/html")
     page = body.decode()
     assert "<title>JupyterLab</title>" in page
     # The page's config tells the front end which document to open.
-    assert f'"treePath": "{LAB_INDEX}"' in page
+    assert f'"treePath": "{landing}"' in page
 
 
-def test_the_browser_and_the_root_url_land_on_the_index(lab_server):
-    # What `make lab` hands the browser (also written with --no-browser).
-    open_files = list(lab_server.runtime_dir.glob("jpserver-*open.html"))
+def test_the_browser_and_the_root_url_land_on_the_notebook(server):
+    server, landing = server
+    # What `make lab` / `make demo` hands the browser (also written with --no-browser).
+    open_files = list(server.runtime_dir.glob("jpserver-*open.html"))
     opened_urls = [html.unescape(url) for f in open_files for url in re.findall(r'url=([^"]+)"', f.read_text())]
-    assert any(f"{INDEX_TREE_URL}?token=" in url for url in opened_urls), f"browser would open {opened_urls}"
-    status, headers, _ = http_get(lab_server.port, "/")
-    assert status == 302 and headers["location"].split("?")[0].endswith(INDEX_TREE_URL), (status, headers.get("location"))
+    assert any(f"/lab/tree/{landing}?token=" in url for url in opened_urls), f"browser would open {opened_urls}"
+    status, headers, _ = http_get(server.port, "/")
+    assert status == 302 and headers["location"].split("?")[0].endswith(f"/lab/tree/{landing}"), \
+        (status, headers.get("location"))
 
 
-def test_server_runs_from_this_repository(lab_server):
-    status, _, body = http_get(lab_server.port, "/api/contents/labs")
+def test_server_runs_from_this_repository(server):
+    server, _ = server
+    status, _, body = http_get(server.port, "/api/contents/labs")
     assert status == 200
     assert json.loads(body)["type"] == "directory"
-    info = [json.loads(f.read_text()) for f in lab_server.runtime_dir.glob("jpserver-*.json")]
+    info = [json.loads(f.read_text()) for f in server.runtime_dir.glob("jpserver-*.json")]
     assert [Path(i["root_dir"]) for i in info] == [REPO_ROOT]

@@ -1,0 +1,101 @@
+"""The instructor's live demo (`make demo`, solutions/demo.ipynb).
+
+It runs top to bottom, headless, in a copy of the course that holds only what the
+demo may need (the package, the grader with its solution loader, the solutions):
+no labs/, no student folders, no grading work area. Every cell finishes within
+seconds; its figures are projector-sized; its numbers come from the runs it makes.
+That it is never released nor graded is tested in test_release.py; that it runs in
+JupyterLab, with its views live, in test_browser.py; `make demo` in test_lab_server.py.
+"""
+from __future__ import annotations
+
+import datetime
+import shutil
+import struct
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course.grid_model import TABLE_1
+from grader.execute import execute
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "solutions" / "demo.ipynb"
+# "Every demo cell finishes in seconds on a laptop": 1-7 s each on the 2-core machine. A budget
+# that catches a cell grown to minutes, not a benchmark.
+CELL_BUDGET_S = 30
+# plots.projector(): 12 in at 110 dpi. A figure much narrower than the screen is a figure
+# the back of the room cannot read.
+MIN_FIGURE_WIDTH_PX = 1200
+# What the demo may use of the course; labs/ and students' folders are deliberately absent.
+NEEDED = ("course", "grader", "solutions")
+
+
+def _png_width(data: str) -> int:
+    import base64
+
+    header = base64.b64decode(data[:64])
+    return struct.unpack(">I", header[16:20])[0]
+
+
+def _seconds(cell) -> float:
+    timing = cell.metadata["execution"]
+    start, end = (datetime.datetime.fromisoformat(timing[key].replace("Z", "+00:00"))
+                  for key in ("iopub.execute_input", "shell.execute_reply"))
+    return (end - start).total_seconds()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The demo, executed in a stripped copy of the course (its package and grader first on the path)."""
+    root = tmp_path_factory.mktemp("course")
+    for folder in NEEDED:
+        shutil.copytree(REPO / folder, root / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "work"))
+    assert not (root / "labs").exists()
+    notebook = nbformat.read(DEMO, as_version=4)
+    # last, a probe: where the kernel found the package and the solutions' loader
+    notebook.cells.append(nbformat.v4.new_code_cell("import course, grader\nprint(course.__file__, grader.__file__)"))
+    execute(notebook, root / "solutions", timeout=120, env={"PYTHONPATH": str(root)})
+    return notebook, root
+
+
+def test_the_demo_runs_from_a_copy_without_labs_or_student_folders(demo):
+    notebook, root = demo
+    # the copy's course and grader ran, not the repository's, so nothing can have leaned on a folder
+    # the copy lacks
+    probe = "".join(o.get("text", "") for o in notebook.cells[-1].outputs).split()
+    assert [Path(p).parent.parent for p in probe] == [root, root], probe
+    assert not (root / "labs").exists()
+
+
+def test_every_cell_finishes_within_seconds(demo):
+    notebook, _ = demo
+    slow = {i: round(_seconds(c), 1) for i, c in enumerate(notebook.cells)
+            if c.cell_type == "code" and _seconds(c) > CELL_BUDGET_S}
+    assert not slow, f"cells over {CELL_BUDGET_S} s (index: seconds): {slow}"
+
+
+def test_every_figure_is_projector_sized(demo):
+    notebook, _ = demo
+    widths = [_png_width(o["data"]["image/png"]) for c in notebook.cells if c.cell_type == "code"
+              for o in c.outputs if "image/png" in o.get("data", {})]
+    # the three trainings, the timeline, the two bytes-and-time views, Table 1 and the grid view
+    assert len(widths) >= 6, f"the demo drew {len(widths)} figures"
+    assert min(widths) >= MIN_FIGURE_WIDTH_PX, f"figure widths in pixels: {widths}"
+
+
+def test_the_views_and_table_1_come_from_the_runs(demo):
+    notebook, _ = demo
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    sources = "\n".join(c.source for c in code)
+    for view in ("transfer_view.show(measured=", "split_view.show(measured=", "hybrid_view.show(measured="):
+        assert view in sources, f"the demo shows no {view.split('(')[0]} with measured bytes"
+    table = next(c for c in code if "table_1.styled(" in c.source)
+    html = "".join(o.get("data", {}).get("text/html", "") for o in table.outputs)
+    for row in TABLE_1:
+        assert row.configuration in html, f"Table 1 as shown lacks {row.configuration!r}"
+    trained = next(c for c in code if "train_on(ranks)" in c.source)
+    printed = "".join(o.get("text", "") for o in trained.outputs)
+    assert "within float32's tolerance of one process's" in printed, printed

@@ -10,6 +10,7 @@ JupyterLab, with its views live, in test_browser.py; `make demo` in test_lab_ser
 from __future__ import annotations
 
 import datetime
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -57,7 +58,8 @@ def demo(tmp_path_factory):
     notebook = nbformat.read(DEMO, as_version=4)
     # last, a probe: where the kernel found the package and the solutions' loader
     notebook.cells.append(nbformat.v4.new_code_cell("import course, grader\nprint(course.__file__, grader.__file__)"))
-    execute(notebook, root / "solutions", timeout=120, env={"PYTHONPATH": str(root)})
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))   # the copy first
+    execute(notebook, root / "solutions", timeout=120, env={"PYTHONPATH": path})
     return notebook, root
 
 

@@ -17,6 +17,7 @@ in-process and returns this rank's result only.
 from __future__ import annotations
 
 import atexit
+import os
 import time
 from collections.abc import Sequence
 
@@ -110,18 +111,16 @@ def _name(fn) -> str:
 # --- under torchrun ----------------------------------------------------------------
 
 def _launch_in_process(fn, world_size, args, kwargs, num_threads) -> RankResults:
-    rank, size, here = placement.torchrun_placement()
+    size = int(os.environ["WORLD_SIZE"])
     if world_size is not None and world_size != size:
         raise ValueError(f"launch asked for {world_size} ranks but torchrun started {size}; "
                          "pass world_size=None to take torchrun's")
-    placement.rank_device = device = torch.device(here.devices[0])
     if not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        else:
-            torch.set_num_threads(num_threads)
-        dist.init_process_group(placement.process_group_backend(here.backend))
-        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        _join_torchrun(num_threads)
+    elif placement.rank_device is None:  # the script made the process group itself
+        placement.rank_device = (torch.device("cuda", torch.cuda.current_device())
+                                 if "nccl" in dist.get_backend() else torch.device("cpu"))
+    rank, device = dist.get_rank(), placement.rank_device
     backend = "nccl" if "nccl" in dist.get_backend() else dist.get_backend()
     calls = recorder.Recorder(rank, backend)
     started = time.perf_counter()
@@ -129,3 +128,23 @@ def _launch_in_process(fn, world_size, args, kwargs, num_threads) -> RankResults
         value = fn(*args, **kwargs)
     return RankResults({rank: value}, size, calls.log, backend, [str(device)],
                        {rank: time.perf_counter() - started}, calls.spans)
+
+
+def _join_torchrun(num_threads) -> None:
+    """Make the process group torchrun's variables describe, on the backend every rank
+    can use. The ranks first say, through torchrun's store, which GPU each would take:
+    two torchrun "nodes" on one machine both have LOCAL_RANK 0, and where they would
+    share a GPU, NCCL refuses, so every rank takes gloo (see placement.torchrun_placement)."""
+    store, rank, size = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # keys fresh after a restart
+    store.set(f"course/gpu/{attempt}/{rank}", placement.gpu_claim(int(os.environ["LOCAL_RANK"])))
+    claims = [store.get(f"course/gpu/{attempt}/{r}").decode() for r in range(size)]
+    rank, size, here = placement.torchrun_placement(claims)
+    placement.rank_device = device = torch.device(here.devices[0])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(num_threads)
+    dist.init_process_group(placement.process_group_backend(here.backend), rank=rank,
+                            world_size=size, store=dist.PrefixStore("default_pg", store))
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())

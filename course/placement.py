@@ -8,6 +8,7 @@ one GPU).
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -123,12 +124,35 @@ def under_torchrun() -> bool:
     return all(name in os.environ for name in _TORCHRUN_VARS)
 
 
-def torchrun_placement() -> tuple[int, int, Placement]:
-    """(rank, world_size, placement of this one rank) from torchrun's variables."""
+def gpu_claim(local_rank: int) -> str:
+    """The GPU a torchrun rank with this LOCAL_RANK would take, named so that ranks
+    on any node can tell one GPU claimed twice from two GPUs: its UUID (else host
+    and index); "" when this machine has no GPU for it."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank >= gpus:
+        return ""
+    uuid = getattr(torch.cuda.get_device_properties(local_rank), "uuid", None)
+    return str(uuid) if uuid else f"{socket.gethostname()}/cuda:{local_rank}"
+
+
+def torchrun_placement(claims: list[str] | None = None) -> tuple[int, int, Placement]:
+    """(rank, world_size, placement of this one rank) from torchrun's variables.
+
+    claims: every rank's `gpu_claim`, in rank order. NCCL only when each rank
+        claims a GPU no other rank claims: two torchrun "nodes" on one machine
+        both have LOCAL_RANK 0, and NCCL refuses two ranks on one GPU. Otherwise
+        gloo for every rank (all ranks must agree), each on a GPU of its machine,
+        shared, or the CPU, as `choose` does. Without claims, this node alone
+        decides: NCCL when it has a GPU for each of its LOCAL_WORLD_SIZE ranks.
+    """
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus > local_rank:
-        return rank, world_size, Placement("nccl", (f"cuda:{local_rank}",))
-    return rank, world_size, Placement("gloo", ("cpu",))
+    if claims is None:
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+        own_gpus = gpus >= ranks_here
+    else:
+        own_gpus = all(claims) and len(set(claims)) == len(claims)
+    device = f"cuda:{local_rank % gpus}" if gpus else "cpu"
+    return rank, world_size, Placement("nccl" if own_gpus else "gloo", (device,))

@@ -1,0 +1,287 @@
+"""Each lab's reference training as a script: under torchrun, on one node or many.
+
+    torchrun --nproc-per-node=2 -m course.run 02_data_parallel --steps 30 --out result.pt
+    torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d \\
+             --rdzv-endpoint=HOST:29500 -m course.run 04_hybrid --grid 4x2
+    python -m course.run 03_model_parallel --ranks 2      # no torchrun: 2 ranks on this machine
+
+The training is the solution notebook's own function (loaded with
+`grader.solution.load`: the answers live only in the notebook), called with the
+arguments the notebook gives it, through `course.launch`, as the notebook does.
+Under torchrun each process runs it as its own rank; without torchrun, --ranks
+starts that many ranks here. Each rank prints a line; rank 0 gathers every
+rank's result, prints a summary, and with --out saves it all with `torch.save`
+(plain tensors, lists and numbers: `torch.load` reads it with weights_only=True).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+import course
+from course import placement
+from course.grid_model import Grid
+
+
+class UsageError(Exception):
+    """Options that cannot run: said to the user like an argparse error."""
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One lab's reference training: the notebook function, how the notebook calls it,
+    and where the parameters and losses are in what it returns."""
+    function: str                   # its name in the solution notebook
+    about: str                      # one line for --help
+    add_options: Callable[[argparse.ArgumentParser], None]
+    arguments: Callable             # (notebook module, options, world_size) -> (args, kwargs)
+    params_and_losses: Callable     # what the function returned -> (params, losses)
+
+
+# --- lab 2: data parallel --------------------------------------------------------------
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _data_parallel_options(parser):
+    parser.add_argument("--sync", choices=("average", "hooks", "buckets", "ddp"), default="average",
+                        help="how gradients are averaged (default: average, the notebook's first run)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="the model's and the data's dtype (default: float32)")
+
+
+def _data_parallel_arguments(lab, options, world_size):
+    dtype = DTYPES[options.dtype]
+    digits = course.data.digits(dtype=dtype)  # as the notebook's train(ranks, dtype)
+    _check_batch(options.batch_size, len(digits.train_x), world_size)
+    make_model = functools.partial(course.models.mlp, dtype=dtype)
+    return ((make_model, digits.train_x, digits.train_y),
+            dict(steps=options.steps, batch_size=options.batch_size, lr=options.lr, sync=options.sync))
+
+
+# --- lab 3: split weights ----------------------------------------------------------------
+
+def _split_options(parser):
+    parser.add_argument("--how", choices=("yours", "PyTorch", "whole"), default="yours",
+                        help="the block split by the lab's SplitBlock (default), by PyTorch's "
+                             "tensor parallelism, or whole on every rank")
+
+
+def _split_arguments(lab, options, world_size):
+    if options.how != "whole" and lab.HIDDEN % world_size:
+        raise UsageError(f"the block's {lab.HIDDEN} hidden features do not split evenly over "
+                         f"{world_size} ranks: use a number of ranks that divides {lab.HIDDEN}")
+    _check_batch(options.batch_size, len(lab.digits.train_x))
+    return ((options.how,), dict(make_block=lab.digits_block, inputs=lab.digits.train_x,
+                                 targets=lab.digits.train_y, steps=options.steps,
+                                 batch_size=options.batch_size, lr=options.lr))
+
+
+# --- lab 4: hybrid -------------------------------------------------------------------
+
+def grid(text: str) -> Grid:
+    """'2x2' -> Grid(data=2, model=2), for --grid."""
+    try:
+        data, model = (int(part) for part in text.lower().split("x"))
+        return Grid(data, model)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a grid: write DATAxMODEL with whole numbers of at least 1, "
+            "such as 2x2 (2 replicas of 2 model-parallel ranks)") from None
+
+
+def _hybrid_options(parser):
+    parser.add_argument("--grid", type=grid, default=None, metavar="DATAxMODEL",
+                        help="data-parallel replicas x model-parallel ranks, such as 2x2 (default: "
+                             "model 2 as in the notebook, or 1 on an odd number of ranks)")
+    parser.add_argument("--seed", type=int, default=0, help="the model's and the batches' seed (default: 0)")
+
+
+def default_grid(world_size: int) -> Grid:
+    """The notebook's grid, model-parallel groups of 2; pure data parallel on odd ranks."""
+    return Grid(world_size // 2, 2) if world_size % 2 == 0 else Grid(world_size, 1)
+
+
+def _hybrid_arguments(lab, options, world_size):
+    shape = options.grid or default_grid(world_size)
+    if shape.ranks != world_size:
+        fits = default_grid(world_size)
+        raise UsageError(f"a {shape.data}x{shape.model} grid needs {shape.ranks} ranks, but {world_size} "
+                         f"run: use a --grid of {world_size} ranks, such as {fits.data}x{fits.model}, "
+                         f"or start {shape.ranks} ranks")
+    _check_batch(options.batch_size, len(lab.digits.train_x), shape.ranks)
+    if lab.DENSE % shape.model:
+        raise UsageError(f"the dense layer's {lab.DENSE} outputs do not split over {shape.model} "
+                         "model-parallel ranks: use a MODEL that divides it")
+    options.grid = shape
+    return ((shape,), dict(steps=options.steps, batch_size=options.batch_size, lr=options.lr,
+                           seed=options.seed))
+
+
+def _check_batch(batch_size, samples, world_size=1):
+    """Batches split into equal shards (unequal ones would weigh samples unequally), and
+    at least one batch in the data."""
+    if batch_size % world_size:
+        raise UsageError(f"a batch of {batch_size} samples does not split evenly over {world_size} "
+                         f"ranks: use a --batch-size that is a multiple of {world_size}")
+    if batch_size > samples:
+        raise UsageError(f"a batch of {batch_size} is more than the {samples} training samples: "
+                         f"use a --batch-size of at most {samples}")
+
+
+LABS = {
+    "02_data_parallel": Lab("data_parallel_training", "data parallel MLP on digits: the weights on "
+                            "every rank, the batch split", _data_parallel_options,
+                            _data_parallel_arguments, lambda r: (r["params"], r["losses"])),
+    "03_model_parallel": Lab("split_training", "a Linear -> ReLU -> Linear block on digits, its "
+                             "weights split column then row", _split_options, _split_arguments,
+                             lambda r: (r[0], r[1])),
+    "04_hybrid": Lab("hybrid_training", "a convnet on digits: convolutions data parallel, dense "
+                     "layers split, on a grid", _hybrid_options, _hybrid_arguments,
+                     lambda r: (r[0], r[1])),
+}
+
+
+# --- the command line --------------------------------------------------------------
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be a positive {'whole ' * (kind is int)}number, "
+                                             f"got {text!r}")
+        return value
+    return parse
+
+
+def parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line's parser, and each lab's (for errors that show the lab's usage)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--steps", type=_positive(int), help="training steps (default: the notebook's STEPS)")
+    common.add_argument("--batch-size", type=_positive(int),
+                        help="the global mini-batch, over all ranks (default: the notebook's BATCH_SIZE)")
+    common.add_argument("--lr", type=_positive(float), help="learning rate (default: the notebook's LEARNING_RATE)")
+    common.add_argument("--out", help="rank 0 saves every rank's parameters and losses, and what ran, here")
+    common.add_argument("--ranks", type=_positive(int),
+                        help="without torchrun: how many ranks to start on this machine")
+    common.add_argument("--timeout", type=_positive(float), default=600.0,
+                        help="without torchrun: seconds before the ranks are stopped (default: 600)")
+    main_parser = argparse.ArgumentParser(
+        prog="python -m course.run", description=__doc__.split("\n\n")[0],
+        epilog="Under torchrun: torchrun --nproc-per-node=N -m course.run LAB [options]")
+    labs = main_parser.add_subparsers(dest="lab", metavar="LAB", required=True,
+                                      help="which lab's training to run")
+    lab_parsers = {name: labs.add_parser(name, parents=[common], help=lab.about, description=lab.about)
+                   for name, lab in LABS.items()}
+    for name, lab in LABS.items():
+        lab.add_options(lab_parsers[name])
+    return main_parser, lab_parsers
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    """Run a lab's training; return what rank 0 saves (None on the other ranks)."""
+    cli, lab_parsers = parsers()
+    options = cli.parse_args(argv)
+    try:
+        return _run(options)
+    except UsageError as error:
+        lab_parsers[options.lab].error(str(error))  # exits, with the lab's usage line
+
+
+def _run(options) -> dict | None:
+    lab = LABS[options.lab]
+    torchrun = placement.under_torchrun()
+    if torchrun:
+        world_size = int(os.environ["WORLD_SIZE"])
+        if options.ranks not in (None, world_size):
+            raise UsageError(f"--ranks {options.ranks}, but torchrun started {world_size} ranks: "
+                             "leave --ranks out under torchrun (it counts them)")
+    elif options.ranks is None:
+        raise UsageError("how many ranks? Run it under torchrun (torchrun --nproc-per-node=2 "
+                         "-m course.run ...), or pass --ranks N to start N ranks on this machine")
+    else:
+        world_size = options.ranks
+
+    notebook = _solution(options.lab)
+    options.steps = options.steps or notebook.STEPS
+    options.batch_size = options.batch_size or notebook.BATCH_SIZE
+    options.lr = options.lr or notebook.LEARNING_RATE
+    args, kwargs = lab.arguments(notebook, options, world_size)
+
+    results = course.launch(getattr(notebook, lab.function), None if torchrun else world_size,
+                            args, kwargs, timeout=options.timeout)
+    reports = {rank: _report(lab, results, rank) for rank in results.ranks}
+    for report in reports.values():
+        print(_rank_line(report, results.world_size, results.backend), flush=True)
+    if torchrun:  # rank 0 collects the others' reports; across nodes, only it writes
+        everyone = [None] * results.world_size if dist.get_rank() == 0 else None
+        dist.gather_object(reports, everyone, dst=0)
+        if everyone is None:
+            return None
+        reports = {rank: report for part in everyone for rank, report in part.items()}
+
+    saved = {"lab": options.lab, "function": lab.function, "world_size": results.world_size,
+             "backend": results.backend, "torchrun": torchrun, "torch": str(torch.__version__),
+             "options": _plain(options), "ranks": reports}
+    print(_summary(saved), flush=True)
+    if options.out:
+        torch.save(saved, options.out)
+        print(f"wrote {options.out}", flush=True)
+    return saved
+
+
+def _solution(name):
+    from grader.solution import load  # the answers: only in the solution notebook
+
+    return load(name)
+
+
+def _report(lab, results, rank) -> dict:
+    returned = results[rank]
+    params, losses = lab.params_and_losses(returned)
+    return {"rank": rank, "host": socket.gethostname(), "device": results.devices[results.ranks.index(rank)],
+            "params": [p.detach().cpu() for p in params], "losses": [float(x) for x in losses],
+            "seconds": results.seconds[rank], "messages": len(results.comm.rank(rank)),
+            "returned": returned}
+
+
+def _rank_line(report, world_size, backend) -> str:
+    losses = report["losses"]
+    return (f"[rank {report['rank']}/{world_size}] {report['host']} {report['device']} ({backend}): "
+            f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps, "
+            f"{report['messages']} collectives and messages, {report['seconds']:.2f} s")
+
+
+def _summary(saved) -> str:
+    reports = saved["ranks"]
+    first = reports[min(reports)]["params"]
+    apart = max((a - b).abs().max().item() for r in reports.values() for a, b in zip(r["params"], first))
+    hosts = sorted({r["host"] for r in reports.values()})
+    options = saved["options"]
+    return (f"{saved['lab']}: {saved['function']} on {saved['world_size']} ranks "
+            f"({saved['backend']}, {len(hosts)} host{'s' * (len(hosts) > 1)}: {', '.join(hosts)}), "
+            f"{options['steps']} steps of batch {options['batch_size']}, lr {options['lr']:g}; "
+            f"the ranks' final parameters differ by at most {apart:.2g}")
+
+
+def _plain(options) -> dict:
+    """The options as plain values (a grid as '2x2'), for torch.load's weights_only."""
+    plain = {}
+    for key, value in vars(options).items():
+        plain[key] = f"{value.data}x{value.model}" if isinstance(value, Grid) else value
+    return plain
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

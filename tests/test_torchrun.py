@@ -1,0 +1,223 @@
+"""Each lab's reference training as a script (`python -m course.run`) under torchrun: on
+one node, and as two nodes meeting at a c10d rendezvous on this machine. The script
+must end with the parameters and losses of the notebook's own run: the same
+solution function launched with `course.launch` from this process, with the
+arguments the notebook gives it; and close to one process's, as the notebook checks.
+Everything connects to 127.0.0.1 only; every subprocess has a timeout."""
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+import torch
+
+import course
+from course import _processes, check
+from course.grid_model import Grid
+from course.run import main
+from grader.solution import load
+from test_launch_contexts import ENV, _free_port, _no_stray_processes  # noqa: F401 (autouse fixture)
+
+STEPS = 3          # few steps, the notebooks' sizes otherwise: seconds on a 2-core machine
+TIMEOUT = 240      # seconds for one torchrun run, start to end
+LOOPBACK = {"GLOO_SOCKET_IFNAME": _processes._loopback_interface() or "lo"}  # gloo stays on 127.0.0.1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forkserver_started():
+    """course.launch's server process lives as long as this process: start it before
+    _no_stray_processes takes its list, so that only what a test leaves counts."""
+    course.launch(int, 1)
+
+
+@functools.cache
+def solution(lab):
+    return load(lab)
+
+
+# --- the notebook's runs: the cells' own calls, written out here --------------------
+
+def notebook_run(lab, ranks, grid=None):
+    """{rank: (params, losses)} from course.launch of the solution's function, as its notebook calls it."""
+    nb = solution(lab)
+    if lab == "02_data_parallel":      # the notebook's train(ranks, torch.float32)
+        digits = course.data.digits(dtype=torch.float32)
+        run = course.launch(nb.data_parallel_training, ranks,
+                            args=(functools.partial(course.models.mlp, dtype=torch.float32),
+                                  digits.train_x, digits.train_y),
+                            kwargs=dict(steps=STEPS, batch_size=nb.BATCH_SIZE))
+        return {rank: (run[rank]["params"], run[rank]["losses"]) for rank in run.ranks}
+    if lab == "03_model_parallel":     # the notebook's train("yours") on RANKS, "whole" on 1
+        train = functools.partial(nb.split_training, make_block=nb.digits_block,
+                                  inputs=nb.digits.train_x, targets=nb.digits.train_y,
+                                  steps=STEPS, batch_size=nb.BATCH_SIZE, lr=nb.LEARNING_RATE)
+        run = course.launch(train, ranks, args=("yours" if ranks > 1 else "whole",))
+        return {rank: run[rank][:2] for rank in run.ranks}
+    train = functools.partial(nb.hybrid_training, steps=STEPS, batch_size=nb.BATCH_SIZE, lr=nb.LEARNING_RATE)
+    grid = grid or Grid(1, 1)
+    run = course.launch(train, grid.ranks, args=(grid,))
+    return {rank: run[rank][:2] for rank in run.ranks}
+
+
+def assert_matches_notebook(saved, lab, grid=None):
+    """The script's saved result: every rank's parameters and losses as the notebook's run
+    on the same ranks, and its parameters close to one process's (the notebook's check)."""
+    assert saved["lab"] == lab and saved["world_size"] == 2 and saved["backend"] == "gloo"
+    assert saved["options"]["steps"] == STEPS
+    assert saved["function"] == {"02_data_parallel": "data_parallel_training",
+                                 "03_model_parallel": "split_training", "04_hybrid": "hybrid_training"}[lab]
+    assert sorted(saved["ranks"]) == [0, 1]
+    expected, (one_process, _) = notebook_run(lab, 2, grid), notebook_run(lab, 1)[0]
+    for rank, report in saved["ranks"].items():
+        params, losses = expected[rank]
+        assert len(report["params"]) == len(params) and len(report["losses"]) == STEPS
+        check.assert_close(report["params"], params, f"{lab} parameters after {STEPS} steps", rank=rank)
+        check.assert_close(torch.tensor(report["losses"]), torch.tensor(losses), f"{lab} losses", rank=rank)
+        check.assert_close(report["params"], one_process, f"{lab} parameters against one process", rank=rank)
+
+
+# --- running torchrun ------------------------------------------------------------------
+
+def torchrun(launch_args, script_args, nodes=1):
+    """Start `nodes` torchrun processes at once; wait for all, within TIMEOUT; their outputs."""
+    command = [sys.executable, "-m", "torch.distributed.run", *launch_args, "-m", "course.run", *script_args]
+    started = [subprocess.Popen(command, env={**ENV, **LOOPBACK}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+               for _ in range(nodes)]
+    outputs = []
+    try:
+        for process in started:
+            out, err = process.communicate(timeout=TIMEOUT)
+            outputs.append((process.returncode, out, err))
+    finally:
+        for process in started:
+            if process.poll() is None:  # timed out: end this torchrun and its ranks
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+    return outputs
+
+
+def one_node(*script_args):
+    return torchrun(["--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                     "--master-port", str(_free_port())], script_args)
+
+
+def two_nodes(*script_args):
+    """Two torchrun processes, one rank each, as two nodes: a c10d rendezvous on localhost."""
+    return torchrun(["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                     "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", uuid.uuid4().hex,
+                     "--local-addr", "127.0.0.1"], script_args, nodes=2)
+
+
+def assert_ran(outputs):
+    for code, out, err in outputs:
+        assert code == 0, f"torchrun exited with {code}:\n{out[-2000:]}\n{err[-3000:]}"
+    printed = "".join(out for _, out, _ in outputs)
+    for rank in (0, 1):  # each rank says what it did, wherever it ran
+        line = rf"\[rank {rank}/2\] \S+ \S+ \(gloo\): loss [\d.]+ -> [\d.]+ in {STEPS} steps"
+        assert re.search(line, printed), printed
+    assert printed.count(" on 2 ranks (gloo") == 1, printed  # rank 0's summary, once
+    return printed
+
+
+# --- the labs under torchrun -----------------------------------------------------------
+
+LABS = ["02_data_parallel", "03_model_parallel", "04_hybrid"]
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_on_one_node_the_script_ends_as_the_notebook_does(lab, tmp_path):
+    out = tmp_path / "result.pt"
+    printed = assert_ran(one_node(lab, "--steps", str(STEPS), "--out", str(out)))
+    assert f"wrote {out}" in printed
+    saved = torch.load(out, weights_only=True)  # plain data: no pickled classes
+    assert_matches_notebook(saved, lab, Grid(1, 2))  # lab 4: the notebook's grid on 2 ranks
+    if lab == "04_hybrid":
+        assert saved["options"]["grid"] == "1x2"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_on_two_nodes_the_script_ends_as_the_notebook_does(lab, tmp_path):
+    out = tmp_path / "result.pt"
+    grid = ["--grid", "2x1"] if lab == "04_hybrid" else []  # the replicas on different nodes
+    outputs = two_nodes(lab, "--steps", str(STEPS), "--out", str(out), *grid)
+    assert_ran(outputs)
+    assert sum(f"wrote {out}" in printed for _, printed, _ in outputs) == 1  # by rank 0's node only
+    assert_matches_notebook(torch.load(out, weights_only=True), lab, Grid(2, 1))
+
+
+def test_under_torchrun_options_that_cannot_run_end_every_rank_with_the_message(tmp_path):
+    (code, _, err), = one_node("04_hybrid", "--grid", "2x2", "--out", str(tmp_path / "r.pt"))
+    assert code != 0 and not (tmp_path / "r.pt").exists()
+    # the rank that stops first says why; torchrun may end the other before it does
+    assert "a 2x2 grid needs 4 ranks, but 2 run: use a --grid of 2 ranks, such as 1x2" in err
+
+
+# --- without torchrun, and what is refused ---------------------------------------------
+
+def test_without_torchrun_ranks_starts_the_ranks_here(tmp_path, capsys):
+    saved = main(["02_data_parallel", "--ranks", "2", "--steps", str(STEPS), "--sync", "hooks",
+                  "--out", str(tmp_path / "r.pt")])
+    assert not saved["torchrun"] and saved["options"]["sync"] == "hooks"
+    assert torch.load(tmp_path / "r.pt", weights_only=True)["ranks"][1]["losses"] == saved["ranks"][1]["losses"]
+    assert_matches_notebook(saved, "02_data_parallel")  # hooks average as the notebook's default does
+    printed = capsys.readouterr().out
+    assert "[rank 0/2]" in printed and "[rank 1/2]" in printed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["05_unknown"], "invalid choice: '05_unknown' (choose from '02_data_parallel', '03_model_parallel', '04_hybrid')"),
+    (["02_data_parallel", "--steps", "0", "--ranks", "2"], "argument --steps: must be a positive whole number, got '0'"),
+    (["02_data_parallel", "--lr", "-1", "--ranks", "2"], "argument --lr: must be a positive number, got '-1'"),
+    (["02_data_parallel", "--grid", "1x2", "--ranks", "2"], "unrecognized arguments: --grid 1x2"),
+    (["04_hybrid", "--grid", "2by2", "--ranks", "4"], "'2by2' is not a grid: write DATAxMODEL"),
+    (["04_hybrid", "--grid", "0x2", "--ranks", "4"], "'0x2' is not a grid"),
+    (["02_data_parallel", "--steps", "3"], "how many ranks? Run it under torchrun"),
+    (["02_data_parallel", "--ranks", "3"], "a batch of 64 samples does not split evenly over 3 ranks"),
+    (["03_model_parallel", "--ranks", "3"], "512 hidden features do not split evenly over 3 ranks"),
+    (["03_model_parallel", "--ranks", "2", "--batch-size", "5000"], "more than the 1438 training samples"),
+    (["04_hybrid", "--ranks", "2", "--grid", "2x2"], "a 2x2 grid needs 4 ranks, but 2 run: use a --grid of 2 ranks, such as 1x2"),
+    (["04_hybrid", "--ranks", "3", "--grid", "1x3", "--batch-size", "255"], "128 outputs do not split over 3 model-parallel ranks"),
+])
+def test_what_cannot_run_is_refused_with_what_to_do(argv, message, capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_under_torchrun_ranks_must_agree_with_torchrun(capsys, monkeypatch):
+    for name, value in dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(_free_port())).items():
+        monkeypatch.setenv(name, value)  # as torchrun sets them; refused before any connection
+    with pytest.raises(SystemExit):
+        main(["02_data_parallel", "--ranks", "4"])
+    assert "--ranks 4, but torchrun started 2 ranks: leave --ranks out" in capsys.readouterr().err
+
+
+# --- which backend torchrun's ranks take (the GPUs are pretended) ---------------------
+
+@pytest.mark.parametrize("gpus, local_rank, claims, expected", [
+    (1, 0, ["GPU-a", "GPU-a"], ("gloo", "cuda:0")),   # two "nodes" on one machine, one GPU
+    (2, 1, ["GPU-a", "GPU-b"], ("nccl", "cuda:1")),   # a GPU each: NCCL
+    (1, 0, ["GPU-a", ""], ("gloo", "cuda:0")),        # a rank without a GPU: gloo for all
+    (0, 0, ["", ""], ("gloo", "cpu")),
+    (1, 1, None, ("gloo", "cuda:0")),                 # this node alone: 2 ranks, 1 GPU
+    (2, 1, None, ("nccl", "cuda:1")),
+])
+def test_torchrun_ranks_take_nccl_only_with_a_gpu_each(gpus, local_rank, claims, expected, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    for name, value in dict(RANK=str(local_rank), WORLD_SIZE="2", LOCAL_RANK=str(local_rank),
+                            LOCAL_WORLD_SIZE="2").items():
+        monkeypatch.setenv(name, value)
+    rank, size, here = course.placement.torchrun_placement(claims)
+    assert (rank, size, here.backend, here.devices) == (local_rank, 2, expected[0], (expected[1],))
+    if gpus == 0:
+        assert course.placement.gpu_claim(local_rank) == ""

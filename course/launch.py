@@ -21,11 +21,10 @@ import os
 import time
 from collections.abc import Sequence
 
-import cloudpickle
 import torch
 import torch.distributed as dist
 
-from course import _processes, placement, recorder
+from course import _pickling, _processes, placement, recorder
 from course.timeline import Timeline
 
 
@@ -94,7 +93,7 @@ def launch(fn, world_size: int | None, args=(), kwargs=None, *, backend: str | N
         raise ValueError("world_size is needed outside torchrun: how many ranks to start")
     where = placement.choose(world_size, backend, device)
     try:
-        payload = cloudpickle.dumps((fn, tuple(args), kwargs))
+        payload = _pickling.dumps((fn, tuple(args), kwargs))   # cell functions keep their file names
     except Exception as error:
         raise TypeError(f"could not send {_name(fn)} and its arguments to the ranks: {error}. "
                         "Pass only data (tensors, numbers, lists) and functions or classes "

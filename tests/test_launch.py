@@ -136,6 +136,21 @@ def test_ranks_start_with_what_an_optimizer_imports_already_imported():
     assert list(course.launch(optimizer_imports_already_loaded, 2)) == [True, True]
 
 
+def test_functions_sent_to_the_ranks_keep_the_file_they_were_defined_in():
+    # cloudpickle >= 3.1.3 renames code sent by value '<dynamic-code>'; tracebacks label cells by file
+    import cloudpickle
+
+    from course import _pickling
+
+    namespace = {}
+    exec(compile("def outer(x):\n    def inner():\n        return x + 1\n    return inner\n",
+                 "/tmp/ipykernel_1/4242.py", "exec"), namespace)
+    outer = cloudpickle.loads(_pickling.dumps(namespace["outer"]))
+    assert outer.__code__.co_filename == "/tmp/ipykernel_1/4242.py"
+    assert outer(1).__code__.co_filename == "/tmp/ipykernel_1/4242.py"      # nested code too
+    assert outer(1)() == 2
+
+
 def test_output_reaches_the_caller_prefixed_by_rank(capfd):
     course.launch(prints_lines, 2)
     out, err = capfd.readouterr()

@@ -19,8 +19,8 @@ INSTALL_STAMP := $(VENV)/.installed
 LAB_INDEX := labs/index.ipynb
 # The instructor's live demo: a notebook beside the solutions, not a lab.
 DEMO := solutions/demo.ipynb
-# bench/_*.py are helpers the scripts share, not benchmarks.
-BENCH_SCRIPTS = $(sort $(filter-out bench/_%,$(wildcard bench/*.py)))
+# bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
+BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
 .PHONY: install sandbox-tools browser-tools test lab demo release reference grade bench clean
 
@@ -71,12 +71,11 @@ grade: $(INSTALL_STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/submissions" >&2; exit 2; }
 	$(VENV)/bin/python -m grader grade '$(SUBMISSIONS)'
 
+# Every benchmark, one report: bench/results/report.md and report.json (under 10 minutes on
+# 2 cores). Fails when any benchmark fails; the report still says what the others measured.
 bench: $(INSTALL_STAMP)
 	@test -n "$(BENCH_SCRIPTS)" || { echo "no bench/*.py to run" >&2; exit 1; }
-	@set -e; for script in $(BENCH_SCRIPTS); do \
-		echo "== $$script"; \
-		$(VENV)/bin/python $$script; \
-	done
+	$(VENV)/bin/python bench/report.py $(BENCH_SCRIPTS)
 
 # grader/work/ (submissions and the gradebook) is deliberately left alone.
 clean:

@@ -12,7 +12,8 @@ round, so that both see the same machine, with the course's recording of
 torch.distributed calls turned off (`course.comm.unrecorded`). A round's time
 is the slowest rank's, each rank's the median of its calls (or training
 steps) in that round; the ratio is taken round by round and reported as its
-median and range. Prints a markdown table; --json writes the figures.
+median and range. Prints markdown tables; --json writes them with the figures
+(bench/_results.py).
 
     python bench/data_parallel.py [--rounds 15] [--json bench/results/data_parallel.json]
 """
@@ -28,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import course
+from _results import count, emit, headline_row
 from _rounds import compare, ratio_text, unrecorded
 from grader.solution import load
 
@@ -116,20 +118,35 @@ def main():
             figures = compare(run, "buckets (lab 2)", "DDP")
             report["training"].append({"ranks": n, "bucket_MiB": bucket_bytes / 2**20, **figures})
 
+    emit(args.json, title="Lab 2 against torch.distributed", markdown=markdown(report, args.rounds, batch_size),
+         headline=headline(report, args.rounds), figures={"rounds": args.rounds, **report})
+
+
+def markdown(report, rounds, batch_size) -> str:
     device = course.placement.choose(max(RANKS))
-    print(f"## Lab 2 against torch.distributed ({device.backend}, {', '.join(sorted(set(device.devices)))}; "
-          f"medians of {args.rounds} alternating rounds, slowest rank)\n")
-    print("| ranks | tensor | ring (lab 2) | gloo all_reduce | ring / gloo (range) |\n|---|---|---|---|---|")
+    lines = [f"{device.backend}, {', '.join(sorted(set(device.devices)))}; medians of {rounds} alternating "
+             f"rounds, slowest rank; course recording off.", "",
+             "| ranks | tensor | ring (lab 2) | gloo all_reduce | ring / gloo (range) |", "|---|---|---|---|---|"]
     for r in report["all_reduce"]:
-        print(f"| {r['ranks']} | {r['MB']} MB | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | {ratio_text(r)} |")
-    print("\n| ranks | buckets | lab 2 step | DDP step | lab 2 / DDP, goal ≤ 1.05× (range) |\n|---|---|---|---|---|")
+        lines.append(f"| {r['ranks']} | {r['MB']} MB | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | "
+                     f"{ratio_text(r)} |")
+    lines += ["", "| ranks | buckets | lab 2 step | DDP step | lab 2 / DDP, goal ≤ 1.05× (range) |",
+              "|---|---|---|---|---|"]
     for r in report["training"]:
-        print(f"| {r['ranks']} | {r['bucket_MiB']:g} MiB | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | "
-              f"{ratio_text(r)} |")
-    print(f"\n(wide MLP {LAB.WIDE_MLP}, global batch {batch_size})")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        lines.append(f"| {r['ranks']} | {r['bucket_MiB']:g} MiB | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | "
+                     f"{ratio_text(r)} |")
+    lines += ["", f"(wide MLP {LAB.WIDE_MLP}, global batch {batch_size})"]
+    return "\n".join(lines)
+
+
+def headline(report, rounds) -> list[dict]:
+    over = count(rounds, "round")
+    rows = [headline_row(f"ring all-reduce (lab 2) / gloo `all_reduce`, {r['ranks']} ranks, {r['MB']} MB",
+                         ratio_text(r), over) for r in report["all_reduce"] if r["MB"] == max(SIZES_MB)]
+    rows += [headline_row(f"bucketed overlap (lab 2) / DDP step, {r['ranks']} ranks, {r['bucket_MiB']:g} MiB buckets",
+                          ratio_text(r) + " (goal ≤ 1.05×)", over)
+             for r in report["training"] if r["bucket_MiB"] * 2**20 == LAB.DDP_BUCKET_BYTES]
+    return rows
 
 
 if __name__ == "__main__":

@@ -11,9 +11,12 @@ Side by side, in one run, lab by lab and round by round:
 
 The ratio grade/run of the whole submission is taken round by round; the course
 promises at most 1.5×. Lab notebooks take minutes on a CPU: --rounds 1 is the
-default.
+default. With --runs-from LABS_JSON (what `bench/labs.py --json` wrote, earlier
+in the same report run), the run side is taken from there instead of executed
+again: the same notebooks executed the same way, at the same sizes, on one
+round; every round then uses those runs, and the report says so.
 
-    python bench/grading.py [--rounds 1] [--lab 01_single_gpu ...]
+    python bench/grading.py [--rounds 1] [--lab 01_single_gpu ...] [--runs-from LABS_JSON] [--json PATH]
 """
 import argparse
 import csv as csv_module
@@ -26,10 +29,12 @@ from pathlib import Path
 
 import nbformat
 
+from _headless import execute_headless
+from _results import count, emit, headline_row
+from _rounds import spread, spread_text
 from course import grading
 from grader import COURSE_ROOT, grade
 from grader.workspace import gradable_labs
-from grader.execute import execute
 
 PROMISE = 1.5
 
@@ -38,7 +43,7 @@ def run_once(lab: str, tmp: Path) -> float:
     nb = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
     folder = tmp / "run" / lab
     folder.mkdir(parents=True, exist_ok=True)
-    return execute(nb, folder, timeout=900, env={grading.DIR_ENV: str(COURSE_ROOT / "grader" / "reference")})
+    return execute_headless(nb, folder, timeout=900, env={grading.DIR_ENV: str(COURSE_ROOT / "grader" / "reference")})
 
 
 def grade_once(labs: list[str], tmp: Path) -> tuple[float, dict[str, float]]:
@@ -59,12 +64,50 @@ def grade_once(labs: list[str], tmp: Path) -> tuple[float, dict[str, float]]:
     return seconds, {lab: status[lab]["seconds"] for lab in labs}
 
 
+def reused_runs(labs_json: Path | None, labs: list[str]) -> dict[str, float]:
+    """{lab: seconds} of bench/labs.py's successful runs at default ranks, for the labs asked."""
+    if labs_json is None:
+        return {}
+    rows = json.loads(labs_json.read_text(encoding="utf-8"))["figures"]["runs"]
+    return {r["lab"]: r["seconds"]["median"] for r in rows
+            if r["lab"] in labs and not r["env"] and "seconds" in r}
+
+
+def markdown(labs, runs, grades, totals, reused, setup_s, rounds) -> str:
+    executed = [lab for lab in labs if lab not in reused]
+    sources = ([f"run of {', '.join(f'`{lab}`' for lab in reused)}: bench/labs.py's, earlier in this report "
+                "run (1 run each, used by every round)"] if reused else []) + \
+              ([f"run of {', '.join(f'`{lab}`' for lab in executed)}: executed here, each round"] if executed else [])
+    source = "; ".join(sources)
+    lines = [f"One complete, correct submission of the graded labs below. Grade: one `grade` run on all of them, "
+             f"start to CSV (sandbox, autograde, judge, feedback), a lab's share from status.json; {source}. "
+             f"{count(rounds, 'round')}" + ("; median (min-max)." if rounds > 1 else "."), "",
+             "| lab | run | grade | grade / run |", "|---|---|---|---|"]
+    for lab in labs:
+        run_s, grade_s = statistics.median(runs[lab]), spread(grades[lab])
+        lines.append(f"| `{lab}` | {run_s:.1f} s | {spread_text(grade_s, '{:.1f}', ' s')} | "
+                     f"{grade_s['median'] / run_s:.2f}× |")
+    ratio = spread(g / r for r, g in totals)
+    lines += [f"| whole submission | {statistics.median(r for r, _ in totals):.1f} s | "
+              f"{spread_text(spread(g for _, g in totals), '{:.1f}', ' s')} | {spread_text(ratio, '{:.2f}', '×')}; "
+              f"{'within' if ratio['median'] <= PROMISE else '**over**'} the promised {PROMISE}× |", "",
+              f"Once per class, before: the gradebook learns the labs ({setup_s:.1f} s)."]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--lab", dest="labs", action="append", help="only this lab (repeatable)")
+    parser.add_argument("--runs-from", type=Path, metavar="LABS_JSON",
+                        help="take the run times from bench/labs.py's --json output instead of running again")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if args.runs_from is not None and not args.runs_from.is_file():
+        parser.error(f"--runs-from {args.runs_from}: no such file; write it first with "
+                     f"`python bench/labs.py --json {args.runs_from}`, or leave the option out")
     labs = args.labs or list(gradable_labs(COURSE_ROOT))
+    reused = reused_runs(args.runs_from, labs)
     runs, grades, totals = {lab: [] for lab in labs}, {lab: [] for lab in labs}, []
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         # Once a term, not per student: the gradebook learns the labs' test cells.
@@ -73,24 +116,22 @@ def main() -> None:
         grade.grade(Path(tmp) / "nobody", labs=labs, work=Path(tmp) / "work", say=lambda *_: None)
         setup_s = time.perf_counter() - started
         for _ in range(args.rounds):
-            ran = {lab: run_once(lab, Path(tmp)) for lab in labs}
+            ran = {lab: reused[lab] if lab in reused else run_once(lab, Path(tmp)) for lab in labs}
             total, per_lab = grade_once(labs, Path(tmp))
             for lab in labs:
                 runs[lab].append(ran[lab])
                 grades[lab].append(per_lab[lab])
             totals.append((sum(ran.values()), total))
-    print(f"{'lab':<20} {'run s':>8} {'grade s':>8} {'grade/run':>10}   median of {args.rounds} round(s)")
-    for lab in labs:
-        run_s, grade_s = statistics.median(runs[lab]), statistics.median(grades[lab])
-        print(f"{lab:<20} {run_s:8.1f} {grade_s:8.1f} {grade_s / run_s:9.2f}×")
-    ratios = [g / r for r, g in totals]
-    ratio = statistics.median(ratios)
+    ratio = spread(g / r for r, g in totals)
     run_s, grade_s = statistics.median(r for r, _ in totals), statistics.median(g for _, g in totals)
-    print(f"{'whole submission':<20} {run_s:8.1f} {grade_s:8.1f} {ratio:9.2f}×  (range {min(ratios):.2f}-"
-          f"{max(ratios):.2f}; {'within' if ratio <= PROMISE else 'OVER'} the promised {PROMISE}×)")
-    print(f"once per class, before: the gradebook learns the labs ({setup_s:.1f} s)")
-    print("grade s of the whole submission: one `grade` run, start to CSV (every lab's "
-          "sandbox, autograde, judge, feedback); a lab's: its share, from status.json")
+    emit(args.json, title="Grading against running", markdown=markdown(labs, runs, grades, totals, reused, setup_s,
+                                                                      args.rounds),
+         headline=[headline_row("grade / run, one complete submission of every graded lab",
+                                f"{spread_text(ratio, '{:.2f}', '×')} (run {run_s:.0f} s, grade {grade_s:.0f} s; "
+                                f"promise ≤ {PROMISE}×)",
+                                count(args.rounds, "round") + (", runs reused from labs.py" if reused else ""))],
+         figures={"rounds": args.rounds, "reused_runs": sorted(reused), "setup_s": setup_s, "runs_s": runs,
+                  "grades_s": grades, "whole": [{"run_s": r, "grade_s": g} for r, g in totals], "ratio": ratio})
 
 
 if __name__ == "__main__":

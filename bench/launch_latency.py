@@ -2,20 +2,24 @@
 
 Side by side, in one run: course.launch (forkserver with torch preloaded,
 cloudpickle) against multiprocessing's spawn, which starts a fresh Python and
-imports torch in every rank. Each figure is the median of repeated launches of
-a function that only joins the group and returns; the first course.launch,
-which starts the forkserver, is reported on its own.
+imports torch in every rank. Each figure is the median (and range) of repeated
+launches of a function that only joins the group and returns; the first
+course.launch, which starts the forkserver, is reported on its own.
 
-    python bench/launch_latency.py [--repeats 20] [--spawn-repeats 3]
+    python bench/launch_latency.py [--repeats 20] [--spawn-repeats 3] [--json PATH]
 """
 import argparse
 import datetime
 import multiprocessing
 import os
-import statistics
 import time
+from pathlib import Path
 
 import course
+from _results import count, emit, headline_row
+from _rounds import spread, spread_text
+
+RANKS = (2, 4)
 
 
 def joined():
@@ -52,21 +56,36 @@ def launch_once(world_size: int) -> float:
     return time.perf_counter() - started
 
 
+def markdown(first: float, by_ranks: list[dict]) -> str:
+    lines = [f"First `course.launch` of the run (starts the forkserver, which imports torch once): {first:.2f} s.",
+             "", "| ranks | `course.launch` | spawn instead | spawn / launch (medians) |", "|---|---|---|---|"]
+    for r in by_ranks:
+        lines.append(f"| {r['ranks']} | {spread_text(r['launch_s'], '{:.3f}', ' s')} | "
+                     f"{spread_text(r['spawn_s'], '{:.2f}', ' s')} | "
+                     f"{r['spawn_s']['median'] / r['launch_s']['median']:.0f}× |")
+    launches, spawns = by_ranks[0]["launch_s"]["n"], by_ranks[0]["spawn_s"]["n"]
+    lines += ["", f"(medians (min-max) of {launches} launches and {spawns} spawns per rank count; "
+              f"gloo, one thread per rank, {os.cpu_count()} CPU cores)"]
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--spawn-repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     options = parser.parse_args()
 
     first = launch_once(2)
-    print(f"first course.launch (starts the forkserver, imports torch once): {first:.2f} s")
-    print(f"{'ranks':>5}  {'course.launch (median)':>22}  {'spawn (median)':>14}  {'ratio':>6}")
-    for world_size in (2, 4):
-        fast = statistics.median(launch_once(world_size) for _ in range(options.repeats))
-        slow = statistics.median(spawn_once(world_size) for _ in range(options.spawn_repeats))
-        print(f"{world_size:>5}  {fast:>20.3f} s  {slow:>12.2f} s  {slow / fast:>5.0f}x")
-    print(f"(medians of {options.repeats} launches and {options.spawn_repeats} spawns; "
-          f"gloo, one thread per rank, {os.cpu_count()} CPU cores)")
+    by_ranks = [{"ranks": n,
+                 "launch_s": spread(launch_once(n) for _ in range(options.repeats)),
+                 "spawn_s": spread(spawn_once(n) for _ in range(options.spawn_repeats))} for n in RANKS]
+    headline = [headline_row(f"`course.launch`, {r['ranks']} ranks", spread_text(r["launch_s"], "{:.3f}", " s") +
+                             f"; spawn {r['spawn_s']['median']:.2f} s",
+                             f"{count(options.repeats, 'launch', 'launches')}, {count(options.spawn_repeats, 'spawn')}")
+                for r in by_ranks]
+    emit(options.json, title="Launch latency", markdown=markdown(first, by_ranks), headline=headline,
+         figures={"first_launch_s": first, "by_ranks": by_ranks})
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import course
+from _results import count, emit, headline_row
 from _rounds import compare, ratio_text, unrecorded
 from grader.solution import load
 
@@ -92,19 +93,24 @@ def main():
         report.append({"ranks": n, **figures, "ours_bytes_per_step": sent[CONTENDERS[0]],
                        "theirs_bytes_per_step": sent[CONTENDERS[1]]})
 
+    emit(args.json, title="Lab 3 against PyTorch's tensor parallelism", markdown=markdown(report, args.rounds),
+         headline=[headline_row(f"lab 3 block / DTensor Colwise+Rowwise step, {r['ranks']} ranks",
+                                ratio_text(r) + " (goal ≤ 1.1×)", count(args.rounds, "round")) for r in report],
+         figures={"rounds": args.rounds, "block": [FEATURES, HIDDEN, BATCH], "by_ranks": report})
+
+
+def markdown(report, rounds) -> str:
     placement = course.placement.choose(max(RANKS))
-    print(f"## Lab 3 against PyTorch's tensor parallelism ({placement.backend}, "
-          f"{', '.join(sorted(set(placement.devices)))}; medians of {args.rounds} alternating rounds, slowest rank)\n")
-    print("| ranks | SplitBlock step | PyTorch step | SplitBlock / PyTorch, goal ≤ 1.1× (range) | "
-          "bytes per rank per step, SplitBlock | PyTorch |\n|---|---|---|---|---|---|")
+    lines = [f"{placement.backend}, {', '.join(sorted(set(placement.devices)))}; medians of {rounds} "
+             "alternating rounds, slowest rank; course recording off.", "",
+             "| ranks | SplitBlock step | PyTorch step | SplitBlock / PyTorch, goal ≤ 1.1× (range) | "
+             "bytes per rank per step, SplitBlock | PyTorch |", "|---|---|---|---|---|---|"]
     for r in report:
-        print(f"| {r['ranks']} | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | {ratio_text(r)} | "
-              f"{r['ours_bytes_per_step']:,.0f} | {r['theirs_bytes_per_step']:,.0f} |")
-    print(f"\n(block Linear({FEATURES}, {HIDDEN}) → ReLU → Linear({HIDDEN}, {FEATURES}), batch {BATCH}, "
-          f"input needing its gradient; bytes: the fewest a rank wrote to its sockets in a round, per step)")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        lines.append(f"| {r['ranks']} | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | {ratio_text(r)} | "
+                     f"{r['ours_bytes_per_step']:,.0f} | {r['theirs_bytes_per_step']:,.0f} |")
+    lines += ["", f"(block Linear({FEATURES}, {HIDDEN}) → ReLU → Linear({HIDDEN}, {FEATURES}), batch {BATCH}, "
+              "input needing its gradient; bytes: the fewest a rank wrote to its sockets in a round, per step)"]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -12,16 +12,14 @@ loaded from solutions/01_single_gpu with grader.solution.load) on course.device(
 2. The phases of one step (read, to device, forward, loss, backward, optimizer step,
    weight update) at a small and a large batch: medians over --steps steps.
 
-Prints markdown; --json writes the figures with the device, torch and host they came from.
+Prints markdown; --json writes the figures, with the machine they came from, for the report
+(bench/_results.py).
 
     python bench/single_gpu.py [--steps 8] [--json bench/results/single_gpu.json]
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 from pathlib import Path
 
@@ -29,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 import course
+from _machine import describe, text
+from _results import emit, headline_row
 from course import data, models, throughput
 from grader.solution import load
 
@@ -67,17 +67,14 @@ def phase_medians(device, shape, x, y, batch_size, steps, warmup=3) -> dict[str,
     return {g: statistics.median(r[g] for r in grouped) * 1e3 for g in GROUPS}
 
 
-def where() -> dict:
-    device = course.device()
-    return {"device": str(device),
-            "name": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads",
-            "torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count()}
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"the CPU ({torch.get_num_threads()} threads)"
 
 
 def run(steps: int) -> dict:
     device = course.device()
     batches = GPU_BATCHES if device.type == "cuda" else CPU_BATCHES
-    report = {"where": where(), "steps": steps, "models": {}}
+    report = {"machine": describe(), "device": device_name(device), "steps": steps, "models": {}}
     for name, (shape, on_cpu) in MODELS.items():
         if device.type != "cuda" and not on_cpu:
             continue
@@ -85,15 +82,15 @@ def run(steps: int) -> dict:
         curve = throughput.sweep(make_step_factory(device, shape, x, y), batches, steps=steps, progress=False)
         report["models"][name] = {
             "sweep": curve.round(2).to_dict(orient="records"),
-            "lesson": throughput.lesson(curve, report["where"]["name"]),
+            "lesson": throughput.lesson(curve, report["device"]),
             "phases_ms": {b: phase_medians(device, shape, x, y, b, steps) for b in PHASE_BATCHES},
         }
     return report
 
 
 def markdown(report: dict) -> str:
-    w = report["where"]
-    lines = [f"Lab 1 on {w['name']} (torch {w['torch']}, {w['cpus']} CPU cores); medians of {report['steps']} steps.", ""]
+    lines = [f"Lab 1's reference step on {report['device']} ({text(report['machine'])}); medians of "
+             f"{report['steps']} steps.", ""]
     for name, figures in report["models"].items():
         lines += [f"**{name}**", "", "| batch | ms per step | samples/s (min-max) |", "|---|---|---|"]
         lines += [f"| {r['batch_size']} | {r['ms_per_step']:.2f} | {r['samples_per_s']:,.0f} "
@@ -107,6 +104,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def headline(report: dict) -> list[dict]:
+    """Per network: its best throughput, and what a batch of 32 reaches of it."""
+    rows = []
+    for name, figures in report["models"].items():
+        sweep = {r["batch_size"]: r["samples_per_s"] for r in figures["sweep"]}
+        best = max(sweep, key=sweep.get)
+        rows.append(headline_row(f"lab 1's step on {report['device']}, {name.split(' (')[0]}",
+                                 f"best {sweep[best]:,.0f} samples/s at batch {best}; batch 32 reaches "
+                                 f"{sweep[32] / sweep[best]:.0%} of it", f"{report['steps']} steps a batch size"))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per batch size (default 8)")
@@ -115,10 +124,8 @@ def main() -> None:
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
     report = run(args.steps)
-    print(markdown(report))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    emit(args.json, title="Lab 1: throughput against batch size, and a step's phases", markdown=markdown(report),
+         headline=headline(report), figures=report)
 
 
 if __name__ == "__main__":

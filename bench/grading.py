@@ -29,12 +29,12 @@ from pathlib import Path
 
 import nbformat
 
-from _headless import execute_headless
 from _results import count, emit, headline_row
 from _rounds import spread, spread_text
 from course import grading
 from grader import COURSE_ROOT, grade
 from grader.workspace import gradable_labs
+from grader.execute import execute
 
 PROMISE = 1.5
 
@@ -43,7 +43,7 @@ def run_once(lab: str, tmp: Path) -> float:
     nb = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
     folder = tmp / "run" / lab
     folder.mkdir(parents=True, exist_ok=True)
-    return execute_headless(nb, folder, timeout=900, env={grading.DIR_ENV: str(COURSE_ROOT / "grader" / "reference")})
+    return execute(nb, folder, timeout=900, env={grading.DIR_ENV: str(COURSE_ROOT / "grader" / "reference")})
 
 
 def grade_once(labs: list[str], tmp: Path) -> tuple[float, dict[str, float]]:

@@ -26,12 +26,12 @@ from pathlib import Path
 import nbformat
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-from _headless import execute_headless
 from _machine import describe
 from _peak_memory import PeakMemory
 from _results import count, emit, headline_row
 from _rounds import spread, spread_text
 from course.placement import RANKS_VARIABLE
+from grader.execute import execute
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = REPO / "solutions"
@@ -80,7 +80,7 @@ def run_once(notebook: Path, env: dict[str, str]) -> dict:
 
     with tempfile.TemporaryDirectory(prefix=f"bench-{notebook.stem}-") as folder, PeakMemory() as memory:
         try:
-            seconds = execute_headless(nb, Path(folder), timeout=CELL_TIMEOUT_S, env=env, on_cell_start=on_cell_start)
+            seconds = execute(nb, Path(folder), timeout=CELL_TIMEOUT_S, env=env, on_cell_start=on_cell_start)
         except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
             last_line = _ANSI.sub("", str(e)).strip().splitlines()[-1:] or [type(e).__name__]
             return {"error": f"cell {progress.get('cell', '?')}: {type(e).__name__}: {last_line[0][:300]}"}

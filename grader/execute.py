@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_core.utils import run_sync
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
@@ -43,11 +44,19 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, *, timeout: float = 300,
     CellTimeoutError or DeadKernelError.
     """
     kernel_env = {**os.environ, "MPLBACKEND": INLINE_BACKEND, **(env or {})}
+    kernel = this_interpreters_kernel()
     client = NotebookClient(
-        nb, km=this_interpreters_kernel(), kernel_name=KERNEL_NAME, timeout=timeout,
+        nb, km=kernel, kernel_name=KERNEL_NAME, timeout=timeout,
         allow_errors=allow_errors, resources={"metadata": {"path": str(cwd)}},
         **({"on_cell_start": on_cell_start} if on_cell_start else {}),
     )
     t0 = time.perf_counter()
-    client.execute(env=kernel_env)
-    return time.perf_counter() - t0
+    try:
+        client.execute(env=kernel_env)
+        return time.perf_counter() - t0
+    finally:
+        # nbclient shuts down only kernels it made itself, and this one is ours: left
+        # running, it and the forkserver it started (torch in each) would stay until this
+        # process ends, one more per notebook. Killing it kills its process group.
+        if kernel.has_kernel:
+            run_sync(kernel.shutdown_kernel)(now=True)

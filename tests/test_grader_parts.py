@@ -331,3 +331,25 @@ def test_tampering_with_test_cells_is_reported():
                     "test cell test_c was missing; the original was put back and graded"]
     assert "metadata was removed" in verdict.unmatchable({"cells": [new_code_cell("x")]})
     assert verdict.unmatchable(submitted) is None
+
+
+@pytest.mark.parametrize("last_cell", ["course.launch(one, 2)", "raise KeyError('a student error')"])
+def test_execute_leaves_no_kernel_or_rank_running(tmp_path, last_cell):
+    # nbclient shuts down only kernels it starts itself; grader.execute starts its own, with a
+    # forkserver holding torch: one of each left per notebook would pile up in a test run
+    import psutil
+    from nbclient.exceptions import CellExecutionError
+
+    from grader.execute import execute
+
+    nb = new_notebook(cells=[new_code_cell("import course\ndef one():\n    return 1\ncourse.launch(one, 2)"),
+                             new_code_cell(last_cell)])
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    try:
+        execute(nb, tmp_path, timeout=120)
+    except CellExecutionError as error:
+        assert "a student error" in str(error)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    gone, alive = psutil.wait_procs(left, timeout=5)
+    assert not alive, f"still running after execute: {[p.cmdline()[:3] for p in alive]}"
+    assert "RankResults([1, 1])" in nb.cells[0].outputs[-1]["data"]["text/plain"]

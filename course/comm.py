@@ -59,6 +59,11 @@ class CommRecord:
     start: float = 0.0    # seconds since the rank started its function
     end: float | None = None
 
+    @property
+    def sent(self) -> int | float:
+        """The bytes this rank sent: as written to the sockets where read, else by the formula."""
+        return self.measured if self.measured is not None else self.predicted
+
 
 @contextlib.contextmanager
 def unrecorded():

@@ -49,7 +49,7 @@ def measured(run, rank: int = 0) -> dict:
         raise ValueError(f"rank {rank} of this run recorded fewer than 2 {STEP!r} spans: wrap each training "
                          f"step in course.timeline.span({STEP!r}) and run at least 2 steps")
     inside = [r for r in run.comm.rank(rank) if any(s.start <= r.start <= s.end for s in steps)]
-    sent = sum(r.measured if r.measured is not None else r.predicted for r in inside)
+    sent = sum(r.sent for r in inside)
     return {"step": statistics.median(s.end - s.start for s in steps), "sent": sent / len(steps),
             "communication": sum(r.end - r.start for r in inside) / len(steps),
             "on sockets": all(r.measured is not None for r in inside)}

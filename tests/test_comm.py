@@ -224,3 +224,15 @@ def test_unrecorded_calls_still_run_but_leave_no_record():
     assert [r.op for r in results.comm.rank(0)] == ["all_reduce", "barrier"]
     with course.comm.unrecorded():              # outside a rank: nothing to pause
         pass
+
+
+def test_a_record_says_what_it_sent_measured_where_read_else_by_the_formula():
+    from course.comm import CommRecord
+
+    record = CommRecord(rank=0, op="all_reduce", shape=(4,), dtype="float32", nbytes=16, group_size=2,
+                        peer=None, async_op=False, algorithm="ring", predicted=16, measured=None)
+    assert record.sent == 16
+    record.measured = 80          # on the sockets: the formula's bytes and gloo's header
+    assert record.sent == 80
+    record.measured = 0           # read, and nothing written: still measured
+    assert record.sent == 0

@@ -83,11 +83,14 @@ c.Execute.skip_cells_with_tag = "nbgrader-skip-5c1e9a07d3b84f26a9e0b71c4d62f8e3"
 # configurable and is always True, which autograde needs (a failing test cell
 # is recorded as 0 points and the remaining cells still run).
 
-# Under `python -m grader grade`, the kernel runs in a sandbox (grader/sandbox.py):
-# the same preprocessors as nbgrader's, with Execute swapped for the jailed one.
-if os.environ.get("GRADER_SANDBOX_SPEC"):
+# Under `python -m grader grade`, the kernel runs in a sandbox (grader/sandbox.py),
+# and the judge (grader/judge.py) must know which test cell runs: the same
+# preprocessors as nbgrader's, with Execute swapped for one that tells the judge,
+# jailed unless the instructor asked for --unsafe.
+if os.environ.get("GRADER_JUDGE_CELL_FILE"):
     c.Autograde.autograde_preprocessors = [
-        "grader.sandboxed.SandboxedExecute",
+        "grader.judged_execute.JudgedSandboxedExecute" if os.environ.get("GRADER_SANDBOX_SPEC")
+        else "grader.judged_execute.JudgedExecute",
         "nbgrader.preprocessors.IgnorePattern",
         "nbconvert.preprocessors.ClearMetadataPreprocessor",
         "nbgrader.preprocessors.LimitOutput",

@@ -112,12 +112,18 @@ def _compare_tensors(actual, expected: torch.Tensor, where: str, rtol, atol) -> 
         f"allowed: {allowed}")
 
 
+def _brief(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def assert_close(actual, expected, name: str, *, rank: int | None = None,
                  rtol: float | None = None, atol: float | None = None) -> None:
     """Raise AssertionError unless `actual` matches `expected` within tolerance.
 
     expected: a tensor, or a mapping / sequence of them (a state dict, a list of
-    gradients); `actual` must have the same keys or length. `name` and `rank`
+    gradients); `actual` must have the same keys or length. Strings and None
+    must be equal. `name` and `rank`
     say, in the message, which result is wrong. rtol/atol default to the
     dtype's `tolerance`.
     """
@@ -140,6 +146,9 @@ def assert_close(actual, expected, name: str, *, rank: int | None = None,
             raise AssertionError(f"{where}: {len(actual)} items, expected {len(expected)}")
         for i, (a, e) in enumerate(zip(actual, expected)):
             assert_close(a, e, f"{name}[{i}]", rank=rank, rtol=rtol, atol=atol)
+    elif isinstance(expected, str) or expected is None:
+        if actual != expected:
+            raise AssertionError(f"{where}: got {_brief(actual)}, expected {expected!r}")
     elif isinstance(expected, (int, float)):
         # A number compares in the dtype of the result (a float32 loss against a stored float).
         floating = isinstance(actual, torch.Tensor) and actual.is_floating_point()

@@ -6,19 +6,25 @@ solution's, stored in ``grader/reference/<lab>.json``:
     REFERENCE = course.grading.Reference("01_single_gpu")
     REFERENCE.check("train_step/params after 5 steps", params)
 
-While grading, the stored values stay outside the submission's reach: `check`
+While grading, the reference values stay outside the submission's reach: `check`
 sends the value to the grader's judge (``COURSE_REFERENCE_JUDGE``, see
-grader/judge.py), which compares and answers with the same message.
+grader/judge.py), which compares it with its own copy, under the tolerance
+stored with that copy, and answers only pass or fail. How far off a value was
+goes into the grader's verdict, never back into the kernel.
 
-The stored values are recorded from the solutions themselves: ``python -m
-grader reference`` executes each solution notebook with ``COURSE_REFERENCE_RECORD``
-set to a folder, and there every ``check`` records its value instead of
-comparing. Executed normally, the solution notebook compares with what was
-stored, so a solution that drifts from its reference fails its own tests.
+The values are recorded from the solutions themselves: executed with
+``COURSE_REFERENCE_RECORD`` set to a folder, every ``check`` records its value
+and tolerance instead of comparing. ``python -m grader reference`` stores them
+in grader/reference/ (seed 0): executed normally, the solution notebook compares
+with what was stored, so a solution that drifts from its reference fails its
+own tests.
 
-Where a stored value could simply be copied into a submission, tests use
-fresh random inputs instead (``fresh_seed``), with an independent reference
-computed in the test.
+Hidden tests draw their inputs from ``REFERENCE.seed()``. While grading, that
+is a seed the judge picks for the grading run and tells only while a graded
+test cell runs; the grader records the solution's values for that seed outside
+the jail before it grades anyone. A stored answer copied into a submission is
+therefore worth nothing. ``fresh_seed`` stays for inputs whose reference the
+test computes itself, in the kernel.
 """
 from __future__ import annotations
 
@@ -37,7 +43,9 @@ from course import check
 RECORD_ENV = "COURSE_REFERENCE_RECORD"   # folder to record reference values into
 DIR_ENV = "COURSE_REFERENCE_DIR"         # folder to read them from (default: grader/reference)
 JUDGE_ENV = "COURSE_REFERENCE_JUDGE"     # while grading: the judge's socket (grader.judge)
-FORMAT = 1
+SEED_ENV = "COURSE_REFERENCE_SEED"       # while recording: the seed REFERENCE.seed() returns
+STORED_SEED = 0                          # the seed of the values stored in grader/reference
+FORMAT = 2                               # 2: each value with the tolerance its check used
 
 
 def under_grader() -> bool:
@@ -131,20 +139,33 @@ def decode(data):
     return data["value"]
 
 
-def read(path: Path) -> dict:
-    """{key: value} stored in one lab's reference file."""
+def _load(path: Path) -> dict:
     stored = json.loads(Path(path).read_text(encoding="utf-8"))
     if stored.get("format") != FORMAT:
         raise ValueError(f"{path}: reference format {stored.get('format')!r}, expected {FORMAT}; "
                          "regenerate it with `python -m grader reference`")
-    return {k: decode(v) for k, v in stored["values"].items()}
+    return stored
 
 
-def write(path: Path, lab: str, values: dict) -> None:
-    """Write {key: value} as one lab's reference file (sorted, so diffs stay small)."""
+def read(path: Path) -> dict:
+    """{key: value} stored in one lab's reference file."""
+    return {k: decode(v) for k, v in _load(path)["values"].items()}
+
+
+def read_tolerances(path: Path) -> dict[str, tuple[float | None, float | None]]:
+    """{key: (rtol, atol)} each value was recorded with (None: the dtype's default)."""
+    tolerances = _load(path).get("tolerances", {})
+    return {k: (t[0], t[1]) for k, t in tolerances.items()}
+
+
+def write(path: Path, lab: str, values: dict, tolerances: dict | None = None) -> None:
+    """Write {key: value}, and {key: (rtol, atol)} where a check set its own, as one lab's
+    reference file (sorted, so diffs stay small)."""
     # One value per line: a regenerated file's diff shows which values changed.
     lines = ",\n".join(f"  {json.dumps(k)}: {json.dumps(encode(values[k]))}" for k in sorted(values))
-    text = (f'{{"format": {FORMAT}, "lab": {json.dumps(lab)}, "values": {{\n' + lines + "\n}}\n")
+    own = {k: list(t) for k, t in sorted((tolerances or {}).items()) if k in values and t != (None, None)}
+    text = (f'{{"format": {FORMAT}, "lab": {json.dumps(lab)}, "tolerances": {json.dumps(own)}, "values": {{\n'
+            + lines + "\n}}\n")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -157,7 +178,7 @@ def write(path: Path, lab: str, values: dict) -> None:
 # --------------------------------------------------------------------------
 
 class Reference:
-    """One lab's stored reference values: `check` compares with (or records) them."""
+    """One lab's reference values: `check` compares with (or records) them, `seed` draws inputs."""
 
     def __init__(self, lab: str):
         self.lab = lab
@@ -181,22 +202,32 @@ class Reference:
             self._values = read(path)
         return self._values
 
+    def seed(self) -> int:
+        """The seed of the hidden tests' inputs: the grading run's (asked of the judge, and
+        told only while a graded test cell runs), the recording's, or STORED_SEED."""
+        judge = os.environ.get(JUDGE_ENV)
+        if judge:
+            return int(_ask(judge, {"op": "seed", "lab": self.lab})["seed"])
+        return int(os.environ.get(SEED_ENV) or STORED_SEED) if self.recording else STORED_SEED
+
     def check(self, key: str, actual, *, name: str | None = None, rank: int | None = None,
               rtol: float | None = None, atol: float | None = None) -> None:
-        """Assert that `actual` matches the stored value `key` (or record it).
+        """Assert that `actual` matches the reference value `key` (or record it, with rtol/atol).
 
-        The failure message names `name` (default: the key), the rank, the
-        largest difference and the tolerance.
+        Outside grading the failure message names `name` (default: the key), the
+        rank, the largest difference and the tolerance. While grading, the judge
+        compares under the tolerance recorded with its value, whatever is passed here.
         """
         judge = os.environ.get(JUDGE_ENV)
         if judge:
-            ask_judge(judge, self.lab, key, actual, name=name, rank=rank, rtol=rtol, atol=atol)
+            ask_judge(judge, self.lab, key, actual, name=name, rank=rank)
             return
         if self.recording:
             path = self.path()
             values = read(path) if path.is_file() else {}
-            values[key] = actual
-            write(path, self.lab, values)
+            tolerances = read_tolerances(path) if path.is_file() else {}
+            values[key], tolerances[key] = actual, (rtol, atol)
+            write(path, self.lab, values, tolerances)
             return
         stored = self._stored()
         if key not in stored:
@@ -205,16 +236,40 @@ class Reference:
         check.assert_close(actual, stored[key], name or key, rank=rank, rtol=rtol, atol=atol)
 
 
-def ask_judge(socket_path: str, lab: str, key: str, actual, **how) -> None:
-    """Have the grader's judge compare `actual` with the stored value `key`; AssertionError if it differs."""
+#: Larger values are refused by the judge (grader.judge.MAX_REQUEST_BYTES); say so before sending.
+MAX_JUDGED_BYTES = 8 << 20
+
+
+def _ask(socket_path: str, request: dict) -> dict:
+    """One request to the judge, one answer; a judge that refuses raises AssertionError."""
+    data = json.dumps(request).encode() + b"\n"
+    if len(data) > MAX_JUDGED_BYTES:
+        raise AssertionError(f"{request.get('name') or request.get('key')}: the value is "
+                             f"{len(data) >> 20} MB as JSON, more than the grader's judge takes")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(120)
+        connection.connect(socket_path)
+        connection.sendall(data)
+        answer = json.loads(connection.makefile("rb").readline(1 << 16) or b"{}")
+    if "refused" in answer:
+        raise AssertionError(f"the grader's judge refused: {answer['refused']}")
+    return answer
+
+
+def ask_judge(socket_path: str, lab: str, key: str, actual, *, name: str | None = None,
+              rank: int | None = None) -> None:
+    """Have the grader's judge compare `actual` with its value `key`; AssertionError if it differs.
+
+    The judge answers pass or fail, nothing more: the reference value, and how
+    far `actual` was from it, stay with the grader (its verdict says).
+    """
+    where = (name or key) + ("" if rank is None else f" on rank {rank}")
     try:
         value = encode(actual)
     except TypeError as e:
-        raise AssertionError(f"{how.get('name') or key}: {e}") from None
-    request = json.dumps({"lab": lab, "key": key, "value": value, **how}).encode() + b"\n"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.connect(socket_path)
-        connection.sendall(request)
-        answer = json.loads(connection.makefile("rb").readline())
+        raise AssertionError(f"{where}: {e}") from None
+    answer = _ask(socket_path, {"op": "check", "lab": lab, "key": key, "value": value,
+                                "name": name, "rank": rank})
     if not answer.get("ok"):
-        raise AssertionError(answer.get("message", "the check failed"))
+        raise AssertionError(f"{where} does not match the reference solution's (the grader's "
+                             "verdict says by how much)")

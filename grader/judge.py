@@ -2,32 +2,51 @@
 
 The reference values never enter a submission's kernel. While grading,
 ``course.grading.Reference.check`` sends the student's value to the judge over
-a unix socket in the jail (COURSE_REFERENCE_JUDGE) and raises what the judge
-answers, so students get the same message as before: which result, the largest
-difference, the tolerance.
+a unix socket in the jail (COURSE_REFERENCE_JUDGE); the judge compares it with
+its own copy, under the tolerance recorded with that copy, and answers only
+pass or fail. The full comparison (largest difference, where, the tolerance)
+goes into the judge's log, which the grader reads for the verdict and the
+feedback page once the kernel is gone.
 
-The judge also keeps a log of every check. A test cell whose hidden checks
-never reached it (code that skipped or replaced them at run time) gets no
-points: `unverified` names those cells.
+The judge is authoritative:
+- it answers only while a graded test cell runs (the grader's Execute writes
+  the running cell's grade_id into `cell_file`, which the jail cannot see),
+  and only for the keys that cell's source checks: a student's cell cannot use
+  it as an oracle, and a check sent from elsewhere counts for nothing;
+- each key is checked a bounded number of times, each request is bounded in
+  size, a connection that stalls is dropped;
+- it runs in its own process, with its own memory limit and, where the grader
+  is root, as an unprivileged user.
 
-Protocol, one request per connection: a JSON line {"lab", "key", "value"
-(course.grading.encode), "name", "rank", "rtol", "atol"}; the answer is a JSON
-line {"ok": true} or {"ok": false, "message": ...}.
+A test cell earns its points only if every key its source checks reached the
+judge while it ran, and every check made while it ran passed (`findings`).
+
+Protocol, one request per connection: a JSON line {"op": "check", "lab", "key",
+"value" (course.grading.encode), "name", "rank"} answered {"ok": true|false}, or
+{"op": "seed", "lab"} answered {"seed": n}; a refusal is {"refused": why}.
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
+import resource
 import socketserver
-import threading
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-
-from course import check, grading
 
 from .labs import source_text
 
-MAX_REQUEST_BYTES = 256 << 20  # a lab's largest answer is a few MB of JSON
+MAX_REQUEST_BYTES = 8 << 20       # a lab's largest answer is tens of kB of JSON
+MAX_CHECKS_PER_KEY = 64           # the tests check a key once per rank or per case, not more
+MAX_REQUESTS = 4000               # in one notebook
+MAX_MESSAGE = 600                 # characters of a comparison kept for the verdict
+CONNECTION_TIMEOUT_S = 30         # a client that sends nothing for this long is dropped
+MEMORY_BYTES = 2 << 30            # the judge process's own limit (RLIMIT_DATA)
+UNPRIVILEGED_UID = 65534          # nobody: the judge, started by root, drops to it
 
 
 def required_checks(notebook: dict) -> dict[str, list[str]]:
@@ -45,75 +64,226 @@ def required_checks(notebook: dict) -> dict[str, list[str]]:
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
                 keys.append(node.args[0].value)
         if keys:
-            required[meta["grade_id"]] = keys
+            required[meta["grade_id"]] = list(dict.fromkeys(keys))
     return required
 
 
-class Judge:
-    """Serves one lab's reference checks on a unix socket; a context manager."""
+# --------------------------------------------------------------------------
+# The judge's own process
+# --------------------------------------------------------------------------
 
-    def __init__(self, lab: str, reference_dir: Path, socket_path: Path):
-        self.lab = lab
-        self.stored = grading.read(Path(reference_dir) / f"{lab}.json")
-        self.socket_path = Path(socket_path)
-        self.log: list[tuple[str, bool]] = []   # (key, passed), in arrival order
-        self._lock = threading.Lock()
-        judge = self
+class Referee:
+    """What the judge answers; its log is what the grader reads afterwards."""
 
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self):
-                line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
-                answer = judge.answer(line) if len(line) <= MAX_REQUEST_BYTES else \
-                    {"ok": False, "message": "the value sent for checking is too large"}
-                self.wfile.write(json.dumps(answer).encode() + b"\n")
+    def __init__(self, lab: str, values: dict, tolerances: dict, seed: int,
+                 required: dict[str, list[str]], cell_file: Path, log):
+        self.lab, self.values, self.tolerances, self.seed = lab, values, tolerances, seed
+        self.required, self.cell_file, self.log = required, Path(cell_file), log
+        self.counts: dict[str, int] = {}
+        self.requests = 0
 
-        self._server = socketserver.ThreadingUnixStreamServer(str(self.socket_path), Handler)
-        self._server.daemon_threads = True
-        os.chmod(self.socket_path, 0o666)  # the jail's uid connects to it
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    def running_cell(self) -> str | None:
+        try:
+            return self.cell_file.read_text(encoding="utf-8").strip() or None
+        except OSError:  # no cell file, or one the judge cannot read: no test cell it can vouch for
+            return None
+
+    def _record(self, **entry) -> None:
+        self.log.write(json.dumps(entry) + "\n")
+        self.log.flush()
 
     def answer(self, line: bytes) -> dict:
+        from course import check, grading  # torch: imported once, before the socket opens
+
+        cell = self.running_cell()
+        self.requests += 1
         try:
             request = json.loads(line)
-            key = request["key"]
+            op, key = request["op"], request.get("key")
         except (ValueError, KeyError, TypeError):
-            return {"ok": False, "message": "the judge could not read the check it was sent"}
-        if request.get("lab") != self.lab or key not in self.stored:
-            with self._lock:
-                self.log.append((str(key), False))
-            return {"ok": False, "message": f"no reference value {key!r} for lab {request.get('lab')}"}
+            return self._refuse(cell, None, "it could not read the request")
+        if self.requests > MAX_REQUESTS:
+            return self._refuse(cell, key, f"more than {MAX_REQUESTS} requests from one notebook")
+        if request.get("lab") != self.lab:
+            return self._refuse(cell, key, f"this is lab {self.lab}, not {request.get('lab')!r}")
+        if cell not in self.required:
+            return self._refuse(cell, key, "it answers only while a graded test cell runs")
+        if op == "seed":
+            self._record(cell=cell, op="seed")
+            return {"seed": self.seed}
+        if op != "check" or not isinstance(key, str):
+            return self._refuse(cell, key, f"no such request {op!r}")
+        if key not in self.required[cell]:
+            return self._refuse(cell, key, f"test cell {cell} does not check {key!r}")
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if self.counts[key] > MAX_CHECKS_PER_KEY:
+            return self._refuse(cell, key, f"{key!r} was checked more than {MAX_CHECKS_PER_KEY} times")
+        if key not in self.values:
+            return self._refuse(cell, key, f"it has no reference value {key!r}")
+        name, rank = request.get("name"), request.get("rank")
+        name = name if isinstance(name, str) else key
+        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+        rtol, atol = self.tolerances.get(key, (None, None))
         try:
-            actual = grading.decode(request["value"])
-            check.assert_close(actual, self.stored[key], request.get("name") or key, rank=request.get("rank"),
-                               rtol=request.get("rtol"), atol=request.get("atol"))
-            answer = {"ok": True}
-        except Exception as e:  # noqa: BLE001 -- any failure to compare is a failed check, in words
-            answer = {"ok": False, "message": str(e) or type(e).__name__}
-        with self._lock:
-            self.log.append((key, answer["ok"]))
-        return answer
+            check.assert_close(grading.decode(request["value"]), self.values[key], name, rank=rank,
+                               rtol=rtol, atol=atol)
+            ok, message = True, ""
+        except Exception as e:  # noqa: BLE001 -- a value that cannot be compared fails, in words
+            ok, message = False, (str(e) or type(e).__name__)[:MAX_MESSAGE]
+        self._record(cell=cell, op="check", key=key, ok=ok, message=message)
+        return {"ok": ok}
 
-    def unverified(self, required: dict[str, list[str]]) -> dict[str, str]:
-        """{grade_id: why} for test cells whose hidden checks did not all reach the judge and pass."""
-        with self._lock:
-            outcomes: dict[str, list[bool]] = {}
-            for key, passed in self.log:
-                outcomes.setdefault(key, []).append(passed)
-        why = {}
-        for grade_id, keys in required.items():
-            missing = [k for k in keys if k not in outcomes]
-            failed = [k for k in keys if k in outcomes and not all(outcomes[k])]
-            if missing:
-                why[grade_id] = f"its hidden check {missing[0]!r} never reached the grader"
-            elif failed:
-                why[grade_id] = f"its hidden check {failed[0]!r} failed"
-        return why
+    def _refuse(self, cell: str | None, key, why: str) -> dict:
+        if self.requests <= MAX_REQUESTS + 1:  # the log stays bounded too
+            self._record(cell=cell, op="refused", key=key if isinstance(key, str) else None, why=why)
+        return {"refused": why}
+
+
+def serve(referee: Referee, socket_path: Path, uid: int | None) -> None:
+    """Answer requests one at a time until killed (one client: the submission's kernel)."""
+
+    class Handler(socketserver.StreamRequestHandler):
+        timeout = CONNECTION_TIMEOUT_S
+
+        def handle(self):
+            try:
+                line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+            except (TimeoutError, OSError):
+                return
+            if len(line) > MAX_REQUEST_BYTES or not line.endswith(b"\n"):
+                answer = referee._refuse(referee.running_cell(), None,
+                                         f"a request of more than {MAX_REQUEST_BYTES >> 20} MB")
+            else:
+                answer = referee.answer(line)
+            try:
+                self.wfile.write(json.dumps(answer).encode() + b"\n")
+            except OSError:
+                pass
+
+    server = socketserver.UnixStreamServer(str(socket_path), Handler)
+    os.chmod(socket_path, 0o666)  # the jail's uid connects to it
+    if uid is not None and os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    print("ready", flush=True)
+    server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m grader.judge", description="the judge of one submission")
+    p.add_argument("--lab", required=True)
+    p.add_argument("--values", type=Path, required=True, help="the reference values (course.grading format)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--required", type=Path, required=True, help="JSON {grade_id: [keys]}")
+    p.add_argument("--socket", type=Path, required=True)
+    p.add_argument("--cell-file", type=Path, required=True)
+    p.add_argument("--log", type=Path, required=True)
+    p.add_argument("--uid", type=int, help="drop to this uid once the socket is open (when root)")
+    args = p.parse_args(argv)
+    resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_BYTES, MEMORY_BYTES))
+    from course import grading
+
+    log = args.log.open("a", encoding="utf-8")
+    referee = Referee(args.lab, grading.read(args.values), grading.read_tolerances(args.values), args.seed,
+                      json.loads(args.required.read_text(encoding="utf-8")), args.cell_file, log)
+    serve(referee, args.socket, args.uid)
+
+
+# --------------------------------------------------------------------------
+# The grader's side
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Finding:
+    """What the judge saw of one graded test cell."""
+    passed: bool
+    why: str = ""                 # why it gets no points, in words
+    detail: str = ""              # the comparison that failed, for the verdict
+
+
+class Judge:
+    """The judge of one submission, in its own process; a context manager.
+
+    socket_dir is what the jail sees (read-only); private_dir is the grader's
+    own (the log and the running cell's file), never mounted into the jail.
+    """
+
+    def __init__(self, lab: str, values: Path, seed: int, required: dict[str, list[str]],
+                 socket_dir: Path, private_dir: Path, uid: int | None = None):
+        self.lab, self.required = lab, required
+        self.socket_path = Path(socket_dir) / "judge.sock"
+        self.cell_file = Path(private_dir) / "judge-cell"
+        self.log_path = Path(private_dir) / "judge.log"
+        required_file = Path(private_dir) / "judge-required.json"
+        required_file.write_text(json.dumps(required), encoding="utf-8")
+        self._argv = [sys.executable, "-m", "grader.judge", "--lab", lab, "--values", str(values),
+                      "--seed", str(seed), "--required", str(required_file), "--socket", str(self.socket_path),
+                      "--cell-file", str(self.cell_file), "--log", str(self.log_path),
+                      *(["--uid", str(uid)] if uid is not None else [])]
+        self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Judge:
-        self._thread.start()
+        announce(self.cell_file, None)
+        self._proc = subprocess.Popen(self._argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        ready = self._proc.stdout.readline()
+        if ready.strip() != "ready":
+            self._proc.kill()
+            _, err = self._proc.communicate()
+            raise RuntimeError(f"the judge did not start: {err.strip()[-500:]}")
         return self
 
     def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.communicate()
         self.socket_path.unlink(missing_ok=True)
+
+    def entries(self) -> list[dict]:
+        entries = []
+        with self.log_path.open(encoding="utf-8") as log:
+            for line in log:
+                try:
+                    entries.append(json.loads(line))
+                except ValueError:
+                    pass
+        return entries
+
+    def findings(self) -> dict[str, Finding]:
+        """{grade_id: Finding} for every test cell with hidden checks."""
+        return findings(self.entries(), self.required)
+
+
+def findings(entries: list[dict], required: dict[str, list[str]]) -> dict[str, Finding]:
+    """What the judge's log says of each test cell that has hidden checks."""
+    out = {}
+    for grade_id, keys in required.items():
+        mine = [e for e in entries if e.get("cell") == grade_id]
+        refused = next((e for e in mine if e.get("op") == "refused"), None)
+        failed = next((e for e in mine if e.get("op") == "check" and not e.get("ok")), None)
+        checked = {e.get("key") for e in mine if e.get("op") == "check"}
+        missing = [k for k in keys if k not in checked]
+        if refused:
+            out[grade_id] = Finding(False, f"the grader's judge refused a request made while it ran "
+                                           f"({refused.get('why')})")
+        elif failed:
+            out[grade_id] = Finding(False, f"its hidden check {failed['key']!r} failed",
+                                    failed.get("message", ""))
+        elif missing:
+            out[grade_id] = Finding(False, f"its hidden check {missing[0]!r} never reached the grader")
+        else:
+            out[grade_id] = Finding(True)
+    return out
+
+
+def announce(cell_file: Path, grade_id: str | None) -> None:
+    """Tell the judge which graded test cell runs now (None: none)."""
+    tmp = Path(f"{cell_file}.tmp")
+    tmp.write_text(grade_id or "", encoding="utf-8")
+    os.chmod(tmp, 0o644)
+    tmp.replace(cell_file)
+
+
+if __name__ == "__main__":
+    main()

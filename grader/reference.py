@@ -8,6 +8,11 @@ its value instead of comparing. A lab that records nothing has no file.
 
 ``--check`` records into a scratch folder and compares with the stored files,
 within the course's tolerances: exit status 1 when they drift apart.
+
+The stored files are recorded with seed 0 (course.grading.STORED_SEED). A
+grading run records its own, the judge's values for that run, with
+`record(seed=..., as_graded=True)`: a seed of its own, and the notebook
+executed as nbgrader executes it (its demonstrations skip themselves).
 """
 from __future__ import annotations
 
@@ -29,15 +34,22 @@ from .labs import display_path, find_labs, ignore_patterns, select
 REFERENCE_DIR = "grader/reference"
 
 
-def record(lab, dest: Path, root: Path = COURSE_ROOT) -> Path | None:
-    """Execute lab's solution in record mode; returns dest/<lab>.json, or None if it records nothing."""
+def record(lab, dest: Path, root: Path = COURSE_ROOT, *, seed: int | None = None,
+           as_graded: bool = False) -> Path | None:
+    """Execute lab's solution in record mode; returns dest/<lab>.json, or None if it records nothing.
+
+    seed: what REFERENCE.seed() returns to the hidden tests (default: the stored values' seed).
+    as_graded: as nbgrader's autograde runs it (course.grading.under_grader() is true).
+    """
     with tempfile.TemporaryDirectory(prefix="grader-reference-") as tmp:
         work, recorded = Path(tmp) / lab.name, Path(tmp) / "recorded"
         shutil.copytree(lab.notebook.parent, work, ignore=shutil.ignore_patterns(*ignore_patterns(root)))
         recorded.mkdir()
         nb = nbformat.read(work / lab.notebook.name, as_version=4)
+        env = {grading.RECORD_ENV: str(recorded), grading.SEED_ENV: str(grading.STORED_SEED if seed is None else seed),
+               **({"NBGRADER_EXECUTION": "autograde"} if as_graded else {})}
         try:
-            execute(nb, work, env={grading.RECORD_ENV: str(recorded)})
+            execute(nb, work, env=env)
         except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
             raise GraderError(f"{display_path(lab.notebook, root)} failed while recording its "
                               f"reference outputs:\n{e}") from None
@@ -66,11 +78,16 @@ def compare(stored: Path, fresh: Path, labs: list[str] | None = None) -> list[st
     problems += [f"{name}: recorded by the solutions, but not stored" for name in sorted(fresh_files - stored_files)]
     for name in sorted(stored_files & fresh_files):
         old, new = grading.read(Path(stored) / name), grading.read(Path(fresh) / name)
+        old_tolerances = grading.read_tolerances(Path(stored) / name)
+        new_tolerances = grading.read_tolerances(Path(fresh) / name)
         for key in sorted(set(old) | set(new)):
             if key not in new:
                 problems.append(f"{name}: {key!r} is stored but no longer recorded")
             elif key not in old:
                 problems.append(f"{name}: {key!r} is recorded but not stored")
+            elif old_tolerances.get(key) != new_tolerances.get(key):
+                problems.append(f"{name}: {key!r} is checked with tolerance {new_tolerances.get(key)}, "
+                                f"stored with {old_tolerances.get(key)}")
             else:
                 try:
                     check.assert_close(new[key], old[key], key)

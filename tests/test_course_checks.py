@@ -344,7 +344,7 @@ def test_write_puts_one_value_per_line(tmp_path):
     assert [line.split(":")[0].strip() for line in lines[1:4]] == ['"x"', '"y"', '"z"'], lines
 
 
-@pytest.mark.parametrize("fmt", [2, None, "1"])
+@pytest.mark.parametrize("fmt", [1, None, "2"])
 def test_read_rejects_another_format(tmp_path, fmt):
     path = tmp_path / "lab.json"
     grading.write(path, "lab", {"x": 1.0})

@@ -1,0 +1,312 @@
+"""Code of the student's that reaches for the grading machinery: found with `ast`, flagged for the instructor.
+
+The judge decides the hidden tests' points outside the kernel, so rebinding a
+check inside it should not earn points; but a submission that tries is worth
+an instructor's look, and the attempt may work on something the judge does not
+hold. `flags` scans the student's cells (solution cells, cells the student
+added or changed; the lab's locked cells are put back by nbgrader) for:
+
+- assignments, deletes, setattr and delattr on what the course, torch, NumPy,
+  builtins, ``sys.modules`` or ``get_ipython()`` hold (``course.check.assert_close = ...``);
+- rebinding a name the lab's own cells import, or its read-only cells define
+  (``check = ...``, ``REFERENCE = ...``); the student's own functions are theirs;
+- IPython hooks (AST and input transformers, custom exception handlers,
+  event callbacks), tracing and profiling hooks, ctypes, ``gc.get_referrers``,
+  and any mention of ``course.grading``;
+- exec, eval, compile, ``__import__`` and importlib called on computed text (obfuscation).
+
+A cell that does not parse is a syntax error, not tampering: it is skipped.
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+from .labs import source_text
+
+MAX_FLAGS = 6
+GUARDED_ROOTS = {"course", "torch", "dist", "check", "np", "numpy", "builtins", "__builtins__"}  # and aliases
+GUARDED_CALLS = ("sys.modules", "get_ipython()", "globals()")
+HOOKS = {"ast_transformers": "installs an IPython AST transformer",
+         "input_transformers_post": "installs an IPython input transformer",
+         "input_transformers_cleanup": "installs an IPython input transformer",
+         "input_transformer_manager": "touches IPython's input transformers",
+         "set_custom_exc": "installs a custom exception handler",
+         "settrace": "installs a trace hook", "setprofile": "installs a profile hook",
+         "get_referrers": "uses gc.get_referrers", "ctypes": "uses ctypes"}
+DYNAMIC = {"exec", "eval", "compile", "__import__"}
+PYTHON_MAGICS = {"time", "timeit", "prun", "capture"}   # magics whose text is Python that runs
+
+
+def _grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _python(source: str) -> ast.Module | None:
+    """The cell as the kernel runs it (magics turned into calls), parsed; None if it does not parse."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+        return ast.parse(TransformerManager().transform_cell(source))
+    except (SyntaxError, ValueError, IndexError):
+        return None
+
+
+def _imports(tree: ast.AST) -> dict[str, str]:
+    """name -> the module or object an import binds it to ('F' -> 'torch.nn.functional')."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                if alias.name != "*":
+                    bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return bound
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The names a cell binds at its top level."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        for target in getattr(node, "targets", [getattr(node, "target", None)]):
+            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target else set()
+    return names
+
+
+class LabNames:
+    """What the released lab's own cells bind: protected from the student's rebinding."""
+
+    def __init__(self, released: dict):
+        self.imports: dict[str, str] = {}
+        self.protected: set[str] = set()
+        self.lines: set[str] = set()       # the lab's own code lines: copying one is no tampering
+        for cell in released.get("cells", []):
+            nbgrader = cell.get("metadata", {}).get("nbgrader", {})
+            if cell.get("cell_type") != "code" or nbgrader.get("solution"):
+                continue
+            source = source_text(cell)
+            self.lines |= {line.strip() for line in source.splitlines() if line.strip()}
+            tree = _python(source)
+            if tree is None:
+                continue
+            self.imports.update(_imports(tree))
+            if nbgrader.get("locked") and not nbgrader.get("grade"):   # a read-only helper cell
+                self.protected |= _defined(tree)
+            for node in tree.body:   # REFERENCE = course.grading.Reference(...) and the like
+                if isinstance(node, ast.Assign) and "grading" in ast.unparse(node.value):
+                    self.protected |= _defined(ast.Module(body=[node], type_ignores=[]))
+        # What the course and the libraries its checks use are bound to; `time` or `os` rebound is no tampering.
+        self.protected |= {name for name, bound in self.imports.items() if bound.split(".")[0] in GUARDED_ROOTS}
+
+
+class _Scanner(ast.NodeVisitor):
+    def __init__(self, lab: LabNames, aliases: dict[str, str]):
+        self.lab, self.aliases = lab, aliases
+        self.found: dict[int, str] = {}    # line -> the first thing found on it
+        self.globals: set[str] = set()
+
+    def flag(self, node: ast.AST, what: str) -> None:
+        self.found.setdefault(node.lineno, what)
+
+    def dotted(self, node: ast.AST) -> str | None:
+        """'course.check.assert_close' for an expression rooted at a name or a guarded call, aliases resolved."""
+        if isinstance(node, ast.Name):
+            return self.aliases.get(node.id, node.id)
+        if isinstance(node, ast.Attribute):
+            base = self.dotted(node.value)
+            return base and f"{base}.{node.attr}"
+        if isinstance(node, ast.Subscript):
+            base = self.dotted(node.value)
+            return base and f"{base}[...]"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in ("get_ipython", "globals"):
+                return f"{node.func.id}()"
+            if node.func.id in ("vars", "getattr") and node.args:
+                return self.dotted(node.args[0])
+        return None
+
+    def guarded(self, node: ast.AST) -> str | None:
+        name = self.dotted(node)
+        if name is None:
+            return None
+        root = name.split(".")[0].split("[")[0]
+        original = node
+        while isinstance(original, (ast.Attribute, ast.Subscript)):
+            original = original.value
+        first = original.id if isinstance(original, ast.Name) else ""
+        if (root in GUARDED_ROOTS or first in GUARDED_ROOTS or first in self.lab.protected
+                or name.startswith(GUARDED_CALLS)):
+            return name
+        return None
+
+    def rebinding(self, target: ast.AST, verb: str) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                self.rebinding(element, verb)
+        elif isinstance(target, ast.Starred):
+            self.rebinding(target.value, verb)
+        elif isinstance(target, (ast.Attribute, ast.Subscript)):
+            name = self.guarded(target)
+            if name:
+                self.flag(target, f"{verb} {name}")
+        elif isinstance(target, ast.Name) and target.id in self.lab.protected and self.at_top(target.id):
+            self.flag(target, f"{verb} {target.id}, which the lab's own cells define")
+
+    def at_top(self, name: str) -> bool:
+        return self.depth == 0 or name in self.globals
+
+    depth = 0
+
+    def visit_FunctionDef(self, node):
+        if self.depth == 0 and node.name in self.lab.protected:
+            self.flag(node, f"redefines {node.name}, which the lab's own cells define")
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        self.depth += 1
+        for child in node.body:
+            self.visit(child)
+        self.depth -= 1
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
+    def visit_Global(self, node):
+        self.globals |= set(node.names)
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self.rebinding(target, "rebinds")
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        self.rebinding(node.target, "changes")
+        self.generic_visit(node)
+
+    visit_AnnAssign = visit_AugAssign
+
+    def visit_NamedExpr(self, node):
+        self.rebinding(node.target, "rebinds")
+        self.generic_visit(node)
+
+    def visit_For(self, node):
+        self.rebinding(node.target, "rebinds")
+        self.generic_visit(node)
+
+    def visit_withitem(self, node):
+        if node.optional_vars is not None:
+            self.rebinding(node.optional_vars, "rebinds")
+        self.generic_visit(node)
+
+    def visit_Delete(self, node):
+        for target in node.targets:
+            self.rebinding(target, "deletes")
+
+    def visit_Import(self, node):
+        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [f"{node.module}.{a.name}" for a in node.names if node.module and not node.level]
+        if any(m.split(".")[0] == "ctypes" for m in modules):
+            self.flag(node, HOOKS["ctypes"])
+        elif any(m.startswith("course.grading") for m in modules):
+            self.flag(node, "imports course.grading")
+        for name, bound in _imports(ast.Module(body=[node], type_ignores=[])).items():
+            if name in self.lab.protected and self.lab.imports.get(name) != bound and self.at_top(name):
+                self.flag(node, f"rebinds {name}, which the lab's own cells define, to {bound}")
+
+    visit_ImportFrom = visit_Import
+
+    def visit_Attribute(self, node):
+        name = self.dotted(node) or ""
+        if node.attr in HOOKS:
+            self.flag(node, HOOKS[node.attr])
+        elif node.attr == "register" and isinstance(node.value, ast.Attribute) and node.value.attr == "events":
+            self.flag(node, "registers an IPython event callback")
+        elif name.startswith("course.grading"):
+            self.flag(node, "touches course.grading")
+        self.generic_visit(node)
+
+    def visit_Name(self, node):
+        name = self.aliases.get(node.id, node.id)
+        if name.split(".")[0] == "ctypes":
+            self.flag(node, HOOKS["ctypes"])
+        elif name.startswith("course.grading"):
+            self.flag(node, "touches course.grading")
+
+    def visit_Constant(self, node):
+        if isinstance(node.value, str):
+            word = next((w for w in [*HOOKS, "course.grading"] if w in node.value), None)
+            if word:
+                self.flag(node, f"names {word} in a string")
+
+    def visit_Call(self, node):
+        func = self.dotted(node.func) or ""
+        computed = any(not isinstance(a, ast.Constant) for a in [*node.args, *(k.value for k in node.keywords)])
+        if func in ("setattr", "delattr") and node.args and self.guarded(node.args[0]):
+            self.flag(node, f"calls {func} on {self.guarded(node.args[0])}")
+        elif func == "getattr" and len(node.args) > 1 and not isinstance(node.args[1], ast.Constant) \
+                and self.guarded(node.args[0]):
+            self.flag(node, f"reads a computed attribute of {self.guarded(node.args[0])}")
+        elif (func in DYNAMIC or func.startswith("importlib.")) and computed:
+            self.flag(node, f"calls {func} on computed text")
+        elif func.endswith(("run_line_magic", "run_cell_magic")) and len(node.args) >= 2:
+            self.magic(node)
+        self.generic_visit(node)
+
+    def magic(self, node: ast.Call) -> None:
+        """%time and the like run their text as Python: scan it too, flagging this line."""
+        name, *texts = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
+        if name not in PYTHON_MAGICS:
+            return
+        for text in texts:
+            tree = _python(text or "")
+            if tree is not None:
+                inner = _Scanner(self.lab, self.aliases)
+                inner.visit(tree)
+                if inner.found:
+                    self.flag(node, next(iter(inner.found.values())))
+
+
+def _where(cell: dict, index: int) -> str:
+    gid = _grade_id(cell)
+    if gid:
+        return f"cell {gid}"
+    first = next((line.strip() for line in source_text(cell).splitlines() if line.strip()), "")
+    return f"cell {index + 1} ({first[:40]})"
+
+
+def _students_cells(submitted: dict, released: dict):
+    """(index, cell) of the code cells that are the student's: not locked, not the lab's own unchanged."""
+    locked = {_grade_id(c) for c in released.get("cells", [])
+              if c.get("metadata", {}).get("nbgrader", {}).get("locked")}
+    own = {source_text(c).strip() for c in released.get("cells", []) if c.get("cell_type") == "code"
+           and not c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    for index, cell in enumerate(submitted.get("cells", [])):
+        if cell.get("cell_type") != "code" or (_grade_id(cell) and _grade_id(cell) in locked):
+            continue
+        if source_text(cell).strip() not in own:
+            yield index, cell
+
+
+def flags(submitted: dict, released: dict) -> list[str]:
+    """One verdict line per line of the student's code that reaches for the grading machinery."""
+    lab = LabNames(released)
+    cells = [(i, c, _python(source_text(c))) for i, c in _students_cells(submitted, released)]
+    aliases = dict(lab.imports)
+    for _, _, tree in cells:
+        if tree is not None:
+            aliases.update({k: v for k, v in _imports(tree).items() if k not in lab.protected})
+    out = []
+    for index, cell, tree in cells:
+        if tree is None:
+            continue
+        scanner = _Scanner(lab, aliases)
+        scanner.visit(tree)
+        lines = source_text(cell).splitlines()
+        for number, what in sorted(scanner.found.items()):
+            text = lines[number - 1].strip() if number <= len(lines) else ""
+            if text not in lab.lines:
+                out.append(f"{_where(cell, index)} line {number} {what}: flagged for the instructor")
+    if len(out) > MAX_FLAGS:
+        out = out[: MAX_FLAGS - 1] + [f"… and {len(out) - MAX_FLAGS + 1} more lines flagged for the instructor"]
+    return out

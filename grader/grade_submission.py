@@ -93,16 +93,16 @@ class SubmissionGrader:
         if why:
             return self._not_graded(submission, why, started)
         collect.place(submission, self.ws.submitted)
-        uid = sandbox.BASE_UID + slot if self.sandboxed and os.geteuid() == 0 else None
-        sandbox.kill_all(uid)  # anything an interrupted earlier run left behind
         jail = Path(tempfile.mkdtemp(prefix="grader-"))  # short: unix socket paths are limited
+        box = usage = None  # the jail's sandbox.Jail, and what it used
         try:
             with self.lock:
                 private = gradebook.private_copy(self.ws.gradebook, jail / "gradebook.db")
             env = {"MPLBACKEND": INLINE_BACKEND,
                    grading.DIR_ENV: str(jail / "no-reference-here")}
             if self.sandboxed:
-                spec = sandbox.prepare(jail, uid, self.limits)
+                box = sandbox.Jail(jail, self.limits)
+                spec = box.spec
                 env[SPEC_ENV] = str(spec.spec_file)
                 judge_dir = spec.judge_dir
             else:
@@ -113,14 +113,16 @@ class SubmissionGrader:
                 env[grading.JUDGE_ENV] = str(judge.socket_path)
                 code = self.autograde[slot].run([*selector, *self.ws.flags(private), *limits], env,
                                                 jail / "autograde.log", self.limits.wall_s)
-            leftovers = sandbox.kill_all(uid)
+            leftovers = box.stop() if box else []
+            usage = box.usage() if box else None
             autograded = self.ws.autograded / submission.student / lab.name / f"{lab.name}.ipynb"
             if code is None:
                 graded, problem = False, (f"grading ran past the limit of {self.limits.wall_s:.0f} s "
                                           "for one notebook and was stopped")
-            elif code != 0 and "Kernel died" in (log := _tail(jail / "autograde.log")):
+            elif code != 0 and ("Kernel died" in (log := _tail(jail / "autograde.log")) or usage and usage.oom_killed):
                 console = _tail(spec.console) if self.sandboxed else ""
-                graded, problem = False, "the kernel died while running the notebook" + verdict.why_died(console, self.limits)
+                graded, problem = False, ("the kernel died while running the notebook"
+                                          + verdict.why_died(console, self.limits, usage))
             elif code != 0:
                 graded, problem = False, f"nbgrader autograde failed: {_last_error(log)}"
             else:
@@ -138,7 +140,7 @@ class SubmissionGrader:
                 graded=True, score=gradebook.score(private, self.course_id, lab.name, submission.student),
                 max_score=lab.max_score,
                 tampered=verdict.tampering(submitted, lab.released, list(lab.points)),
-                ran=verdict.execution(done, list(lab.points), self.limits, self.cell_timeout),
+                ran=verdict.execution(done, list(lab.points), self.limits, self.cell_timeout, usage),
                 unverified=unverified)
             problem = self.feedback[slot].write(autograded, self._page(submission), gradebook.db_url(private),
                                                 submission.student, lab.name, lines)
@@ -148,7 +150,8 @@ class SubmissionGrader:
                 gradebook.merge(private, self.ws.gradebook, self.course_id, lab.name, submission.student)
             return {"graded": True, "verdict": lines, "seconds": round(time.time() - started, 1)}
         finally:
-            sandbox.kill_all(uid)
+            if box:
+                box.close()
             self._keep_logs(jail, submission)
             shutil.rmtree(jail, ignore_errors=True)
 

@@ -1,26 +1,32 @@
-"""A jail for untrusted notebook code: bubblewrap, rlimits and an unprivileged uid.
+"""A jail for untrusted notebook code: bubblewrap, a cgroup, seccomp and a uid of its own.
 
 A submission's kernel (and every rank it launches) runs inside `bwrap` with:
 
 - its own PID, network, IPC and UTS namespaces: when the kernel's jail ends,
   every process it started ends with it; only the loopback network exists
   (the labs' ranks talk over 127.0.0.1), so nothing outside can be reached;
-- a file system built from an allowlist: the system (/usr, /etc), the Python
-  installation, read-only; a *copy* of the course package mounted where the
-  editable install looks for it; the submission's own folder, writable; a
-  private /tmp and /dev/shm. The solutions, the reference answers, the
-  gradebook, other students' work and the rest of the course tree are not in
-  it at all;
-- rlimits: memory per process (RLIMIT_DATA: unlike RLIMIT_AS it does not count
-  the large address-space reservations CUDA makes), processes and threads
-  (RLIMIT_NPROC), file size (RLIMIT_FSIZE), no core dumps;
-- when the grader runs as root, a uid of its own per grading slot, so that
-  RLIMIT_NPROC counts only that slot's processes (root is exempt from it)
-  and leftovers can be found by uid and killed.
+- a file system built from an allowlist, with nothing the host reads back:
+  the system (/usr, /etc) and the Python installation, read-only, at their
+  paths; a *copy* of the course package at /course (PYTHONPATH); a working
+  folder /home/student/<lab>, private /tmp and /dev/shm, each a tmpfs of
+  capped size that vanishes with the jail; the kernel's folder (connection
+  file, zmq sockets), which the kernel may write only while it starts (see
+  grader.sandboxed); the judge's socket, read-only. The root is read-only.
+  The solutions, the reference answers, the gradebook, nbgrader's folders,
+  other students' work and the rest of the course tree are not in it at all;
+- limits for the whole jail in a cgroup (grader.cgroups: memory, processes,
+  CPU); where none can be made, only the rlimits below, and the console says so;
+- rlimits, a second line: memory per process (RLIMIT_DATA: unlike RLIMIT_AS it
+  does not count the large address-space reservations CUDA makes), processes
+  and threads per uid (RLIMIT_NPROC), file size (RLIMIT_FSIZE), no core dumps;
+- a seccomp filter (grader.seccomp): no ptrace, no new namespaces, no mounts;
+- an environment from an allowlist (JAIL_ENV_NAMES), not the grader's;
+- when the grader runs as root, a uid held by this jail alone (grader.jail_uids).
 
-The launcher is this module's ``main``: nbgrader's kernel manager runs
-``python -m grader.sandbox SPEC CWD -- KERNEL_ARGV`` (see grader.sandboxed),
-which sets the limits and execs bwrap.
+`Jail` makes one (folder, cgroup, uid), and after it ends says what it used
+(`JailUsage`). The launcher is this module's ``main``: nbgrader's kernel
+manager runs ``python -m grader.sandbox SPEC LAB -- KERNEL_ARGV`` (see
+grader.sandboxed), which joins the cgroup, sets the limits and execs bwrap.
 """
 from __future__ import annotations
 
@@ -29,34 +35,47 @@ import json
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import course
 
+from . import cgroups, seccomp
+from .jail_uids import BASE_UID, UidLease, kill_uid, processes_of  # noqa: F401 (tests find leftovers by uid)
 
-#: Where the editable install imports `course` from: the jail mounts its copy of the tree here.
+#: Where the editable install imports `course` from; the jail gets a copy of its package.
 TREE_HOME = Path(course.__file__).resolve().parent.parent
-BASE_UID = 61000  # slot n runs as uid BASE_UID + n (root only); far from real users' uids
+#: Paths inside the jail: none of them names a host folder.
+JAIL_HOME = "/home/student"           # the working folder is JAIL_HOME/<lab>
+JAIL_COURSE = "/course"               # holds the copy of the package: /course/course
+JAIL_JUDGE = "/run/grader"            # the judge's folder, read-only
+WRITABLE_INSIDE = (JAIL_HOME, "/tmp", "/dev/shm")
 SANDBOX_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
 # c10d looks up its peers' names; with DNS in the list, every lookup waits for
 # a network that is not there and prints a warning into the student's output.
 SANDBOX_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\n"
+#: The grader's environment variables the jail gets (besides HOME, TMPDIR, PYTHONPATH, set).
+JAIL_ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "NBGRADER_EXECUTION",
+                  "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS",
+                  "PYDEVD_DISABLE_FILE_VALIDATION", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                  "OPENBLAS_NUM_THREADS", "JUPYTER_NO_CONFIG"}
+JAIL_ENV_PREFIXES = ("LC_", "COURSE_", "CUDA_", "NVIDIA_", "NCCL_", "GLOO_")
 
 
 @dataclass(frozen=True)
 class Limits:
     """What one submission may use. Cells have their own time limit (nbgrader's Execute.timeout)."""
     wall_s: float = 1800            # the whole notebook, kernel start to feedback
-    memory_bytes: int = 4 << 30     # per process (RLIMIT_DATA)
-    processes: int = 256            # processes and threads of the submission (RLIMIT_NPROC)
+    memory_bytes: int = 4 << 30     # the whole jail (cgroup); also per process (RLIMIT_DATA)
+    processes: int = 256            # processes and threads of the submission (cgroup pids, RLIMIT_NPROC)
+    cpus: float = float(os.cpu_count() or 1)  # CPU time per second, in cores, of the whole jail
     file_bytes: int = 256 << 20     # largest file it may write (RLIMIT_FSIZE)
     tmp_bytes: int = 512 << 20      # its private /tmp, and again /dev/shm
+    work_bytes: int = 512 << 20     # its working folder (and home)
     output_bytes: int = 1 << 20     # output kept per cell in the graded notebook
+    notebook_output_bytes: int = 8 << 20  # output kept in the whole graded notebook
 
 
 @dataclass
@@ -66,9 +85,11 @@ class Spec:
     uid: int | None               # run as this uid (the grader is root), else as the grader's own
     limits: dict = field(default_factory=lambda: asdict(Limits()))
     readonly: list[str] = field(default_factory=list)   # host paths bound read-only at the same path
+    cgroup: dict | None = None    # grader.cgroups.Cgroup's fields; None: rlimits only
+    cgroup_problem: str = ""      # why there is none
 
     @property
-    def tree(self) -> Path: return Path(self.root) / "tree"
+    def tree(self) -> Path: return Path(self.root) / "tree"            # /course inside
     @property
     def kernel_dir(self) -> Path: return Path(self.root) / "kernel"    # connection file, ipc sockets
     @property
@@ -103,8 +124,6 @@ def prepare(root: Path, uid: int | None, limits: Limits) -> Spec:
     os.chmod(root, 0o755)
     shutil.copytree(TREE_HOME / "course", spec.tree / "course",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for path in spec.readonly:
-        add_mount_point(spec, path)
     (Path(root) / "hosts").write_text(SANDBOX_HOSTS, encoding="utf-8")
     (Path(root) / "nsswitch.conf").write_text(SANDBOX_NSSWITCH, encoding="utf-8")
     for folder in (spec.kernel_dir, spec.judge_dir):
@@ -112,28 +131,12 @@ def prepare(root: Path, uid: int | None, limits: Limits) -> Spec:
     for path in [spec.tree, *spec.tree.rglob("*"), Path(root) / "hosts", Path(root) / "nsswitch.conf",
                  spec.judge_dir]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
-    give_to(spec.kernel_dir, uid)
+    if uid is not None:
+        # The kernel creates its sockets here while it starts; then grader.sandboxed seals it.
+        os.chown(spec.kernel_dir, 0, uid)
+        os.chmod(spec.kernel_dir, 0o770)
     spec.save()
     return spec
-
-
-def add_mount_point(spec: Spec, path: str) -> None:
-    """A folder inside the course tree (a virtualenv, the work folder) needs its mount point in the copy."""
-    if Path(path).is_relative_to(TREE_HOME) and Path(path) != TREE_HOME:
-        target = spec.tree / Path(path).relative_to(TREE_HOME)
-        target.mkdir(parents=True, exist_ok=True)
-        for folder in [target, *target.parents]:
-            if folder == spec.tree:
-                break
-            os.chmod(folder, 0o755)
-
-
-def give_to(path: Path, uid: int | None) -> None:
-    """Make path (recursively) the sandbox uid's, so the submission can write there."""
-    if uid is None:
-        return
-    for p in [Path(path), *Path(path).rglob("*")]:
-        os.lchown(p, uid, uid)
 
 
 def _dirs_for(path: str) -> list[str]:
@@ -166,8 +169,25 @@ def _gpu_binds() -> list[str]:
     return args + ["--ro-bind", "/sys", "/sys"]
 
 
-def bwrap_argv(spec: Spec, cwd: str, argv: list[str]) -> list[str]:
-    """The bwrap command that runs argv in the jail, in cwd (the submission's folder, writable)."""
+def workdir(lab: str) -> str:
+    """The kernel's working folder inside the jail."""
+    return f"{JAIL_HOME}/{lab}"
+
+
+def jail_environment(spec: Spec, outside: dict[str, str]) -> dict[str, str]:
+    """The kernel's environment: the allowlisted names of outside's, host paths of the jail's mapped in."""
+    env = {k: v for k, v in outside.items() if k in JAIL_ENV_NAMES or k.startswith(JAIL_ENV_PREFIXES)}
+    judge = str(spec.judge_dir)
+    for key, value in env.items():
+        if value == judge or value.startswith(judge + "/"):
+            env[key] = JAIL_JUDGE + value[len(judge):]
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update(HOME=JAIL_HOME, TMPDIR="/tmp", PYTHONPATH=JAIL_COURSE, USER="student", LOGNAME="student")
+    return env
+
+
+def bwrap_argv(spec: Spec, lab: str, argv: list[str], env: dict[str, str], seccomp_fd: int | None) -> list[str]:
+    """The bwrap command that runs argv in the jail, in its working folder for lab, with env only."""
     limits = Limits(**spec.limits)
     root = Path(spec.root)
     args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -182,22 +202,26 @@ def bwrap_argv(spec: Spec, cwd: str, argv: list[str]) -> list[str]:
             "--ro-bind", str(root / "hosts"), "/etc/hosts",
             "--ro-bind", str(root / "nsswitch.conf"), "/etc/nsswitch.conf",
             *_gpu_binds()]
-    mounts = [(str(spec.tree), str(TREE_HOME), "--ro-bind")]
-    mounts += [(p, p, "--ro-bind") for p in spec.readonly]
-    mounts += [(str(spec.kernel_dir), str(spec.kernel_dir), "--bind"),
-               (str(spec.judge_dir), str(spec.judge_dir), "--ro-bind"),
-               (cwd, cwd, "--bind")]
-    # Parents before children: a virtualenv inside the course tree goes on top of its copy.
+    mounts = [(p, p, "--ro-bind") for p in spec.readonly]
+    mounts += [(str(spec.tree), JAIL_COURSE, "--ro-bind"),
+               # The connection file names the sockets by their host paths: same path inside.
+               (str(spec.kernel_dir), str(spec.kernel_dir), "--bind"),
+               (str(spec.judge_dir), JAIL_JUDGE, "--ro-bind")]
     for source, target, how in sorted(mounts, key=lambda m: len(Path(m[1]).parts)):
-        inside_tree = Path(target) != TREE_HOME and Path(target).is_relative_to(TREE_HOME)
-        args += [*([] if inside_tree else _dirs_for(target)), how, source, target]
-    args += ["--chdir", cwd, "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",
-             # ipykernel exits when its parent (that pid, outside) is not its parent
-             # pid; in the jail's PID namespace it never is. --die-with-parent does that job.
-             "--unsetenv", "JPY_PARENT_PID"]
+        args += [*_dirs_for(target), how, source, target]
+    folder = workdir(lab)
+    args += [*_dirs_for(JAIL_HOME), "--perms", "1777", "--size", str(limits.work_bytes), "--tmpfs", JAIL_HOME,
+             "--perms", "1777", "--dir", folder,
+             # Every other path the jail sees is a mount of its own; the root's folders are bwrap's.
+             "--remount-ro", "/", "--chdir", folder, "--clearenv"]
+    for key, value in sorted(env.items()):
+        args += ["--setenv", key, value]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     if spec.uid is None:
-        return args + ["--unshare-user", "--", *argv]
-    # As root: bwrap may read every bind source; the submission itself runs as the slot's uid.
+        return args + ["--unshare-user", "--disable-userns", "--", *argv]
+    # As root: bwrap may read every bind source; the submission itself runs as the jail's uid.
+    # A nested user namespace is refused by the seccomp filter (unshare, clone, clone3).
     return args + ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
                    "setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups",
                    "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", *argv]
@@ -211,6 +235,78 @@ def set_limits(limits: Limits) -> None:
         resource.setrlimit(which, (value, value))
 
 
+@dataclass
+class JailUsage:
+    """What a jail used and ran into, read after it ended: what the verdict says about a death."""
+    limits: Limits
+    enforced: str                   # 'cgroup v1', 'cgroup v2', or 'rlimits' (per process only)
+    memory_peak: int | None = None  # bytes, the whole jail; None where unknown
+    memory_limit_hit: bool = False
+    oom_killed: bool = False        # a process of the jail was killed for its memory
+    pids_limit_hit: bool = False
+
+    @property
+    def per_jail(self) -> bool:
+        return self.enforced.startswith("cgroup")
+
+
+class Jail:
+    """One submission's jail on the host: its folder and Spec, its cgroup, its uid (as root).
+
+    ``Jail(root, limits)`` prepares it; the kernel manager starts the kernel in it;
+    `stop` kills what is left, `usage` says what it used, `close` gives everything back.
+    use_cgroup=False (or no cgroup to be had) leaves the rlimits alone to limit it.
+    """
+
+    def __init__(self, root: Path, limits: Limits, *, use_cgroup: bool = True):
+        self.limits = limits
+        self.lease = UidLease() if os.geteuid() == 0 else None
+        self.uid = self.lease.uid if self.lease else None
+        self.cgroup: cgroups.Cgroup | None = None
+        try:
+            self.spec = prepare(Path(root), self.uid, limits)
+            problem = "not asked for"
+            if use_cgroup:
+                try:
+                    self.cgroup = cgroups.create(limits.memory_bytes, limits.processes, limits.cpus)
+                except cgroups.CgroupUnavailable as e:
+                    problem = str(e)
+            self.spec.cgroup = asdict(self.cgroup) if self.cgroup else None
+            self.spec.cgroup_problem = "" if self.cgroup else problem
+            self.spec.save()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def enforced(self) -> str:
+        return self.cgroup.description if self.cgroup else "rlimits"
+
+    def stop(self) -> list[int]:
+        """Kill every process of the jail; returns those still alive (none, normally)."""
+        left = self.cgroup.kill() if self.cgroup else []
+        return sorted(set(left) | set(kill_uid(self.uid)))
+
+    def usage(self) -> JailUsage:
+        used = self.cgroup.usage() if self.cgroup else cgroups.Usage()
+        return JailUsage(self.limits, self.enforced, used.memory_peak, used.memory_limit_hit,
+                         used.oom_killed, used.pids_limit_hit)
+
+    def close(self) -> None:
+        if self.cgroup:
+            self.cgroup.remove()
+            self.cgroup = None
+        kill_uid(self.uid)
+        if self.lease:
+            self.lease.release()
+            self.lease = None
+
+
+def launch_command(spec: Spec, lab: str, argv: list[str]) -> list[str]:
+    """The command that runs argv in the jail (through the launcher, `main`)."""
+    return [sys.executable, "-m", "grader.sandbox", str(spec.spec_file), lab, "--", *argv]
+
+
 @functools.cache
 def unavailable() -> str | None:
     """Why submissions cannot be sandboxed on this machine (None: they can)."""
@@ -220,60 +316,57 @@ def unavailable() -> str | None:
         return "bubblewrap (bwrap) is not installed; on Debian or Ubuntu: apt-get install bubblewrap"
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return "setpriv (util-linux) is not installed"
+    try:
+        seccomp.program()
+    except seccomp.SeccompUnsupported as e:
+        return str(e)
     import tempfile
     with tempfile.TemporaryDirectory(prefix="grader-probe-") as tmp:
-        spec = prepare(Path(tmp), BASE_UID if os.geteuid() == 0 else None, Limits())
-        probe = subprocess.run(bwrap_argv(spec, tmp, [sys.executable, "-c", "import course"]),
-                               capture_output=True, text=True, timeout=60)
+        jail = Jail(Path(tmp), Limits(), use_cgroup=False)
+        try:
+            probe = subprocess.run(launch_command(jail.spec, "probe", [sys.executable, "-c", "import course"]),
+                                   capture_output=True, text=True, timeout=60)
+        finally:
+            jail.close()
+        console = jail.spec.console.read_text(errors="replace") if jail.spec.console.exists() else ""
     if probe.returncode != 0:
-        return f"bwrap cannot start a sandbox here: {probe.stderr.strip()[-300:]}"
+        return f"bwrap cannot start a sandbox here: {(probe.stderr + console).strip()[-300:]}"
     return None
 
 
-def processes_of(uid: int) -> list[int]:
-    """PIDs of the processes running as uid."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    pids.append(int(entry.name))
-            except FileNotFoundError:
-                pass
-    return pids
-
-
-def kill_all(uid: int | None, wait_s: float = 10) -> list[int]:
-    """Kill every process of a slot's uid; returns those still there after wait_s (none, normally)."""
-    if uid is None:
-        return []
-    deadline = time.monotonic() + wait_s
-    while True:
-        pids = processes_of(uid)
-        if not pids or time.monotonic() > deadline:
-            return pids
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
+def _seccomp_fd() -> int:
+    # bwrap reads the program from a file descriptor it inherits.
+    fd = os.memfd_create("grader-seccomp", 0)
+    os.write(fd, seccomp.program())
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m grader.sandbox SPEC CWD -- ARGV...``: set the limits and exec bwrap."""
+    """``python -m grader.sandbox SPEC LAB -- ARGV...``: join the cgroup, set the limits, exec bwrap."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 4 or argv[2] != "--":
-        sys.exit("usage: python -m grader.sandbox SPEC CWD -- ARGV...")
-    spec, cwd, command = Spec.load(argv[0]), argv[1], argv[3:]
+        sys.exit("usage: python -m grader.sandbox SPEC LAB -- ARGV...")
+    spec, lab, command = Spec.load(argv[0]), argv[1], argv[3:]
+    if not lab or "/" in lab or lab.startswith("."):
+        sys.exit(f"grader.sandbox: {lab!r} is not a lab's name")
     # The kernel's own stdout/stderr (not what cells print: that goes over zmq) into a
     # file of the jail, whose size RLIMIT_FSIZE bounds.
-    console = os.open(spec.console, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    console = os.open(spec.console, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     os.dup2(console, 1)
     os.dup2(console, 2)
-    add_mount_point(spec, cwd)
-    set_limits(Limits(**spec.limits))
-    bwrap = bwrap_argv(spec, cwd, command)
+    limits = Limits(**spec.limits)
+    if spec.cgroup:
+        cgroup = cgroups.Cgroup(**spec.cgroup)
+        cgroup.join()  # before bwrap: every process of the jail is born in it
+        print(f"[grader] jail limits for the whole jail ({cgroup.description}): memory "
+              f"{limits.memory_bytes / 2**30:g} GiB, {limits.processes} processes, {limits.cpus:g} CPUs", flush=True)
+    else:
+        print(f"[grader] WARNING: no cgroup for this jail ({spec.cgroup_problem}); its limits are per process "
+              f"only (rlimits): memory {limits.memory_bytes / 2**30:g} GiB per process", flush=True)
+    set_limits(limits)
+    bwrap = bwrap_argv(spec, lab, command, jail_environment(spec, dict(os.environ)), _seccomp_fd())
     os.execvp(bwrap[0], bwrap)
 
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from .labs import source_text
-from .sandbox import Limits
+from .sandbox import JAIL_COURSE, WRITABLE_INSIDE, JailUsage, Limits
 from .sandboxed import OUTPUT_NOTE
 
 MAX_LINE = 240
@@ -54,15 +54,30 @@ def unmatchable(submitted: dict) -> str | None:
             "tests; download the lab again and copy the answers into it")
 
 
-def why_died(console: str, limits: Limits) -> str:
-    """What the kernel's console says about its death, as a clause ('' when it says nothing)."""
-    if "Resource temporarily unavailable" in console or "Thread creation failed" in console:
+def memory_limit(limits: Limits, usage: JailUsage | None = None) -> str:
+    """The memory limit as the verdict names it: of the whole jail (a cgroup), or per process (rlimits)."""
+    where = "of its jail" if usage is None or usage.per_jail else "per process"
+    return f"the {limits.memory_bytes / 2**30:g} GiB memory limit {where}"
+
+
+def _peak(usage: JailUsage) -> str:
+    return f" (peak {usage.memory_peak / 2**30:.2f} GiB)" if usage.memory_peak else ""
+
+
+def why_died(console: str, limits: Limits, usage: JailUsage | None = None) -> str:
+    """Why the kernel died, as a clause ('' when nothing says): the jail's cgroup first, then its console."""
+    if usage is not None and usage.oom_killed:
+        return f": it was killed for using more than {memory_limit(limits, usage)}{_peak(usage)}"
+    if (usage is not None and usage.pids_limit_hit) or "Resource temporarily unavailable" in console \
+            or "Thread creation failed" in console:
         return f": it started too many processes or threads (the limit is {limits.processes})"
+    if usage is not None and usage.memory_limit_hit:
+        return f": it ran into {memory_limit(limits, usage)}{_peak(usage)}"
     if "Segmentation fault" in console:
         return ": a segmentation fault"
     if "Fatal Python error" in console:
         line = next(x for x in console.splitlines() if "Fatal Python error" in x)
-        return f": {_short(line, 120)} (the memory limit is {limits.memory_bytes / 2**30:g} GiB per process)"
+        return f": {_short(line, 120)} ({memory_limit(limits, usage)})"
     return " (it crashed, or was killed for using too much of something)"
 
 
@@ -74,7 +89,14 @@ def _where(cell, index: int) -> str:
     return f"cell {index + 1} ({_short(first, 40)})"
 
 
-def explain_error(output: dict, limits: Limits, cell_timeout: float | None) -> str:
+def _outside_paths(evalue: str) -> list[str]:
+    """Absolute paths an OSError names that are not the jail's own (its folder, /tmp, the course)."""
+    paths = re.findall(r"'(/[^']*)'", evalue)
+    own = (*WRITABLE_INSIDE, JAIL_COURSE)
+    return [p for p in paths if not any(p == o or p.startswith(o + "/") for o in own)]
+
+
+def explain_error(output: dict, limits: Limits, cell_timeout: float | None, usage: JailUsage | None = None) -> str:
     """An error output as the reason a cell stopped, in plain words."""
     ename, evalue = output.get("ename", "Error"), str(output.get("evalue", ""))
     text = f"{ename}: {evalue}"
@@ -82,7 +104,7 @@ def explain_error(output: dict, limits: Limits, cell_timeout: float | None) -> s
         limit = f"the {cell_timeout:g} s limit" if cell_timeout else "its time limit"
         return f"ran past {limit} for one cell and was stopped (an endless loop, or ranks waiting on each other)"
     if ename == "MemoryError" or "allocate memory" in evalue or "DefaultCPUAllocator" in evalue:
-        return f"ran out of memory (the limit is {limits.memory_bytes / 2**30:g} GiB per process)"
+        return f"ran out of memory ({memory_limit(limits, usage)})"
     if "Resource temporarily unavailable" in evalue or "can't start new thread" in evalue:
         return f"started too many processes or threads (the limit is {limits.processes})"
     if any(words in evalue for words in ("Network is unreachable", "Connection refused",
@@ -92,10 +114,13 @@ def explain_error(output: dict, limits: Limits, cell_timeout: float | None) -> s
         return f"tried to write outside its own folder, which graded code cannot ({_short(text, 120)})"
     if ename in ("FileNotFoundError", "PermissionError") and any(p in evalue for p in HIDDEN_PARTS):
         return "tried to read the course's solutions, reference answers or gradebook, which graded code cannot see"
+    if ename == "FileNotFoundError" and _outside_paths(evalue):  # the jail has no such folder
+        return f"tried to write outside its own folder, or to read a file graded code cannot see ({_short(text, 120)})"
     return f"raised {_short(text, 160)}"
 
 
-def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: float | None) -> list[str]:
+def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: float | None,
+              usage: JailUsage | None = None) -> list[str]:
     """Every cell that raised or was cut short, and every failed test."""
     out = []
     for index, cell in enumerate(autograded.get("cells", [])):
@@ -103,7 +128,7 @@ def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: 
             continue
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                reason = explain_error(output, limits, cell_timeout)
+                reason = explain_error(output, limits, cell_timeout, usage)
                 if _grade_id(cell) in tests and reason.startswith("raised AssertionError"):
                     reason = "failed: " + reason.removeprefix("raised AssertionError: ")
                 out.append(f"{_where(cell, index)} {reason}")
@@ -113,6 +138,8 @@ def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: 
             if output.get("output_type") == "stream" and note:
                 out.append(f"{_where(cell, index)} printed {note.group(1)}; only the first "
                            f"{limits.output_bytes >> 10} kB are kept in the graded notebook")
+    if usage is not None and usage.oom_killed:  # a rank or child, since the kernel lived
+        out.append(f"a process was killed for using more than {memory_limit(limits, usage)}{_peak(usage)}")
     return out
 
 

@@ -1,0 +1,85 @@
+"""A uid of its own for each jail, held exclusively while the jail lives.
+
+Processes a jail leaves behind are found by its uid, and RLIMIT_NPROC counts
+per uid: two jails sharing one (two grading runs at once, each with a slot 0)
+would count each other's processes and kill each other's kernels. Each uid of
+the range has a lock file in a root-owned folder; a jail holds the flock of
+its uid until it ends, and whoever takes a free uid may kill what still runs
+as it, since no live jail holds it. A grader that dies releases its locks
+with its file descriptors.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import stat
+import time
+from pathlib import Path
+
+BASE_UID = 61000   # far from real users' uids
+UID_COUNT = 1000
+LOCK_DIR = Path("/run/lock/course-grader")
+
+
+def processes_of(uid: int) -> list[int]:
+    """PIDs of the processes running as uid."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    pids.append(int(entry.name))
+            except FileNotFoundError:
+                pass
+    return pids
+
+
+def kill_uid(uid: int | None, wait_s: float = 10) -> list[int]:
+    """Kill every process of uid; returns those still there after wait_s (none, normally)."""
+    if uid is None:
+        return []
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = processes_of(uid)
+        if not pids or time.monotonic() > deadline:
+            return pids
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def _lock_dir(folder: Path) -> Path:
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    info = os.lstat(folder)
+    # /run/lock is world-writable: a folder someone else made there could hand us their files.
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+        raise PermissionError(f"{folder} must be a folder owned by root, writable only by root; "
+                              "remove it and grade again")
+    return folder
+
+
+class UidLease:
+    """One uid of [BASE_UID, BASE_UID + UID_COUNT), held until `release` (root only)."""
+
+    def __init__(self, folder: Path = LOCK_DIR, first: int = BASE_UID, count: int = UID_COUNT):
+        folder = _lock_dir(folder)
+        for uid in range(first, first + count):
+            fd = os.open(folder / f"uid-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            kill_uid(uid)  # an earlier grader's leftovers: no live jail holds this uid
+            return
+        raise RuntimeError(f"all {count} jail uids from {first} are in use; wait for a grading run to end")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,152 @@
+"""Attacks on the jail, through a real grading run (SLOW: one `python -m grader grade`, a few minutes).
+
+Students whose notebooks plant symlinks where the grader (root) used to
+write, split a memory bomb over several processes, flood the notebook through
+display updates and through a huge exception message, and fill their disk.
+Nothing outside the jail may change, each gets a plain verdict, and the
+graded notebooks stay small.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import stat
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell
+
+from grader import sandbox
+
+from submissions import REPO, solved
+
+LAB = "01_single_gpu"
+MEMORY_GB = 2
+CELL_TIMEOUT_S = 60
+
+pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None and not os.environ.get("CI"),
+                                reason=f"no sandbox here: {sandbox.unavailable()}")
+
+
+def _with_cells(*sources):
+    nb = solved(LAB)
+    setup = next(i for i, c in enumerate(nb.cells) if "REFERENCE = course.grading.Reference" in c.source)
+    nb.cells[setup + 1:setup + 1] = [new_code_cell(s) for s in sources]
+    return nb
+
+
+def _symlinker(targets: dict[str, str], work) -> str:
+    """A cell that puts links to the targets everywhere the grader used to look."""
+    return (
+        "import os, glob\n"
+        f"targets = {targets!r}\n"
+        f"places = [os.getcwd(), {str(work / 'autograded' / 'symlinks' / LAB)!r}] + glob.glob('/tmp/grader-*/kernel')\n"
+        "for place in places:\n"
+        "    for name, target in targets.items():\n"
+        "        for link in (os.path.join(place, name), os.path.join(place, 'kernel.json')):\n"
+        "            try:\n"
+        "                os.remove(link)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "            try:\n"
+        "                os.symlink(target, link)\n"
+        "            except OSError as e:\n"
+        "                print('refused', link, e)\n"
+        "print(os.getcwd(), os.listdir('.'))")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("jail")
+    work, folder = tmp / "work", tmp / "class"
+    root_only = tmp / "root_only.txt"
+    root_only.write_text("secret")
+    os.chmod(root_only, 0o600)
+    victim = {"root_only": str(root_only), "solution": str(REPO / "solutions" / LAB / f"{LAB}.ipynb"),
+              "other": str(work / "submitted" / "honest" / LAB / f"{LAB}.ipynb"),
+              "gradebook": str(work / "gradebook.db")}
+    # The notebook's own name, and each target under its own name, in every place the jail might reach.
+    targets = {f"{LAB}.ipynb": victim["root_only"], **{f"{k}.link": v for k, v in victim.items()}}
+    students = {
+        "honest": solved(LAB),
+        "symlinks": _with_cells(_symlinker(targets, work)),
+        "memory_split": _with_cells(
+            "import subprocess, sys\n"
+            f"hold = 'x = bytearray({int(MEMORY_GB * 0.6 * 1024)} << 20)\\nfor i in range(0, len(x), 4096): x[i] = 1\\n"
+            "import time; time.sleep(5)'\n"
+            "children = [subprocess.Popen([sys.executable, '-c', hold]) for _ in range(3)]\n"
+            "print([c.wait() for c in children])"),
+        "display_flood": _with_cells(
+            "from IPython.display import display, update_display\n"
+            "for _ in range(50):\n"
+            "    display({'text/plain': 'x'}, display_id='d', raw=True)\n"
+            "for _ in range(20):\n"
+            "    update_display({'text/plain': 'y' * (2 << 20)}, display_id='d', raw=True)"),
+        "huge_error": _with_cells("raise ValueError('z' * (50 << 20))"),
+        "disk_flood": _with_cells(
+            "with open('big', 'wb') as f:\n"
+            "    for _ in range(2048):\n"
+            "        f.write(b'x' * (1 << 20))"),
+    }
+    for student, nb in students.items():
+        (folder / student).mkdir(parents=True)
+        nbformat.write(nb, folder / student / f"{LAB}.ipynb")
+    before = {k: (os.stat(v).st_mode, open(v, "rb").read()) for k, v in victim.items() if os.path.exists(v)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB, "--work", str(work),
+         f"--cell-timeout={CELL_TIMEOUT_S}", f"--memory-gb={MEMORY_GB}", "--timeout=600"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout
+    with open(work / "grades.csv", newline="") as f:
+        grades = {row["student_id"]: row for row in csv.DictReader(f)}
+    return {"work": work, "csv": grades, "log": proc.stdout, "victim": victim, "before": before}
+
+
+def _verdict(graded, student):
+    return graded["csv"][student][f"{LAB} verdict"]
+
+
+@pytest.mark.timeout(1800)
+def test_links_the_student_planted_are_never_followed_by_the_grader(graded):
+    root_only = graded["victim"]["root_only"]
+    assert open(root_only).read() == "secret"
+    assert stat.S_IMODE(os.stat(root_only).st_mode) == 0o600, "a root-only file was made readable"
+    solution = graded["victim"]["solution"]
+    assert (os.stat(solution).st_mode, open(solution, "rb").read()) == graded["before"]["solution"]
+    notebook = graded["work"] / "autograded" / "symlinks" / LAB / f"{LAB}.ipynb"
+    assert notebook.is_file() and not notebook.is_symlink()
+    assert not [p for p in (graded["work"] / "autograded").rglob("*") if p.is_symlink()]
+    assert graded["csv"]["honest"][f"{LAB} graded"] == "yes"
+    assert graded["csv"]["symlinks"][f"{LAB} graded"] == "yes", _verdict(graded, "symlinks")
+    import sqlite3
+    db = sqlite3.connect(graded["victim"]["gradebook"])
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    db.close()
+
+
+@pytest.mark.timeout(1800)
+def test_memory_split_over_processes_is_held_to_the_jails_limit(graded):
+    assert f"the {MEMORY_GB:g} GiB memory limit of its jail" in _verdict(graded, "memory_split"), graded["log"]
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("student", ["display_flood", "huge_error"])
+def test_display_updates_and_error_messages_count_against_the_output_cap(graded, student):
+    notebook = graded["work"] / "autograded" / student / LAB / f"{LAB}.ipynb"
+    limits = sandbox.Limits()
+    assert notebook.stat().st_size < limits.notebook_output_bytes + (2 << 20), notebook.stat().st_size
+    nb = nbformat.read(notebook, as_version=4)
+    if student == "huge_error":
+        errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        assert errors and errors[0]["ename"] == "ValueError", "the error must stay: it fails the cell"
+        assert "raised ValueError" in _verdict(graded, student)
+    else:
+        assert "printed" in _verdict(graded, student), _verdict(graded, student)
+
+
+@pytest.mark.timeout(1800)
+def test_a_full_disk_stays_in_the_jail(graded):
+    assert "No space left on device" in _verdict(graded, "disk_flood"), _verdict(graded, "disk_flood")
+    assert graded["csv"]["disk_flood"][f"{LAB} graded"] == "yes"

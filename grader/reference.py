@@ -90,7 +90,8 @@ def compare(stored: Path, fresh: Path, labs: list[str] | None = None) -> list[st
                                 f"stored with {old_tolerances.get(key)}")
             else:
                 try:
-                    check.assert_close(new[key], old[key], key)
+                    rtol, atol = new_tolerances.get(key, (None, None))
+                    check.assert_close(new[key], old[key], key, rtol=rtol, atol=atol)
                 except AssertionError as e:
                     problems.append(f"{name}: {e}")
     return problems

@@ -125,6 +125,15 @@ class Cgroup:
                         pass
             time.sleep(0.05)
 
+    def memory_headroom(self) -> int | None:
+        """Bytes left under the memory limit now (None: not known)."""
+        memory = self._folder("memory")
+        if self.version == 2:
+            used, limit = _read_int(memory / "memory.current"), _read_int(memory / "memory.max")
+        else:
+            used, limit = _read_int(memory / "memory.usage_in_bytes"), _read_int(memory / "memory.limit_in_bytes")
+        return None if used is None or limit is None else limit - used
+
     def usage(self) -> Usage:
         memory, pids = self._folder("memory"), self._folder("pids")
         if self.version == 2:

@@ -37,6 +37,8 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,6 +54,8 @@ JAIL_HOME = "/home/student"           # the working folder is JAIL_HOME/<lab>
 JAIL_COURSE = "/course"               # holds the copy of the package: /course/course
 JAIL_JUDGE = "/run/grader"            # the judge's folder, read-only
 WRITABLE_INSIDE = (JAIL_HOME, "/tmp", "/dev/shm")
+AT_LIMIT_BYTES = 64 << 20  # a jail this close to its memory limit is at it
+THRASH_S = 10              # ... and one that stays there this long is ended (Jail._watch_memory)
 SANDBOX_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
 # c10d looks up its peers' names; with DNS in the list, every lookup waits for
 # a network that is not there and prints a warning into the student's output.
@@ -263,6 +267,7 @@ class Jail:
         self.lease = UidLease() if os.geteuid() == 0 else None
         self.uid = self.lease.uid if self.lease else None
         self.cgroup: cgroups.Cgroup | None = None
+        self.thrashed = False  # the watchdog ended the jail at its memory limit
         try:
             self.spec = prepare(Path(root), self.uid, limits)
             problem = "not asked for"
@@ -271,12 +276,31 @@ class Jail:
                     self.cgroup = cgroups.create(limits.memory_bytes, limits.processes, limits.cpus)
                 except cgroups.CgroupUnavailable as e:
                     problem = str(e)
+            if self.cgroup:
+                self._watching = threading.Event()
+                threading.Thread(target=self._watch_memory, daemon=True).start()
             self.spec.cgroup = asdict(self.cgroup) if self.cgroup else None
             self.spec.cgroup_problem = "" if self.cgroup else problem
             self.spec.save()
         except BaseException:
             self.close()
             raise
+
+    def _watch_memory(self) -> None:
+        # At its memory limit a cgroup reclaims the page cache (the code of torch and
+        # Python) before it OOM-kills: a jail that sits there crawls for minutes
+        # instead of dying. Sitting there for THRASH_S ends the jail, as an OOM kill would.
+        since = None
+        while not self._watching.wait(0.5):
+            headroom = self.cgroup.memory_headroom() if self.cgroup else None
+            if headroom is None or headroom > AT_LIMIT_BYTES:
+                since = None
+            elif since is None:
+                since = time.monotonic()
+            elif time.monotonic() - since > THRASH_S:
+                self.thrashed = True
+                self.cgroup.kill()
+                since = None
 
     @property
     def enforced(self) -> str:
@@ -289,11 +313,12 @@ class Jail:
 
     def usage(self) -> JailUsage:
         used = self.cgroup.usage() if self.cgroup else cgroups.Usage()
-        return JailUsage(self.limits, self.enforced, used.memory_peak, used.memory_limit_hit,
-                         used.oom_killed, used.pids_limit_hit)
+        return JailUsage(self.limits, self.enforced, used.memory_peak, used.memory_limit_hit or self.thrashed,
+                         used.oom_killed or self.thrashed, used.pids_limit_hit)
 
     def close(self) -> None:
         if self.cgroup:
+            self._watching.set()
             self.cgroup.remove()
             self.cgroup = None
         kill_uid(self.uid)

@@ -10,10 +10,15 @@ write it for students (which result, the largest difference, the tolerance).
 
 `render` makes the same page as ``nbgrader generate_feedback`` (its template,
 its grades), without starting nbgrader: grader.feedback_worker calls it in a
-process that stays up for a whole grading run.
+process that stays up for a whole grading run. What the submission produced
+is made inert first (grader.feedback_safety), the template
+(grader/feedback_template) shows the student's markdown as text, the verdict
+is escaped here, and the page's Content-Security-Policy lets no script run
+and nothing load from elsewhere, in case something was missed.
 """
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import nbformat
@@ -25,10 +30,15 @@ from nbgrader.preprocessors import GetGrades, NbGraderPreprocessor
 from traitlets import Unicode
 from traitlets.config import Config
 
-from .verdict import as_markdown
+from .feedback_safety import VERDICT, HiddenLines, make_inert
 
 HIDDEN_NOTE = "# (hidden tests, not shown)"
 _FORMGRADER = Path(nbgrader.__file__).parent / "server_extensions" / "formgrader"
+_TEMPLATES = Path(__file__).parent / "feedback_template"
+# Inline styles and data: images only: no script, no plugin, nothing fetched from elsewhere.
+CSP = ("default-src 'none'; script-src 'none'; object-src 'none'; style-src 'unsafe-inline'; "
+       "img-src data:; font-src data:; base-uri 'none'; form-action 'none'")
+CSP_META = f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
 
 
 class HideHiddenTests(NbGraderPreprocessor):
@@ -61,25 +71,55 @@ class HideHiddenTests(NbGraderPreprocessor):
         return cell, resources
 
 
-def _exporter() -> HTMLExporter:
+def _exporter(grades: bool = True) -> HTMLExporter:
     # nbgrader's GenerateFeedback configures HTMLExporter the same way.
     config = Config()
-    config.HTMLExporter.template_name = "feedback"
-    config.HTMLExporter.extra_template_basedirs = [str(_FORMGRADER / "templates")]
+    config.HTMLExporter.template_name = "course_feedback"   # nbgrader's "feedback", made safer
+    config.HTMLExporter.extra_template_basedirs = [str(_TEMPLATES), str(_FORMGRADER / "templates")]
     config.HTMLExporter.extra_template_paths = [
-        str(_FORMGRADER / "static" / "node_modules" / "bootstrap" / "dist" / "css")]
+        str(_FORMGRADER / "static" / "node_modules" / "bootstrap" / "dist" / "css"),
+        str(_FORMGRADER / "templates")]   # where course_feedback finds feedback/index.html.j2
     exporter = HTMLExporter(config=config)
-    for preprocessor in (GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor):
+    for preprocessor in ([GetGrades] if grades else []) + [HideHiddenTests, CSSHTMLHeaderPreprocessor]:
         exporter.register_preprocessor(preprocessor, enabled=True)
     return exporter
 
 
-def render(autograded: Path, db_url: str, student: str, lab: str, verdict: list[str]) -> str:
-    """The feedback HTML of one autograded notebook, its scores read from the gradebook at db_url."""
-    nb = nbformat.read(autograded, as_version=4)
-    if verdict:
-        nb.cells.insert(0, new_markdown_cell(as_markdown(verdict)))
+def verdict_html(verdict: list[str]) -> str:
+    """The verdict as one HTML block, every line escaped: it quotes what the student's code raised."""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in verdict[1:])
+    return (f'<div class="alert alert-info"><p><b>Grading:</b> {html.escape(verdict[0])}</p>'
+            + (f"<ul>{items}</ul>" if items else "") + "</div>")
+
+
+def with_csp(page: str) -> str:
+    """The page with CSP_META first in its head, before anything it could apply to."""
+    head = page.find("<head>")
+    if head < 0:
+        raise ValueError("the feedback template wrote no <head>")
+    return page[: head + len("<head>")] + "\n" + CSP_META + page[head + len("<head>"):]
+
+
+def render(autograded: Path, db_url: str, student: str, lab: str, verdict: list[str],
+           hidden_lines: list[str] = (), lab_markdown: list[str] = ()) -> str:
+    """The feedback HTML of one autograded notebook, its scores read from the gradebook at db_url.
+
+    hidden_lines: the lab's hidden tests, cut from every output and from the verdict;
+    lab_markdown: the released lab's markdown cells, the only ones rendered as markdown.
+    """
     resources = {"unique_key": lab, "output_files_dir": f"{lab}_files",
                  "nbgrader": {"student": student, "assignment": lab, "notebook": lab, "db_url": db_url}}
-    html, _ = _exporter().from_notebook_node(nb, resources=resources)
-    return html
+    return html_page(nbformat.read(autograded, as_version=4), verdict, hidden_lines, lab_markdown, resources)
+
+
+def html_page(nb, verdict: list[str], hidden_lines: list[str], lab_markdown: list[str], resources: dict,
+              grades: bool = True) -> str:
+    """`render` of a notebook already read; grades=False leaves the scores out (no gradebook needed)."""
+    nb = make_inert(nb, list(lab_markdown), list(hidden_lines))
+    if verdict:
+        scrubber = HiddenLines(list(hidden_lines))
+        cell = new_markdown_cell(verdict_html([scrubber.scrub(line) for line in verdict]))
+        cell.metadata["feedback"] = VERDICT
+        nb.cells.insert(0, cell)
+    page, _ = _exporter(grades).from_notebook_node(nb, resources=resources)
+    return with_csp(page)

@@ -21,10 +21,15 @@ class FeedbackWorker(WarmProcess):
         self.timeout = timeout
 
     def write(self, autograded: Path, target: Path, db_url: str, student: str, lab: str,
-              verdict: list[str]) -> str | None:
-        """Write the feedback page to target; None if it was written, else what went wrong."""
+              verdict: list[str], hidden_lines: list[str] = (), lab_markdown: list[str] = ()) -> str | None:
+        """Write the feedback page to target; None if it was written, else what went wrong.
+
+        hidden_lines: the lab's hidden tests, cut from the page; lab_markdown: the released
+        lab's markdown cells, the only ones rendered as markdown (grader.feedback.render).
+        """
         answer = self.ask({"autograded": str(autograded), "target": str(target), "db_url": db_url,
-                           "student": student, "lab": lab, "verdict": verdict}, self.timeout)
+                           "student": student, "lab": lab, "verdict": verdict,
+                           "hidden_lines": list(hidden_lines), "lab_markdown": list(lab_markdown)}, self.timeout)
         return answer.reply["error"] if answer.reply else f"the feedback renderer {answer.problem}"
 
 
@@ -33,7 +38,7 @@ def _write(request: dict) -> dict:
 
     started = time.perf_counter()
     page = render(Path(request["autograded"]), request["db_url"], request["student"],
-                  request["lab"], request["verdict"])
+                  request["lab"], request["verdict"], request["hidden_lines"], request["lab_markdown"])
     target = Path(request["target"])
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")

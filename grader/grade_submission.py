@@ -26,6 +26,7 @@ import nbformat
 from course import grading
 
 from . import collect, gradebook, sandbox, verdict
+from . import tampering
 from .autograde_worker import AutogradeWorker
 from .execute import INLINE_BACKEND
 from .feedback_worker import FeedbackWorker
@@ -139,11 +140,13 @@ class SubmissionGrader:
             lines = verdict.lines(
                 graded=True, score=gradebook.score(private, self.course_id, lab.name, submission.student),
                 max_score=lab.max_score,
-                tampered=verdict.tampering(submitted, lab.released, list(lab.points)),
+                tampered=verdict.tampering(submitted, lab.released, list(lab.points))
+                + tampering.flags(submitted, lab.released),
                 ran=verdict.execution(done, list(lab.points), self.limits, self.cell_timeout, usage),
                 unverified=unverified)
             problem = self.feedback[slot].write(autograded, self._page(submission), gradebook.db_url(private),
-                                                submission.student, lab.name, lines)
+                                                submission.student, lab.name, lines,
+                                                hidden_lines=lab.hidden_lines, lab_markdown=lab.markdown)
             if problem:
                 lines.append(f"no feedback page: {problem}")
             with self.lock:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import collect, gradebook
+from .feedback_safety import hidden_lines
 from .judge import required_checks
-from .labs import find_labs, read_notebook
+from .labs import find_labs, read_notebook, source_text
 from .release import generate_assignment
 
 
@@ -60,10 +61,16 @@ class LabInfo:
     released: dict                    # the student release, to see what a student changed
     required: dict[str, list[str]]    # grade_id -> reference keys its hidden tests check
     version: str                      # changes when the lab or its reference answers do
+    hidden_lines: list[str] = ()      # the hidden tests' lines, which no feedback page may show
 
     @property
     def max_score(self) -> float:
         return sum(self.points.values())
+
+    @property
+    def markdown(self) -> list[str]:
+        """The released lab's markdown cells: the only ones a feedback page renders as markdown."""
+        return [source_text(c) for c in self.released.get("cells", []) if c.get("cell_type") == "markdown"]
 
 
 def lab_infos(root: Path) -> dict[str, LabInfo]:
@@ -79,7 +86,7 @@ def lab_infos(root: Path) -> dict[str, LabInfo]:
         released = root / "labs" / lab.name / f"{lab.name}.ipynb"
         infos[lab.name] = LabInfo(lab.name, lab.points,
                                   read_notebook(released, root) if released.is_file() else source,
-                                  required_checks(source), digest.hexdigest()[:16])
+                                  required_checks(source), digest.hexdigest()[:16], hidden_lines(source))
     return infos
 
 

@@ -1,0 +1,244 @@
+"""Feedback pages run nothing of the student's and show no hidden test.
+
+Unit tests render crafted notebooks through grader.feedback (without a
+gradebook); one grading run of lab 1 grades a student whose notebook does all
+of it at once beside an honest one, and opens the hostile page in headless
+Chromium to see that none of its scripts ran.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import re
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_output
+
+from grader.feedback import CSP, html_page
+from grader.feedback_safety import HIDDEN_LINE_NOTE, hidden_lines
+from grader.labs import graded_cells
+
+from submissions import REPO, released, solved, write
+
+LAB = "01_single_gpu"
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
+HIDDEN = "assert secret_check(result, 42), 'the hidden answer'"
+LAB_MARKDOWN = "# The lab\nIts own <b>markdown</b> renders."
+RESOURCES = {"nbgrader": {"notebook": LAB, "score": 1, "max_score": 2, "late_penalty": 0}}
+_TAG = re.compile(r"<[a-zA-Z][^>]*>")
+_ACTIVE = re.compile(r"^<(script|svg|iframe|object|embed|math|base|link|meta http-equiv=.refresh)\b"
+                     r"|\son\w+\s*=|javascript:|vbscript:|data:text", re.I)
+
+
+def active_markup(body: str) -> list[str]:
+    """The tags in body that could run something or load something: a script, an SVG, a frame, an
+    event handler, a javascript: link. Escaped text (&lt;script&gt;) is no tag, so it never counts."""
+    return [tag for tag in _TAG.findall(body) if _ACTIVE.search(tag)]
+
+
+def _page(*cells, verdict=("graded: 1 of 2 points",)) -> str:
+    # Not new_notebook: it refuses what a hostile notebook on disk may still hold.
+    nb = nbformat.from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+                             "cells": [new_markdown_cell(LAB_MARKDOWN), *cells]})
+    return html_page(nb, list(verdict), [HIDDEN], [LAB_MARKDOWN], RESOURCES, grades=False)
+
+
+def _body(page: str) -> str:
+    """The page after its head: the part that shows the notebook."""
+    return page.split("</head>", 1)[1]
+
+
+def _output(**kind) -> nbformat.NotebookNode:
+    return new_code_cell("x", outputs=[new_output(**kind)])
+
+
+def test_a_script_in_an_html_output_becomes_its_text():
+    page = _page(_output(output_type="display_data",
+                         data={"text/html": "<script>document.title = 'owned'</script>",
+                               "text/plain": "<IPython.core.display.HTML object>"}))
+    assert active_markup(_body(page)) == []
+    assert "&lt;IPython.core.display.HTML object&gt;" in page
+
+
+def test_an_img_with_an_onerror_attribute_is_not_rendered():
+    page = _page(_output(output_type="display_data", data={"text/html": '<img src=x onerror="alert(1)">'}))
+    assert active_markup(_body(page)) == []
+    assert "text/html output, not shown" in page
+
+
+def test_javascript_markdown_latex_and_widget_outputs_become_notes():
+    data = {"application/javascript": "alert(1)", "text/markdown": "[x](javascript:alert(2))",
+            "text/latex": "$\\href{javascript:alert(3)}{x}$",
+            "application/vnd.jupyter.widget-view+json": {"model_id": "</script><script>alert(4)</script>"}}
+    page = _page(*[_output(output_type="display_data", data={mime: value}) for mime, value in data.items()])
+    assert active_markup(_body(page)) == []
+    for mime in data:
+        assert f"{mime} output, not shown" in page
+
+
+def test_a_javascript_link_in_the_students_markdown_is_shown_as_text():
+    page = _page(new_markdown_cell("[click me](javascript:alert(1)) <a href='javascript:alert(2)'>me too</a>"))
+    assert active_markup(_body(page)) == []
+    assert "<a href" not in _body(page).split("student-markdown")[1]
+    assert "[click me](javascript:alert(1))" in page  # as text, escaped where it must be
+
+
+def test_the_labs_own_markdown_still_renders():
+    page = _page()
+    assert "<b>markdown</b> renders" in page and '<h1 id="The-lab"' in page
+
+
+def test_an_svg_with_a_script_is_not_rendered():
+    svg = "<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script><circle r='5'/></svg>"
+    page = _page(_output(output_type="display_data", data={"image/svg+xml": svg, "text/plain": "<Figure>"}))
+    assert active_markup(_body(page)) == []
+    assert "&lt;Figure&gt;" in page
+
+
+def test_html_in_an_exception_message_and_a_stream_is_escaped():
+    evil = "<img src=x onerror=alert(1)><script>alert(2)</script>"
+    page = _page(new_code_cell("x", outputs=[
+        new_output("error", ename="ValueError", evalue=evil, traceback=[f"\x1b[31mValueError\x1b[0m: {evil}"]),
+        new_output("stream", name="stdout", text=f"\x1b[1;32m{evil}\x1b[0m")]))
+    assert active_markup(_body(page)) == []
+    assert page.count("&lt;script&gt;alert(2)&lt;/script&gt;") == 2
+
+
+def test_html_in_a_verdict_line_is_escaped():
+    page = _page(verdict=["graded: <b>1</b> of 2 points", "cell 3 raised ValueError: <script>alert(1)</script>"])
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script" not in _body(page)
+    assert "graded: &lt;b&gt;1&lt;/b&gt; of 2 points" in page
+
+
+def test_only_real_png_and_jpeg_data_become_images():
+    fake = "\"><script>alert(1)</script>"
+    not_png = base64.b64encode(b"GIF89a" + b"\x00" * 8).decode()
+    page = _page(*[_output(output_type="display_data", data={"image/png": data}) for data in (fake, not_png)],
+                 _output(output_type="display_data", data={"image/png": base64.b64encode(PNG).decode()},
+                         metadata={"image/png": {"width": "1 onerror=alert(2)", "height": 20}}))
+    body = _body(page)
+    assert active_markup(body) == []
+    assert body.count("<img") == 1 and f"data:image/png;base64,{base64.b64encode(PNG).decode()}" in body
+    assert "height=20" in body.replace('"', "") and "alert(2)" not in body
+
+
+def test_grade_ids_and_cell_ids_from_the_submission_are_not_markup():
+    cell = _output(output_type="stream", name="stdout", text="hi")
+    cell.metadata["nbgrader"] = {"grade_id": '"><script>alert(1)</script>', "solution": True, "grade": False}
+    cell.id = "x\"><script>alert(2)</script>"
+    cell.metadata["tags"] = ['"><script>alert(3)</script>']
+    assert active_markup(_body(_page(cell))) == []
+
+
+def test_hidden_test_lines_are_cut_from_outputs_and_the_verdict():
+    in_history = repr(["", f"x = 1\n{HIDDEN}\n"])   # what print(In) shows
+    page = _page(new_code_cell("print(In)", outputs=[
+        new_output("stream", name="stdout", text=in_history),
+        new_output("execute_result", data={"text/plain": f"\x1b[0;31m{HIDDEN}\x1b[0m"}, execution_count=3),
+        new_output("error", ename="AssertionError", evalue=HIDDEN, traceback=[HIDDEN])]),
+        verdict=["graded: 1 of 2 points", f"cell 3 raised AssertionError: {HIDDEN}"])
+    assert "secret_check" not in page
+    assert page.count(HIDDEN_LINE_NOTE) >= 4
+
+
+def test_the_page_forbids_scripts_and_outside_loads():
+    page = _page()
+    head = page.split("</head>")[0]
+    assert head.index("Content-Security-Policy") < head.index("<style")
+    assert "script-src 'none'" in CSP and "object-src 'none'" in CSP and "default-src 'none'" in CSP
+    assert "<script" not in page   # not even MathJax: a feedback page needs none
+    assert "cdnjs" not in page
+
+
+def test_hidden_lines_are_read_from_the_solution_notebook():
+    lines = hidden_lines(nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4))
+    assert lines and all(len(line) > 20 and line == line.strip() for line in lines)
+    visible = "\n".join(c.source for c in released(LAB).cells)
+    assert any(line not in visible for line in lines)
+
+
+# --- one grading run -----------------------------------------------------------------
+
+SCRIPT = "document.title = 'owned by the student'; document.body.appendChild(document.createElement('marquee'))"
+HOSTILE_CELLS = [
+    f"from IPython.display import HTML, Javascript, SVG, Markdown, display\n"
+    f"display(HTML(\"<script>{SCRIPT}</script><img src=x onerror=\\\"{SCRIPT}\\\">\"))",
+    f"display(Javascript({SCRIPT!r}))",
+    f"display(SVG(\"<svg xmlns='http://www.w3.org/2000/svg'><script>{SCRIPT}</script></svg>\"))",
+    "display(Markdown('[look](javascript:alert(1))'))",
+    "display({'image/png': '<script>alert(1)</script>'}, raw=True)",
+    f"raise ValueError(\"<img src=x onerror=\\\"{SCRIPT}\\\">\")",
+    "course.check.assert_close = course.check.assert_close   # harmless, and still flagged",
+]
+# After the last test cell: by then the kernel's history holds every hidden test.
+LEAKING_CELLS = ["print(In)\nprint(_ih)\nprint('\\n'.join(In))", "In"]
+STUDENT_MARKDOWN = f"My notes <script>{SCRIPT}</script> [see](javascript:alert(1)) <img src=x onerror=alert(2)>"
+
+
+def _hostile_submission():
+    nb = solved(LAB)
+    setup = next(i for i, c in enumerate(nb.cells) if "REFERENCE = course.grading.Reference" in c.source)
+    nb.cells[setup + 1:setup + 1] = [new_markdown_cell(STUDENT_MARKDOWN), *map(new_code_cell, HOSTILE_CELLS)]
+    nb.cells += [new_code_cell(source) for source in LEAKING_CELLS]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("feedback-safety")
+    folder, work = tmp / "submitted", tmp / "work"
+    write(_hostile_submission(), folder, "hostile", LAB)
+    write(solved(LAB), folder, "honest", LAB)
+    proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB, "--work", str(work)],
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout
+    with open(work / "grades.csv", newline="") as f:
+        grades = {row["student_id"]: row for row in csv.DictReader(f)}
+    pages = {s: (work / "feedback" / s / LAB / f"{LAB}.html").read_text(encoding="utf-8") for s in grades}
+    return {"grades": grades, "pages": pages, "work": work, "log": proc.stdout}
+
+
+@pytest.mark.timeout(1500)
+def test_the_honest_student_keeps_full_marks(graded):
+    full = sum(graded_cells(nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)).values())
+    row = graded["grades"]["honest"]
+    assert (row[f"{LAB} graded"], float(row[f"{LAB} score"])) == ("yes", full), (row, graded["log"])
+
+
+@pytest.mark.timeout(1500)
+def test_the_hostile_page_holds_no_script_no_handler_and_no_hidden_test(graded):
+    row = graded["grades"]["hostile"]
+    assert row[f"{LAB} graded"] == "yes", (row, graded["log"])
+    body = _body(graded["pages"]["hostile"])
+    assert "owned by the student" in body, "the student's cells did not run, so this tests nothing"
+    assert active_markup(body) == []
+    leaked = [line for line in hidden_lines(nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4))
+              if line in body or line.replace("'", "\\'") in body]
+    assert not leaked, leaked[:3]
+    assert HIDDEN_LINE_NOTE in body, "print(In) showed no hidden test: the run did not test the scrubbing"
+
+
+@pytest.mark.timeout(1500)
+def test_the_tampering_is_flagged_in_the_verdict_and_on_the_page(graded):
+    flag = "line 1 rebinds course.check.assert_close: flagged for the instructor"
+    assert flag in graded["grades"]["hostile"][f"{LAB} verdict"]
+    assert flag in graded["pages"]["hostile"]
+    assert "flagged" not in graded["grades"]["honest"][f"{LAB} verdict"]
+
+
+@pytest.mark.timeout(300)
+def test_opening_the_hostile_page_in_a_browser_runs_nothing_of_the_students(graded):
+    from browser import chromium
+
+    page_file = graded["work"] / "feedback" / "hostile" / LAB / f"{LAB}.html"
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(page_file.as_uri())
+        page.wait_for_timeout(1000)
+        assert page.title() == LAB
+        assert page.locator("marquee").count() == 0
+        assert "owned by the student" in page.locator("body").inner_text()   # shown, as text
+        assert page.locator("pre.student-markdown").count() == 1

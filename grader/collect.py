@@ -13,6 +13,7 @@ student folder, a student id nbgrader cannot use) is reported, not graded.
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import stat
@@ -80,15 +81,51 @@ def unreadable(path: Path) -> str | None:
     return None
 
 
-def place(submission: Submission, submitted_dir: Path) -> Path:
-    """Copy the notebook to nbgrader's <submitted>/<student>/<lab>/<lab>.ipynb (replacing an earlier copy)."""
+def place(submission: Submission, submitted_dir: Path, released: dict) -> list[str]:
+    """Write the notebook to nbgrader's <submitted>/<student>/<lab>/<lab>.ipynb (replacing an
+    earlier copy), its grading metadata put right; returns what was put right, in words.
+
+    A cell's nbgrader metadata is the student's to change, and nbgrader trusts it: a
+    cell claiming a grade_id the lab does not have, or a solution cell claiming to be a
+    test, made nbgrader fail on the whole notebook. Each cell of the lab gets the
+    release's metadata back; any other cell loses its claim and runs as the student's own.
+    """
     target_dir = Path(submitted_dir) / submission.student / submission.lab
     if target_dir.exists():
         shutil.rmtree(target_dir)
     target_dir.mkdir(parents=True)
+    notebook = parse_notebook(submission.path)
+    notes = restore_grading_metadata(notebook, released)
     target = target_dir / f"{submission.lab}.ipynb"
-    shutil.copyfile(submission.path, target)
-    return target
+    target.write_text(json.dumps(notebook), encoding="utf-8")
+    return notes
+
+
+def restore_grading_metadata(notebook: dict, released: dict) -> list[str]:
+    """Put the release's nbgrader metadata back on the lab's cells and take it off any other (in place)."""
+    lab_cells = {}
+    for cell in released.get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if isinstance(meta, dict) and meta.get("grade_id"):
+            lab_cells[meta["grade_id"]] = meta
+    notes = []
+    for index, cell in enumerate(notebook.get("cells", [])):
+        metadata = cell.get("metadata")
+        if not isinstance(metadata, dict) or "nbgrader" not in metadata:
+            continue
+        claim = metadata["nbgrader"]
+        grade_id = claim.get("grade_id") if isinstance(claim, dict) else None
+        if isinstance(grade_id, str) and grade_id in lab_cells:
+            if {k: v for k, v in claim.items() if k != "checksum"} != \
+                    {k: v for k, v in lab_cells[grade_id].items() if k != "checksum"}:
+                notes.append(f"cell {grade_id}'s grading metadata was changed; the lab's was put back")
+            metadata["nbgrader"] = dict(lab_cells[grade_id])
+        else:
+            del metadata["nbgrader"]
+            name = f"grade_id {str(grade_id)[:40]!r}" if grade_id else "no grade_id"
+            notes.append(f"cell {index + 1} claimed grading metadata ({name}) that is no cell of the lab; "
+                         "it ran as an ordinary cell")
+    return notes
 
 
 def unpack(archive: Path, target: Path, labs: list[str]) -> tuple[Path, list[str]]:

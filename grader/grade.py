@@ -2,10 +2,13 @@
 
 1. collect: each student's notebooks in SUBMISSIONS, a folder or a zip (see
    grader.collect), are copied into nbgrader's submitted/ folder;
-2. grade each student's lab in a sandbox (grader.grade_submission): autograde,
+2. record the judge's reference values for this run: each lab's solution,
+   executed outside the jail as autograde executes it, with a seed drawn for
+   the run (grader.reference.record); the hidden tests draw their inputs from it;
+3. grade each student's lab in a sandbox (grader.grade_submission): autograde,
    verdict, feedback page, scores into the class gradebook; several at once
    with ``--jobs``;
-3. export: one CSV row per student (grader.export).
+4. export: one CSV row per student (grader.export).
 
 Everything goes under the work folder (default grader/work/, git-ignored).
 Finished submissions are recorded one by one in status.json with a
@@ -15,17 +18,20 @@ changed, and an interrupted run picks up where it stopped.
 from __future__ import annotations
 
 import argparse
+import os
 import queue
+import secrets
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from . import COURSE_ROOT, GraderError, collect, export, gradebook, sandbox, verdict
+from . import COURSE_ROOT, GraderError, collect, export, gradebook, reference, sandbox, verdict
 from .autograde_worker import AutogradeWorker
 from .feedback_worker import FeedbackWorker
 from .grade_submission import SubmissionGrader
-from .labs import display_path
+from .labs import display_path, find_labs
 from .workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
 
 DEFAULT_WORK = COURSE_ROOT / "grader" / "work"
@@ -68,6 +74,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
             todo.append(submission)
     if len(todo) < len(found):
         say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept (--regrade grades them again)")
+    judged = record_judged_values(ws, root, sorted({s.lab for s in todo}), infos, say)
     jobs = min(jobs, len(todo))  # no idle slots, and no renderer when nothing is to be graded
     logs = ws.root / "logs"
     autograde = {slot: AutogradeWorker(root, logs / f"autograde-{slot}.log") for slot in range(jobs)}
@@ -76,7 +83,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
     for worker in workers:
         worker.start()
     grader = SubmissionGrader(root, ws, infos, limits, cell_timeout, not why_not, threading.Lock(),
-                              autograde, feedback)
+                              autograde, feedback, judged)
     slots: queue.Queue[int] = queue.Queue()
     for slot in range(jobs):
         slots.put(slot)
@@ -108,6 +115,30 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
                      gradebook.db_url(ws.gradebook), root)
     say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
     return target
+
+
+def record_judged_values(ws: Workspace, root: Path, labs: list[str], infos: dict,
+                         say=print) -> dict[str, tuple[Path, int]]:
+    """{lab: (values file, seed)}: the judge's reference values for this run, recorded from the
+    solution on a seed drawn now, in a folder of the work area that no jail sees."""
+    folder = ws.root / "judge"
+    folder.mkdir(mode=0o755, exist_ok=True)
+    judged = {}
+    for lab in labs:
+        if not infos[lab].required:
+            continue
+        seed = 1 + secrets.randbelow(2**31 - 1)
+        started = time.perf_counter()
+        path = reference.record(next(x for x in find_labs(root) if x.name == lab), folder / "recording",
+                                root, seed=seed, as_graded=True)
+        if path is None:
+            raise GraderError(f"{lab}: its solution recorded no reference values, yet its tests check some")
+        target = folder / f"{lab}.json"
+        path.replace(target)
+        os.chmod(target, 0o644)  # the judge reads it after dropping root; the jail never sees this folder
+        judged[lab] = (target, seed)
+        say(f"recorded {lab}'s reference values for this run's seed ({time.perf_counter() - started:.0f} s)")
+    return judged
 
 
 def add_subcommand(subparsers) -> None:

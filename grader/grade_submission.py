@@ -4,8 +4,9 @@
    with the limits of `Limits`, the hidden tests' reference answers held
    outside it by the judge (grader.judge), against a private copy of the
    gradebook;
-2. verdict: what happened, in plain words (grader.verdict); a test cell whose
-   hidden checks never reached the judge gets no points;
+2. verdict: what happened, in plain words (grader.verdict); a test cell gets
+   its points only if the judge saw every one of its hidden checks pass while
+   it ran;
 3. feedback: the page rendered by the slot's feedback worker, hidden tests
    removed, the verdict on top; a page with the verdict where nothing could
    be graded;
@@ -13,9 +14,9 @@
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
+from contextlib import nullcontext
 import threading
 import time
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from . import tampering
 from .autograde_worker import AutogradeWorker
 from .execute import INLINE_BACKEND
 from .feedback_worker import FeedbackWorker
-from .judge import Judge
+from .judge import UNPRIVILEGED_UID, Judge
+from .judged_execute import CELL_FILE_ENV
 from .labs import course_config
 from .sandboxed import SPEC_ENV
 from .workspace import LabInfo, Workspace
@@ -79,6 +81,7 @@ class SubmissionGrader:
     lock: threading.Lock
     autograde: dict[int, AutogradeWorker]  # slot -> its nbgrader
     feedback: dict[int, FeedbackWorker]    # slot -> its renderer
+    judged: dict[str, tuple[Path, int]]    # lab -> the judge's values for this run, and their seed
     course_id: str = ""                    # read from nbgrader_config.py once, not per submission
 
     def __post_init__(self):
@@ -93,7 +96,7 @@ class SubmissionGrader:
         why = why or verdict.unmatchable(submitted)
         if why:
             return self._not_graded(submission, why, started)
-        collect.place(submission, self.ws.submitted)
+        restored = collect.place(submission, self.ws.submitted, lab.released)
         jail = Path(tempfile.mkdtemp(prefix="grader-"))  # short: unix socket paths are limited
         box = usage = None  # the jail's sandbox.Jail, and what it used
         try:
@@ -110,8 +113,12 @@ class SubmissionGrader:
                 judge_dir = jail
             selector = [submission.lab, f"--student={submission.student}", "--force"]
             limits = [f"--Execute.timeout={self.cell_timeout:g}"] if self.cell_timeout else []
-            with Judge(lab.name, self.root / "grader" / "reference", judge_dir / "judge.sock") as judge:
-                env[grading.JUDGE_ENV] = str(judge.socket_path)
+            values, seed = self.judged.get(lab.name, (None, 0))
+            with Judge(lab.name, values, seed, lab.required, judge_dir, jail,
+                       UNPRIVILEGED_UID if self.sandboxed else None) if values else nullcontext() as judge:
+                if judge:
+                    env[grading.JUDGE_ENV] = str(judge.socket_path)
+                    env[CELL_FILE_ENV] = str(judge.cell_file)
                 code = self.autograde[slot].run([*selector, *self.ws.flags(private), *limits], env,
                                                 jail / "autograde.log", self.limits.wall_s)
             leftovers = box.stop() if box else []
@@ -132,18 +139,19 @@ class SubmissionGrader:
                 problem = (problem + "; " if problem else "") + f"{len(leftovers)} processes outlived the jail"
             if not graded:
                 return self._not_graded(submission, problem, started)
-            unverified = judge.unverified(lab.required)
+            found = judge.findings() if judge else {}
             scores = gradebook.cell_scores(private, self.course_id, lab.name, submission.student)
-            unverified = {gid: why for gid, why in unverified.items() if scores.get(gid, 0) > 0}
+            unverified = {gid: f.why for gid, f in found.items() if not f.passed and scores.get(gid, 0) > 0}
             gradebook.zero_cells(private, self.course_id, lab.name, submission.student, list(unverified))
+            judged_failures = {gid: f.detail for gid, f in found.items() if f.detail}
             done = nbformat.read(autograded, as_version=4)
             lines = verdict.lines(
                 graded=True, score=gradebook.score(private, self.course_id, lab.name, submission.student),
                 max_score=lab.max_score,
                 tampered=verdict.tampering(submitted, lab.released, list(lab.points))
-                + tampering.flags(submitted, lab.released),
+                + tampering.flags(submitted, lab.released) + restored,
                 ran=verdict.execution(done, list(lab.points), self.limits, self.cell_timeout, usage),
-                unverified=unverified)
+                unverified=unverified, judged=judged_failures)
             problem = self.feedback[slot].write(autograded, self._page(submission), gradebook.db_url(private),
                                                 submission.student, lab.name, lines,
                                                 hidden_lines=lab.hidden_lines, lab_markdown=lab.markdown)

@@ -144,12 +144,17 @@ def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: 
 
 
 def lines(*, graded: bool, why_not: str = "", score: float | None = None, max_score: float = 0,
-          tampered: list[str] = (), ran: list[str] = (), unverified: dict[str, str] | None = None) -> list[str]:
-    """The verdict: first line graded or not, then what happened, most important first."""
+          tampered: list[str] = (), ran: list[str] = (), unverified: dict[str, str] | None = None,
+          judged: dict[str, str] | None = None) -> list[str]:
+    """The verdict: first line graded or not, then what happened, most important first.
+
+    judged: {grade_id: the judge's comparison that failed}: what the kernel was not told.
+    """
     head = f"graded: {score:g} of {max_score:g} points" if graded else f"not graded: {why_not}"
     out = [head, *tampered]
     out += [f"test cell {gid} gets no points: {why}" for gid, why in (unverified or {}).items()]
     out += list(ran)
+    out += [f"test cell {gid}, the grader's check: {detail}" for gid, detail in (judged or {}).items()]
     if len(out) > MAX_LINES:
         out = out[: MAX_LINES - 1] + [f"… and {len(out) - MAX_LINES + 1} more"]
     return [_short(line) for line in out]

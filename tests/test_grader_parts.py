@@ -6,6 +6,7 @@ The whole round trip is tests/test_grading_round_trip.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from course import grading
 from grader import COURSE_ROOT, GraderError, collect, export, reference, verdict
-from grader.judge import Judge, required_checks
+from grader.judge import required_checks
+from grader.labs import graded_cells
 from grader.sandbox import Limits
 from grader.feedback import HIDDEN_NOTE, HideHiddenTests
 from grader.feedback_worker import FeedbackWorker
@@ -257,6 +259,32 @@ def test_unpack_takes_both_layouts_inside_a_top_folder(tmp_path):
     assert [s.student for s in collect.find(single, LABS)[0]] == ["carol"]
 
 
+def test_placing_a_submission_puts_the_labs_grading_metadata_back(tmp_path):
+    """nbgrader trusts a cell's metadata: claims the lab does not make are taken off, in words."""
+    answer = new_code_cell("x = 1")
+    answer.metadata["nbgrader"] = {"grade": False, "grade_id": "answer", "solution": True, "locked": False}
+    released = new_notebook(cells=[answer, _graded_cell("assert x == 1", "test_answer", False)])
+    submitted = nbformat.from_dict(json.loads(json.dumps(released)))
+    submitted.cells[0].metadata["nbgrader"].update(grade=True, points=50)          # an answer claims points
+    submitted.cells[1].metadata["nbgrader"]["points"] = 100                         # a test claims more
+    bogus = new_code_cell("print(1)")
+    bogus.metadata["nbgrader"] = {"grade": True, "grade_id": "bogus", "points": 9}  # a test of its own
+    broken = new_code_cell("print(2)")
+    broken.metadata["nbgrader"] = "not a dict"
+    submitted.cells += [bogus, broken]
+    path = tmp_path / "alice" / "01_single_gpu.ipynb"
+    path.parent.mkdir()
+    nbformat.write(submitted, path)
+    notes = collect.place(collect.Submission("alice", "01_single_gpu", path), tmp_path / "submitted", released)
+    placed = json.loads((tmp_path / "submitted" / "alice" / "01_single_gpu" / "01_single_gpu.ipynb").read_text())
+    assert [c["metadata"].get("nbgrader") for c in placed["cells"]] == \
+        [released.cells[0].metadata["nbgrader"], released.cells[1].metadata["nbgrader"], None, None]
+    assert notes == ["cell answer's grading metadata was changed; the lab's was put back",
+                     "cell test_answer's grading metadata was changed; the lab's was put back",
+                     "cell 3 claimed grading metadata (grade_id 'bogus') that is no cell of the lab; it ran as an ordinary cell",
+                     "cell 4 claimed grading metadata (no grade_id) that is no cell of the lab; it ran as an ordinary cell"]
+
+
 def test_unpack_refuses_paths_out_of_the_folder(tmp_path):
     nb = nbformat.writes(new_notebook())
     archive = _zip(tmp_path / "evil.zip", {"../../escape/01_single_gpu.ipynb": nb,
@@ -271,28 +299,8 @@ def test_unpack_refuses_paths_out_of_the_folder(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# The judge: reference answers compared outside the submission's kernel
+# The judge's keys (the judge itself: tests/test_judge.py)
 # --------------------------------------------------------------------------
-
-def test_the_judge_answers_checks_and_knows_which_never_came(tmp_path, monkeypatch):
-    grading.write(tmp_path / "99_lab.json", "99_lab", {"w": torch.tensor([1.0, 2.0]), "n": 3})
-    nb = {"cells": [_graded_cell('REFERENCE.check("w", w)\nREFERENCE.check("n", n)', "test_w", True),
-                    _graded_cell('REFERENCE.check("n", n)', "test_n", True),
-                    _graded_cell("assert True", "test_plain", True)]}
-    required = required_checks(nb)
-    assert required == {"test_w": ["w", "n"], "test_n": ["n"]}
-    with Judge("99_lab", tmp_path, tmp_path / "judge.sock") as judge:
-        monkeypatch.setenv(grading.JUDGE_ENV, str(judge.socket_path))
-        ref = grading.Reference("99_lab")
-        ref.check("n", 3)
-        with pytest.raises(AssertionError, match="largest difference"):
-            ref.check("w", torch.tensor([1.0, 2.5]))
-        with pytest.raises(AssertionError, match="no reference value"):
-            ref.check("made up", 1)
-        assert judge.unverified(required) == {"test_w": "its hidden check 'w' failed"}
-        ref.check("w", torch.tensor([1.0, 2.0]))
-        assert judge.unverified({"test_x": ["x"]}) == {"test_x": "its hidden check 'x' never reached the grader"}
-
 
 def test_every_stored_reference_value_is_required_by_a_test_cell():
     for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid"):
@@ -300,6 +308,19 @@ def test_every_stored_reference_value_is_required_by_a_test_cell():
         required = {key for keys in required_checks(source).values() for key in keys}
         stored = set(grading.read(COURSE_ROOT / "grader" / "reference" / f"{lab}.json"))
         assert required == stored, f"{lab}: checks the judge cannot hold to account: {stored ^ required}"
+
+
+def test_every_graded_test_cell_earns_its_points_through_the_judge():
+    """Each graded test cell of every lab has a hidden check the judge holds, on inputs of the run's seed."""
+    for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid"):
+        source = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+        unjudged = set(graded_cells(source)) - set(required_checks(source))
+        assert not unjudged, f"{lab}: test cells whose points no check outside the kernel decides: {sorted(unjudged)}"
+        for cell in source.cells:
+            if cell.metadata.get("nbgrader", {}).get("grade_id") in required_checks(source):
+                hidden = cell.source.split("### BEGIN HIDDEN TESTS")[-1]
+                assert "REFERENCE.seed()" in hidden, \
+                    f"{lab}/{cell.metadata.nbgrader.grade_id}: the judged inputs must come from REFERENCE.seed()"
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,58 @@
+"""The judge holds labs 3 and 4 to account: a submission that silences the kernel's own
+checks still earns nothing for a wrong exercise.
+
+A student cell installs an IPython AST transformer that turns every `assert` into
+`pass`, so the test cells' in-kernel checks (asserts) let anything through; the
+exercise itself is a stub that returns zeros. Only the judged check, compared
+outside the kernel on inputs drawn from the grading run's seed, stands between
+the stub and the points.
+"""
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell
+
+from grader import sandbox
+from grader.labs import graded_cells
+
+from submissions import REPO, grade_round_trip, solved
+
+LAB = "03_model_parallel"
+POINTS = graded_cells(nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4))
+
+NO_ASSERTS = '''import ast
+
+class NoAsserts(ast.NodeTransformer):
+    def visit_Assert(self, node):
+        return ast.copy_location(ast.Pass(), node)
+
+get_ipython().ast_transformers.append(NoAsserts())
+'''
+
+# Passes every check of test_elements_sent that is not an assert: it refuses other directions.
+STUB = '''
+def elements_sent(direction, batch, inputs, outputs, world_size):
+    if direction not in ("column", "row"):
+        raise ValueError(direction)
+    return 0.0
+'''
+
+
+@pytest.mark.skipif(sandbox.unavailable() is not None, reason=f"no sandbox here: {sandbox.unavailable()}")
+@pytest.mark.timeout(900)
+def test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise(tmp_path):
+    nb = solved(LAB, answers={"elements_sent": STUB})
+    setup = next(i for i, c in enumerate(nb.cells) if "REFERENCE = course.grading.Reference" in c.source)
+    nb.cells.insert(setup + 1, new_code_cell(NO_ASSERTS))
+    scores = grade_round_trip(LAB, {"stub": nb}, tmp_path)
+    assert scores == {"stub": sum(POINTS.values()) - POINTS["test_elements_sent"]}
+    # The cell's first error is its judged check, its last statement: every assert before it let
+    # the stub through, and the judge's comparison is what failed.
+    said = json.loads((tmp_path / "work" / "status.json").read_text())["stub"][LAB]["verdict"]
+    assert any(line.startswith("cell test_elements_sent failed: elements sent for seeded layers does not match")
+               for line in said), said
+    assert any(line.startswith("test cell test_elements_sent, the grader's check: elements sent for seeded layers")
+               for line in said), said

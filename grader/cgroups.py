@@ -16,11 +16,12 @@ memory.limit_in_bytes, memory.max_usage_in_bytes, memory.oom_control).
 from __future__ import annotations
 
 import os
-import signal
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from .jail_uids import kill_until_gone
 
 PARENT = "course-grader"  # our folder under the grader's own cgroup
 CPU_PERIOD_US = 100_000
@@ -109,30 +110,25 @@ class Cgroup:
     def kill(self, wait_s: float = 10) -> list[int]:
         """Kill every process in the cgroup; returns those still there after wait_s (none, normally)."""
         kill_file = self._folder("pids") / "cgroup.kill"
-        deadline = time.monotonic() + wait_s
-        while True:
-            pids = self.pids()
-            if not pids or time.monotonic() > deadline:
-                return pids
-            if self.version == 2 and kill_file.exists():
-                _write(kill_file, "1")  # atomic: no fork escapes it
-            else:
-                # The jail's processes cannot outrun this loop for long: pids.max bounds them.
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            time.sleep(0.05)
 
-    def memory_headroom(self) -> int | None:
-        """Bytes left under the memory limit now (None: not known)."""
-        memory = self._folder("memory")
+        def at_once() -> bool:  # cgroup v2: atomic, no fork escapes it
+            if self.version == 2 and kill_file.exists():
+                _write(kill_file, "1")
+                return True
+            return False
+
+        return kill_until_gone(self.pids, wait_s, at_once)
+
+    def memory_pinned(self) -> int | None:
+        """Bytes of memory the cgroup cannot give back (None: not known): anonymous and tmpfs pages,
+        which without swap stay, and unevictable ones. What is left of the limit is all the
+        page cache (the code of Python and torch) has to run in."""
+        stat = _read_keys(self._folder("memory") / "memory.stat")
+        if not stat:
+            return None
         if self.version == 2:
-            used, limit = _read_int(memory / "memory.current"), _read_int(memory / "memory.max")
-        else:
-            used, limit = _read_int(memory / "memory.usage_in_bytes"), _read_int(memory / "memory.limit_in_bytes")
-        return None if used is None or limit is None else limit - used
+            return stat.get("anon", 0) + stat.get("shmem", 0) + stat.get("unevictable", 0)
+        return stat.get("total_active_anon", 0) + stat.get("total_inactive_anon", 0) + stat.get("total_unevictable", 0)
 
     def usage(self) -> Usage:
         memory, pids = self._folder("memory"), self._folder("pids")

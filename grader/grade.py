@@ -160,9 +160,12 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--cell-timeout", type=float,
                    help="seconds one cell may run before it is interrupted (default: nbgrader_config.py's)")
     p.add_argument("--memory-gb", type=float, default=defaults.memory_bytes / 2**30,
-                   help=f"memory per process, GiB (default {defaults.memory_bytes / 2**30:g})")
+                   help=f"memory of one submission's jail, all its processes together, GiB "
+                        f"(default {defaults.memory_bytes / 2**30:g}; per process where no cgroup can be made)")
     p.add_argument("--max-processes", type=int, default=defaults.processes,
                    help=f"processes and threads one submission may run (default {defaults.processes})")
+    p.add_argument("--cpus", type=float, default=defaults.cpus,
+                   help=f"CPU time of one submission's jail, in cores (default {defaults.cpus:g}: this machine's)")
     p.add_argument("--regrade", action="store_true", help="grade again what was graded before, even unchanged")
     p.add_argument("--unsafe", action="store_true",
                    help="grade without the sandbox when it is unavailable (only for notebooks you trust)")
@@ -173,8 +176,10 @@ def add_subcommand(subparsers) -> None:
 def _main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise GraderError(f"--jobs must be at least 1, not {args.jobs}")
+    if args.cpus <= 0:
+        raise GraderError(f"--cpus must be more than 0, not {args.cpus:g}")
     limits = replace(sandbox.Limits(), wall_s=args.timeout, memory_bytes=int(args.memory_gb * 2**30),
-                     processes=args.max_processes)
+                     processes=args.max_processes, cpus=args.cpus)
     grade(args.submissions, labs=args.labs, work=args.work, root=args.root, csv_path=args.csv, limits=limits,
           cell_timeout=args.cell_timeout, jobs=args.jobs, unsafe=args.unsafe, regrade=args.regrade)
     return 0

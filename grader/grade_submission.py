@@ -135,6 +135,9 @@ class SubmissionGrader:
                 graded, problem = False, f"nbgrader autograde failed: {_last_error(log)}"
             else:
                 graded, problem = inspect_autograded(autograded)
+                if not graded and usage and usage.oom_killed:  # nbgrader saw a kernel that stopped answering
+                    problem = ("the kernel died while running the notebook"
+                               + verdict.why_died(_tail(spec.console), self.limits, usage) + f"; {problem}")
             if leftovers:  # the jail should never let this happen; say so rather than hide it
                 problem = (problem + "; " if problem else "") + f"{len(leftovers)} processes outlived the jail"
             if not graded:

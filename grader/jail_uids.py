@@ -35,21 +35,31 @@ def processes_of(uid: int) -> list[int]:
     return pids
 
 
+def kill_until_gone(find, wait_s: float = 10, kill_at_once=None) -> list[int]:
+    """SIGKILL the processes find() names until it names none; those still there after wait_s.
+
+    kill_at_once: a call that kills them all in one go (cgroup v2's cgroup.kill), tried first.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = find()
+        if not pids or time.monotonic() > deadline:
+            return pids
+        if kill_at_once is None or not kill_at_once():
+            # They cannot outrun this loop for long: the jail's process limit bounds them.
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.05)
+
+
 def kill_uid(uid: int | None, wait_s: float = 10) -> list[int]:
     """Kill every process of uid; returns those still there after wait_s (none, normally)."""
     if uid is None:
         return []
-    deadline = time.monotonic() + wait_s
-    while True:
-        pids = processes_of(uid)
-        if not pids or time.monotonic() > deadline:
-            return pids
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
+    return kill_until_gone(lambda: processes_of(uid), wait_s)
 
 
 def _lock_dir(folder: Path) -> Path:

@@ -54,8 +54,8 @@ JAIL_HOME = "/home/student"           # the working folder is JAIL_HOME/<lab>
 JAIL_COURSE = "/course"               # holds the copy of the package: /course/course
 JAIL_JUDGE = "/run/grader"            # the judge's folder, read-only
 WRITABLE_INSIDE = (JAIL_HOME, "/tmp", "/dev/shm")
-AT_LIMIT_BYTES = 64 << 20  # a jail this close to its memory limit is at it
-THRASH_S = 10              # ... and one that stays there this long is ended (Jail._watch_memory)
+CODE_ROOM_BYTES = 256 << 20  # a jail needs this much of its memory limit for the code it runs
+THRASH_S = 2                 # memory pinned past that for this long ends the jail (Jail._watch_memory)
 SANDBOX_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
 # c10d looks up its peers' names; with DNS in the list, every lookup waits for
 # a network that is not there and prints a warning into the student's output.
@@ -288,12 +288,14 @@ class Jail:
 
     def _watch_memory(self) -> None:
         # At its memory limit a cgroup reclaims the page cache (the code of torch and
-        # Python) before it OOM-kills: a jail that sits there crawls for minutes
-        # instead of dying. Sitting there for THRASH_S ends the jail, as an OOM kill would.
-        since = None
-        while not self._watching.wait(0.5):
-            headroom = self.cgroup.memory_headroom() if self.cgroup else None
-            if headroom is None or headroom > AT_LIMIT_BYTES:
+        # Python) before it OOM-kills, and faults it back in, again and again: a jail
+        # whose anonymous memory has filled its limit crawls for minutes instead of
+        # dying. Memory it cannot give back (no swap) past its limit less CODE_ROOM_BYTES,
+        # for THRASH_S, ends the jail as an OOM kill would, and is reported as one.
+        limit, since = self.limits.memory_bytes, None
+        while not self._watching.wait(0.25):
+            pinned = self.cgroup.memory_pinned() if self.cgroup else None
+            if pinned is None or pinned < limit - CODE_ROOM_BYTES:
                 since = None
             elif since is None:
                 since = time.monotonic()

@@ -20,7 +20,6 @@ A cell that does not parse is a syntax error, not tampering: it is skipped.
 from __future__ import annotations
 
 import ast
-import re
 
 from .labs import source_text
 

@@ -112,6 +112,17 @@ def failing_tests(nb, folder) -> dict[str, str]:
     return failed
 
 
+def grade_class(submissions: Path, work: Path, lab: str, *options: str, timeout: float = 1500) -> tuple[dict, str]:
+    """`python -m grader grade SUBMISSIONS --lab LAB --work WORK OPTIONS`, as an instructor runs it;
+    (the CSV's rows by student id, what the command printed)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", "grade", str(submissions), "--lab", lab, "--work", str(work), *options],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout
+    with open(work / "grades.csv", newline="") as f:
+        return {row["student_id"]: row for row in csv.DictReader(f)}, proc.stdout
+
+
 def grade_round_trip(lab: str, students: dict, tmp_path: Path) -> dict[str, float]:
     """`python -m grader grade` on each student's notebook, as an instructor runs it.
 
@@ -121,13 +132,9 @@ def grade_round_trip(lab: str, students: dict, tmp_path: Path) -> dict[str, floa
     submissions, work = tmp_path / "submitted", tmp_path / "work"
     for student, nb in students.items():
         write(nb, submissions, student, lab)
-    proc = subprocess.run(
-        [sys.executable, "-m", "grader", "grade", str(submissions), "--lab", lab, "--work", str(work)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout
-    with open(work / "grades.csv", newline="") as f:
-        scores = {row["student_id"]: float(row[f"{lab} score"]) for row in csv.DictReader(f)}
-    assert set(scores) == set(students), proc.stdout
+    rows, log = grade_class(submissions, work, lab, timeout=900)
+    scores = {student: float(row[f"{lab} score"]) for student, row in rows.items()}
+    assert set(scores) == set(students), log
     hidden = hidden_lines(lab)
     for student in scores:
         page = html.unescape((work / "feedback" / student / lab / f"{lab}.html").read_text())

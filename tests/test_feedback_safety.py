@@ -8,10 +8,7 @@ Chromium to see that none of its scripts ran.
 from __future__ import annotations
 
 import base64
-import csv
 import re
-import subprocess
-import sys
 
 import nbformat
 import pytest
@@ -21,7 +18,7 @@ from grader.feedback import CSP, html_page
 from grader.feedback_safety import HIDDEN_LINE_NOTE, hidden_lines
 from grader.labs import graded_cells
 
-from submissions import REPO, released, solved, write
+from submissions import REPO, grade_class, released, solved, write
 
 LAB = "01_single_gpu"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
@@ -192,13 +189,9 @@ def graded(tmp_path_factory):
     folder, work = tmp / "submitted", tmp / "work"
     write(_hostile_submission(), folder, "hostile", LAB)
     write(solved(LAB), folder, "honest", LAB)
-    proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB, "--work", str(work)],
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout
-    with open(work / "grades.csv", newline="") as f:
-        grades = {row["student_id"]: row for row in csv.DictReader(f)}
+    grades, log = grade_class(folder, work, LAB, timeout=1200)
     pages = {s: (work / "feedback" / s / LAB / f"{LAB}.html").read_text(encoding="utf-8") for s in grades}
-    return {"grades": grades, "pages": pages, "work": work, "log": proc.stdout}
+    return {"grades": grades, "pages": pages, "work": work, "log": log}
 
 
 @pytest.mark.timeout(1500)

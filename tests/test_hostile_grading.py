@@ -12,13 +12,11 @@ they were alone.
 """
 from __future__ import annotations
 
-import csv
 import html
 import os
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import zipfile
 
@@ -29,7 +27,7 @@ from nbformat.v4 import new_code_cell
 from grader import sandbox
 from grader.labs import graded_cells, read_notebook
 
-from submissions import REPO, grade_id, solved
+from submissions import REPO, grade_class, grade_id, solved
 
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
@@ -117,7 +115,7 @@ def _class(port: int, work) -> dict:
             f"print(open({str(work / 'gradebook.db')!r}, 'rb').read()[:300])"),
             FULL, ["tried to read the course's solutions, reference answers or gradebook"]),
         "switches_checks_off": (_with_cells(
-            "course.grading.Reference.check = lambda self, *args, **kwargs: None"), FULL - referenced,
+            "course.grading.Reference.check = lambda self, *args, **kwargs: None"), 0,
             ["test cell test_momentum_sgd gets no points: its hidden check", "never reached the grader"]),
         "writes_outside": (_with_cells(
             f"open({str(REPO / 'course' / 'sneaky.py')!r}, 'w').write('owned = True')",
@@ -147,16 +145,10 @@ def hostile(tmp_path_factory):
             # Inside a top folder, as LMS exports are; half in nbgrader's submitted/ layout.
             name = f"{student}/{LAB}/{LAB}.ipynb" if len(student) % 2 else f"{student}/{LAB}.ipynb"
             zf.writestr(f"class/{name}", text)
-    proc = subprocess.run(
-        [sys.executable, "-m", "grader", "grade", str(archive), "--lab", LAB, "--work", str(work), "--jobs", "2",
-         f"--cell-timeout={CELL_TIMEOUT_S}", f"--memory-gb={MEMORY_GB}", f"--max-processes={MAX_PROCESSES}",
-         "--timeout=300"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
+    grades, log = grade_class(archive, work, LAB, "--jobs", "2", f"--cell-timeout={CELL_TIMEOUT_S}",
+                              f"--memory-gb={MEMORY_GB}", f"--max-processes={MAX_PROCESSES}", "--timeout=300")
     server.close()
-    assert proc.returncode == 0, proc.stdout
-    with open(work / "grades.csv", newline="") as f:
-        grades = {row["student_id"]: row for row in csv.DictReader(f)}
-    return {"work": work, "students": students, "csv": grades, "log": proc.stdout, "connections": connections}
+    return {"work": work, "students": students, "csv": grades, "log": log, "connections": connections}
 
 
 CASES = list(_class(0, REPO))
@@ -218,13 +210,7 @@ def test_a_notebook_past_the_whole_notebook_limit_is_stopped_and_the_next_studen
     for student, nb in (("a_stuck", stuck), ("b_honest", solved(LAB))):
         (folder / student).mkdir(parents=True)
         nbformat.write(nb, folder / student / f"{LAB}.ipynb")
-    proc = subprocess.run(
-        [sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB, "--work", str(work),
-         "--cell-timeout=600", "--timeout=40"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout
-    with open(work / "grades.csv", newline="") as f:
-        grades = {row["student_id"]: row for row in csv.DictReader(f)}
+    grades, _ = grade_class(folder, work, LAB, "--cell-timeout=600", "--timeout=40", timeout=600)
     stopped = grades["a_stuck"]
     assert stopped[f"{LAB} graded"] == "no", stopped
     assert "ran past the limit of 40 s for one notebook" in stopped[f"{LAB} verdict"], stopped

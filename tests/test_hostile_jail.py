@@ -8,11 +8,8 @@ graded notebooks stay small.
 """
 from __future__ import annotations
 
-import csv
 import os
 import stat
-import subprocess
-import sys
 
 import nbformat
 import pytest
@@ -20,7 +17,7 @@ from nbformat.v4 import new_code_cell
 
 from grader import sandbox
 
-from submissions import REPO, solved
+from submissions import REPO, grade_class, solved
 
 LAB = "01_single_gpu"
 MEMORY_GB = 2
@@ -94,14 +91,9 @@ def graded(tmp_path_factory):
         (folder / student).mkdir(parents=True)
         nbformat.write(nb, folder / student / f"{LAB}.ipynb")
     before = {k: (os.stat(v).st_mode, open(v, "rb").read()) for k, v in victim.items() if os.path.exists(v)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB, "--work", str(work),
-         f"--cell-timeout={CELL_TIMEOUT_S}", f"--memory-gb={MEMORY_GB}", "--timeout=600"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout
-    with open(work / "grades.csv", newline="") as f:
-        grades = {row["student_id"]: row for row in csv.DictReader(f)}
-    return {"work": work, "csv": grades, "log": proc.stdout, "victim": victim, "before": before}
+    grades, log = grade_class(folder, work, LAB, f"--cell-timeout={CELL_TIMEOUT_S}", f"--memory-gb={MEMORY_GB}",
+                              "--timeout=600")
+    return {"work": work, "csv": grades, "log": log, "victim": victim, "before": before}
 
 
 def _verdict(graded, student):

@@ -7,12 +7,9 @@ what its code earns and no more; the kernel never sees a reference value.
 """
 from __future__ import annotations
 
-import csv
 import html
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -20,7 +17,7 @@ from course import grading
 from grader import sandbox
 from grader.labs import graded_cells, read_notebook
 
-from submissions import REPO, solved
+from submissions import REPO, grade_class, solved
 from test_hostile_grading import _with_cells
 
 LAB = "01_single_gpu"
@@ -113,14 +110,8 @@ def graded(tmp_path_factory):
     for student, (nb, _, _) in students.items():
         (folder / student).mkdir(parents=True)
         (folder / student / f"{LAB}.ipynb").write_text(json.dumps(nb), encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB, "--work", str(work),
-         "--cell-timeout=120", "--timeout=600"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout
-    with open(work / "grades.csv", newline="") as f:
-        grades = {row["student_id"]: row for row in csv.DictReader(f)}
-    return {"work": work, "students": students, "csv": grades, "log": proc.stdout}
+    grades, log = grade_class(folder, work, LAB, "--cell-timeout=120", "--timeout=600")
+    return {"work": work, "students": students, "csv": grades, "log": log}
 
 
 @pytest.mark.timeout(1800)

@@ -82,10 +82,12 @@ def graded(tmp_path_factory):
             "for _ in range(20):\n"
             "    update_display({'text/plain': 'y' * (2 << 20)}, display_id='d', raw=True)"),
         "huge_error": _with_cells("raise ValueError('z' * (50 << 20))"),
+        # Files under the 256 MiB a file, 2 GB in all: the working folder's size is what stops it.
         "disk_flood": _with_cells(
-            "with open('big', 'wb') as f:\n"
-            "    for _ in range(2048):\n"
-            "        f.write(b'x' * (1 << 20))"),
+            "for part in range(16):\n"
+            "    with open(f'big{part}', 'wb') as f:\n"
+            "        for _ in range(128):\n"
+            "            f.write(b'x' * (1 << 20))"),
     }
     for student, nb in students.items():
         (folder / student).mkdir(parents=True)

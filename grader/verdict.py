@@ -96,7 +96,7 @@ def _outside_paths(evalue: str) -> list[str]:
     return [p for p in paths if not any(p == o or p.startswith(o + "/") for o in own)]
 
 
-def explain_error(output: dict, limits: Limits, cell_timeout: float | None, usage: JailUsage | None = None) -> str:
+def explain_error(output: dict, limits: Limits, cell_timeout: float | None) -> str:
     """An error output as the reason a cell stopped, in plain words."""
     ename, evalue = output.get("ename", "Error"), str(output.get("evalue", ""))
     text = f"{ename}: {evalue}"
@@ -104,7 +104,8 @@ def explain_error(output: dict, limits: Limits, cell_timeout: float | None, usag
         limit = f"the {cell_timeout:g} s limit" if cell_timeout else "its time limit"
         return f"ran past {limit} for one cell and was stopped (an endless loop, or ranks waiting on each other)"
     if ename == "MemoryError" or "allocate memory" in evalue or "DefaultCPUAllocator" in evalue:
-        return f"ran out of memory ({memory_limit(limits, usage)})"
+        # An allocation refused inside a process is RLIMIT_DATA's doing; the jail's cgroup kills instead.
+        return f"ran out of memory (the limit is {limits.memory_bytes / 2**30:g} GiB per process)"
     if "Resource temporarily unavailable" in evalue or "can't start new thread" in evalue:
         return f"started too many processes or threads (the limit is {limits.processes})"
     if any(words in evalue for words in ("Network is unreachable", "Connection refused",
@@ -128,7 +129,7 @@ def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: 
             continue
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                reason = explain_error(output, limits, cell_timeout, usage)
+                reason = explain_error(output, limits, cell_timeout)
                 if _grade_id(cell) in tests and reason.startswith("raised AssertionError"):
                     reason = "failed: " + reason.removeprefix("raised AssertionError: ")
                 out.append(f"{_where(cell, index)} {reason}")

@@ -94,7 +94,8 @@ def _class(port: int, work) -> dict:
         # These two end in an error in the cell or in the kernel's death, whichever the
         # limit hits first (Python or a C library): either way, the verdict names the limit.
         "memory_bomb": (_with_cells("hog = []\nwhile True:\n    hog.append(bytearray(100 << 20))"), EITHER,
-                        [f"the {MEMORY_GB:g} GiB memory limit of its jail"]),
+                        # the process's own limit (MemoryError in the cell), or the jail's (killed)
+                        ["memory", f"{MEMORY_GB:g} GiB"]),
         "process_burst": (_with_cells("import subprocess\n"
                                       "sleepers = [subprocess.Popen(['sleep', '600']) for _ in range(5000)]"),
                           EITHER, [f"too many processes or threads (the limit is {MAX_PROCESSES})"]),

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from .labs import source_text
-from .sandbox import JAIL_COURSE, WRITABLE_INSIDE, JailUsage, Limits
+from .sandbox import JAIL_COURSE, JAIL_HOME, WRITABLE_INSIDE, JailUsage, Limits
 from .sandboxed import OUTPUT_NOTE
 
 MAX_LINE = 240
@@ -90,10 +90,22 @@ def _where(cell, index: int) -> str:
 
 
 def _outside_paths(evalue: str) -> list[str]:
-    """Absolute paths an OSError names that are not the jail's own (its folder, /tmp, the course)."""
-    paths = re.findall(r"'(/[^']*)'", evalue)
-    own = (*WRITABLE_INSIDE, JAIL_COURSE)
-    return [p for p in paths if not any(p == o or p.startswith(o + "/") for o in own)]
+    """Absolute paths an OSError names that are not the jail's own.
+
+    The working folder and the course are the jail's own. /tmp and /dev/shm exist in
+    the jail, empty: a file directly in them is the jail's, but a missing folder under
+    them is most likely a host path (a clone of the course in /tmp, say).
+    """
+    own = [JAIL_HOME, JAIL_COURSE]
+    scratch = [p for p in WRITABLE_INSIDE if p not in own]
+    outside = []
+    for path in re.findall(r"'(/[^']*)'", evalue):
+        if any(path == o or path.startswith(o + "/") for o in own):
+            continue
+        if any(str(Path(path).parent) == s for s in scratch):
+            continue
+        outside.append(path)
+    return outside
 
 
 def explain_error(output: dict, limits: Limits, cell_timeout: float | None) -> str:

@@ -338,6 +338,10 @@ def test_errors_are_explained_in_plain_words():
     assert "outside its own folder" in said("OSError", "[Errno 30] Read-only file system: '/x'")
     assert "solutions, reference answers or gradebook" in said(
         "FileNotFoundError", "[Errno 2] No such file or directory: '/c/grader/reference/01.json'")
+    # A host path, even one in /tmp (a clone of the course there), is not the jail's own folder.
+    for path in ("/work/course/sneaky.py", "/tmp/ci/course/sneaky.py"):
+        assert "outside its own folder" in said("FileNotFoundError", f"[Errno 2] No such file or directory: '{path}'")
+    assert said("FileNotFoundError", "[Errno 2] No such file or directory: '/tmp/x.txt'").startswith("raised")
     assert said("ValueError", "bad shape") == "raised ValueError: bad shape"
 
 

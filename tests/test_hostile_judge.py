@@ -70,7 +70,7 @@ def _class() -> dict:
     return {
         "honest": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
         "stub_without_asserts": (_with_cells(STRIP_ASSERTS, edits={"momentum_sgd": [STUB]}), FULL - MOMENTUM,
-                                 ["test_momentum_sgd", "ast_transformers"]),
+                                 ["test_momentum_sgd", "AST transformer"]),
         "stub_with_a_fake_judge": (_with_cells(STRIP_ASSERTS, FAKE_JUDGE, edits={"momentum_sgd": [STUB]}),
                                    0, ["never reached the grader", "course.grading"]),
         "stub_with_checks_rebound": (_with_cells(

@@ -220,10 +220,19 @@ def test_a_python_float_expected():
     assert "got None" in fails(None, 0.25, "loss")
 
 
-@pytest.mark.parametrize("expected", ["text", None, {1, 2}, object()])
+@pytest.mark.parametrize("expected", [{1, 2}, object(), b"bytes"])
 def test_an_unsupported_expected_type_raises_type_error(expected):
     with pytest.raises(TypeError, match="cannot compare"):
         check.assert_close(expected, expected, "odd")
+
+
+def test_strings_and_none_must_be_equal():
+    """Names (a grid's groups, a scheme's choice) and absent values are checked exactly."""
+    check.assert_close(["data", None], ["data", None], "choices")
+    with pytest.raises(AssertionError, match=r"^choices\[0\]: got 'model', expected 'data'$"):
+        check.assert_close(["model", None], ["data", None], "choices")
+    with pytest.raises(AssertionError, match=r"choices\[1\]: got 0.5, expected None"):
+        check.assert_close(["data", 0.5], ["data", None], "choices")
 
 
 # --------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from .autograde_worker import AutogradeWorker
 from .execute import INLINE_BACKEND
 from .feedback_worker import FeedbackWorker
 from .judge import UNPRIVILEGED_UID, Judge
+from .jail import Jail
 from .judged_execute import CELL_FILE_ENV
 from .labs import course_config
 from .sandboxed import SPEC_ENV
@@ -98,14 +99,14 @@ class SubmissionGrader:
             return self._not_graded(submission, why, started)
         restored = collect.place(submission, self.ws.submitted, lab.released)
         jail = Path(tempfile.mkdtemp(prefix="grader-"))  # short: unix socket paths are limited
-        box = usage = None  # the jail's sandbox.Jail, and what it used
+        box = usage = None  # the jail's jail.Jail, and what it used
         try:
             with self.lock:
                 private = gradebook.private_copy(self.ws.gradebook, jail / "gradebook.db")
             env = {"MPLBACKEND": INLINE_BACKEND,
                    grading.DIR_ENV: str(jail / "no-reference-here")}
             if self.sandboxed:
-                box = sandbox.Jail(jail, self.limits)
+                box = Jail(jail, self.limits)
                 spec = box.spec
                 env[SPEC_ENV] = str(spec.spec_file)
                 judge_dir = spec.judge_dir

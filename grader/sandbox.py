@@ -23,8 +23,8 @@ A submission's kernel (and every rank it launches) runs inside `bwrap` with:
 - an environment from an allowlist (JAIL_ENV_NAMES), not the grader's;
 - when the grader runs as root, a uid held by this jail alone (grader.jail_uids).
 
-`Jail` makes one (folder, cgroup, uid), and after it ends says what it used
-(`JailUsage`). The launcher is this module's ``main``: nbgrader's kernel
+grader.jail makes one on the host (folder, cgroup, uid), and after it ends says
+what it used. The launcher is this module's ``main``: nbgrader's kernel
 manager runs ``python -m grader.sandbox SPEC LAB -- KERNEL_ARGV`` (see
 grader.sandboxed), which joins the cgroup, sets the limits and execs bwrap.
 """
@@ -37,15 +37,12 @@ import resource
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import course
 
 from . import cgroups, seccomp
-from .jail_uids import BASE_UID, UidLease, kill_uid, processes_of  # noqa: F401 (tests find leftovers by uid)
 
 #: Where the editable install imports `course` from; the jail gets a copy of its package.
 TREE_HOME = Path(course.__file__).resolve().parent.parent
@@ -54,8 +51,6 @@ JAIL_HOME = "/home/student"           # the working folder is JAIL_HOME/<lab>
 JAIL_COURSE = "/course"               # holds the copy of the package: /course/course
 JAIL_JUDGE = "/run/grader"            # the judge's folder, read-only
 WRITABLE_INSIDE = (JAIL_HOME, "/tmp", "/dev/shm")
-CODE_ROOM_BYTES = 256 << 20  # a jail needs this much of its memory limit for the code it runs
-THRASH_S = 2                 # memory pinned past that for this long ends the jail (Jail._watch_memory)
 SANDBOX_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
 # c10d looks up its peers' names; with DNS in the list, every lookup waits for
 # a network that is not there and prints a warning into the student's output.
@@ -239,96 +234,6 @@ def set_limits(limits: Limits) -> None:
         resource.setrlimit(which, (value, value))
 
 
-@dataclass
-class JailUsage:
-    """What a jail used and ran into, read after it ended: what the verdict says about a death."""
-    limits: Limits
-    enforced: str                   # 'cgroup v1', 'cgroup v2', or 'rlimits' (per process only)
-    memory_peak: int | None = None  # bytes, the whole jail; None where unknown
-    memory_limit_hit: bool = False
-    oom_killed: bool = False        # a process of the jail was killed for its memory
-    pids_limit_hit: bool = False
-
-    @property
-    def per_jail(self) -> bool:
-        return self.enforced.startswith("cgroup")
-
-
-class Jail:
-    """One submission's jail on the host: its folder and Spec, its cgroup, its uid (as root).
-
-    ``Jail(root, limits)`` prepares it; the kernel manager starts the kernel in it;
-    `stop` kills what is left, `usage` says what it used, `close` gives everything back.
-    use_cgroup=False (or no cgroup to be had) leaves the rlimits alone to limit it.
-    """
-
-    def __init__(self, root: Path, limits: Limits, *, use_cgroup: bool = True):
-        self.limits = limits
-        self.lease = UidLease() if os.geteuid() == 0 else None
-        self.uid = self.lease.uid if self.lease else None
-        self.cgroup: cgroups.Cgroup | None = None
-        self.thrashed = False  # the watchdog ended the jail at its memory limit
-        try:
-            self.spec = prepare(Path(root), self.uid, limits)
-            problem = "not asked for"
-            if use_cgroup:
-                try:
-                    self.cgroup = cgroups.create(limits.memory_bytes, limits.processes, limits.cpus)
-                except cgroups.CgroupUnavailable as e:
-                    problem = str(e)
-            if self.cgroup:
-                self._watching = threading.Event()
-                threading.Thread(target=self._watch_memory, daemon=True).start()
-            self.spec.cgroup = asdict(self.cgroup) if self.cgroup else None
-            self.spec.cgroup_problem = "" if self.cgroup else problem
-            self.spec.save()
-        except BaseException:
-            self.close()
-            raise
-
-    def _watch_memory(self) -> None:
-        # At its memory limit a cgroup reclaims the page cache (the code of torch and
-        # Python) before it OOM-kills, and faults it back in, again and again: a jail
-        # whose anonymous memory has filled its limit crawls for minutes instead of
-        # dying. Memory it cannot give back (no swap) past its limit less CODE_ROOM_BYTES,
-        # for THRASH_S, ends the jail as an OOM kill would, and is reported as one.
-        limit, since = self.limits.memory_bytes, None
-        while not self._watching.wait(0.25):
-            pinned = self.cgroup.memory_pinned() if self.cgroup else None
-            if pinned is None or pinned < limit - CODE_ROOM_BYTES:
-                since = None
-            elif since is None:
-                since = time.monotonic()
-            elif time.monotonic() - since > THRASH_S:
-                self.thrashed = True
-                self.cgroup.kill()
-                since = None
-
-    @property
-    def enforced(self) -> str:
-        return self.cgroup.description if self.cgroup else "rlimits"
-
-    def stop(self) -> list[int]:
-        """Kill every process of the jail; returns those still alive (none, normally)."""
-        left = self.cgroup.kill() if self.cgroup else []
-        return sorted(set(left) | set(kill_uid(self.uid)))
-
-    def usage(self) -> JailUsage:
-        used = self.cgroup.usage() if self.cgroup else cgroups.Usage()
-        return JailUsage(self.limits, self.enforced, used.memory_peak, used.memory_limit_hit or self.thrashed,
-                         used.oom_killed or self.thrashed, used.pids_limit_hit)
-
-    def close(self) -> None:
-        if self.cgroup:
-            self._watching.set()
-            self.cgroup.remove()
-            self.cgroup = None
-        kill_uid(self.uid)
-        if self.lease:
-            self.lease.release()
-            self.lease = None
-
-
 def launch_command(spec: Spec, lab: str, argv: list[str]) -> list[str]:
     """The command that runs argv in the jail (through the launcher, `main`)."""
     return [sys.executable, "-m", "grader.sandbox", str(spec.spec_file), lab, "--", *argv]
@@ -348,6 +253,8 @@ def unavailable() -> str | None:
     except seccomp.SeccompUnsupported as e:
         return str(e)
     import tempfile
+
+    from .jail import Jail  # the host's side of a jail builds on this module
     with tempfile.TemporaryDirectory(prefix="grader-probe-") as tmp:
         jail = Jail(Path(tmp), Limits(), use_cgroup=False)
         try:

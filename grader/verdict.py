@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 
 from .labs import source_text
-from .sandbox import JAIL_COURSE, JAIL_HOME, WRITABLE_INSIDE, JailUsage, Limits
+from .jail import JailUsage
+from .sandbox import JAIL_COURSE, JAIL_HOME, WRITABLE_INSIDE, Limits
 from .sandboxed import OUTPUT_NOTE
 
 MAX_LINE = 240

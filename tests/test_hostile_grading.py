@@ -25,6 +25,7 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from grader import sandbox
+from grader.jail_uids import BASE_UID, UID_COUNT, processes_of
 from grader.labs import graded_cells, read_notebook
 
 from submissions import REPO, grade_class, grade_id, solved
@@ -75,7 +76,6 @@ def _class(port: int, work) -> dict:
     """student -> (notebook or raw text, expected score (None: not graded), words its verdict must have)."""
     wrong_momentum = solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]})
     momentum = POINTS["test_momentum_sgd"]
-    referenced = sum(POINTS[g] for g in ("test_momentum_sgd", "test_train_step"))
     return {
         "honest": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
         "honest_too": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
@@ -177,8 +177,8 @@ def test_each_case_gets_its_verdict_and_never_a_false_pass(hostile, student):
 
 
 def test_nothing_outlives_the_jail(hostile):
-    for slot in range(2):
-        assert sandbox.processes_of(sandbox.BASE_UID + slot) == [], "a submission's processes outlived it"
+    leftovers = [pid for uid in range(BASE_UID, BASE_UID + UID_COUNT) for pid in processes_of(uid)]
+    assert leftovers == [], "a submission's processes outlived it"
     sleepers = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True).stdout.split()
     assert sleepers == [], sleepers
 
@@ -216,5 +216,5 @@ def test_a_notebook_past_the_whole_notebook_limit_is_stopped_and_the_next_studen
     assert stopped[f"{LAB} graded"] == "no", stopped
     assert "ran past the limit of 40 s for one notebook" in stopped[f"{LAB} verdict"], stopped
     assert (grades["b_honest"][f"{LAB} graded"], float(grades["b_honest"][f"{LAB} score"])) == ("yes", FULL)
-    assert sandbox.processes_of(sandbox.BASE_UID) == []
+    assert [pid for uid in range(BASE_UID, BASE_UID + UID_COUNT) for pid in processes_of(uid)] == []
     assert subprocess.run(["pgrep", "-f", "sleep 601"], capture_output=True, text=True).stdout == ""

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from grader import cgroups, sandbox, seccomp
+from grader.jail import Jail
+from grader.jail_uids import processes_of
 
 pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None and not os.environ.get("CI"),
                                 reason=f"no sandbox here: {sandbox.unavailable()}")
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None and not os.env
 LIMITS = sandbox.Limits(memory_bytes=1 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
 
 
-def _run(jail: sandbox.Jail, code: str, env: dict | None = None, timeout: float = 180) -> str:
+def _run(jail: Jail, code: str, env: dict | None = None, timeout: float = 180) -> str:
     """Run code in the jail; its console (the program's stdout and stderr, and the launcher's line)."""
     command = sandbox.launch_command(jail.spec, "lab1", [sys.executable, "-c", textwrap.dedent(code)])
     subprocess.run(command, env={**os.environ, **(env or {})}, timeout=timeout, check=False)
@@ -34,7 +36,7 @@ def _run(jail: sandbox.Jail, code: str, env: dict | None = None, timeout: float 
 @pytest.fixture
 def jail(tmp_path):
     (tmp_path / "jail").mkdir()
-    made = sandbox.Jail(tmp_path / "jail", LIMITS)
+    made = Jail(tmp_path / "jail", LIMITS)
     yield made
     made.close()
 
@@ -156,7 +158,7 @@ def test_what_the_jail_writes_is_capped_and_stays_in_it(jail, tmp_path):
 
 def test_without_a_cgroup_the_rlimits_remain_and_the_console_says_so(tmp_path):
     (tmp_path / "jail").mkdir()
-    jail = sandbox.Jail(tmp_path / "jail", LIMITS, use_cgroup=False)
+    jail = Jail(tmp_path / "jail", LIMITS, use_cgroup=False)
     try:
         console = _run(jail, """
             import resource
@@ -176,7 +178,7 @@ def test_without_a_cgroup_the_rlimits_remain_and_the_console_says_so(tmp_path):
 
 def test_two_jails_at_once_have_their_own_uids_and_do_not_kill_each_others_processes(tmp_path):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
-    first, second = sandbox.Jail(tmp_path / "a", LIMITS), sandbox.Jail(tmp_path / "b", LIMITS)
+    first, second = Jail(tmp_path / "a", LIMITS), Jail(tmp_path / "b", LIMITS)
     try:
         if os.geteuid() == 0:
             assert first.uid != second.uid
@@ -196,8 +198,8 @@ def test_two_jails_at_once_have_their_own_uids_and_do_not_kill_each_others_proce
         second.close()
 
 
-def _names(jail: sandbox.Jail) -> list[str]:
-    pids = jail.cgroup.pids() if jail.cgroup else sandbox.processes_of(jail.uid)
+def _names(jail: Jail) -> list[str]:
+    pids = jail.cgroup.pids() if jail.cgroup else processes_of(jail.uid)
     names = []
     for pid in pids:
         try:

@@ -178,10 +178,6 @@ def as_text(verdict: list[str]) -> str:
     return "; ".join(verdict)
 
 
-def as_markdown(verdict: list[str]) -> str:
-    return "**Grading:** " + verdict[0] + "\n\n" + "".join(f"- {line}\n" for line in verdict[1:])
-
-
 def write_page(path: Path, student: str, lab: str, verdict: list[str]) -> Path:
     """The feedback page of a submission that nbgrader could not grade (it writes none)."""
     items = "".join(f"<li>{html.escape(line)}</li>" for line in verdict[1:])

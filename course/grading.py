@@ -236,7 +236,7 @@ class Reference:
         check.assert_close(actual, stored[key], name or key, rank=rank, rtol=rtol, atol=atol)
 
 
-#: Larger values are refused by the judge (grader.judge.MAX_REQUEST_BYTES); say so before sending.
+#: The judge (grader.judge) refuses larger requests; `_ask` says so before sending one.
 MAX_JUDGED_BYTES = 8 << 20
 
 

@@ -13,6 +13,7 @@ student folder, a student id nbgrader cannot use) is reported, not graded.
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -81,9 +82,10 @@ def unreadable(path: Path) -> str | None:
     return None
 
 
-def place(submission: Submission, submitted_dir: Path, released: dict) -> list[str]:
+def place(submission: Submission, notebook: dict, submitted_dir: Path, released: dict) -> list[str]:
     """Write the notebook to nbgrader's <submitted>/<student>/<lab>/<lab>.ipynb (replacing an
     earlier copy), its grading metadata put right; returns what was put right, in words.
+    notebook: the submission, as parse_notebook read it.
 
     A cell's nbgrader metadata is the student's to change, and nbgrader trusts it: a
     cell claiming a grade_id the lab does not have, or a solution cell claiming to be a
@@ -94,7 +96,7 @@ def place(submission: Submission, submitted_dir: Path, released: dict) -> list[s
     if target_dir.exists():
         shutil.rmtree(target_dir)
     target_dir.mkdir(parents=True)
-    notebook = parse_notebook(submission.path)
+    notebook = copy.deepcopy(notebook)  # the caller's stays as the student handed it in
     notes = restore_grading_metadata(notebook, released)
     target = target_dir / f"{submission.lab}.ipynb"
     target.write_text(json.dumps(notebook), encoding="utf-8")

@@ -123,14 +123,13 @@ def record_judged_values(ws: Workspace, root: Path, labs: list[str], infos: dict
     solution on a seed drawn now, in a folder of the work area that no jail sees."""
     folder = ws.root / "judge"
     folder.mkdir(mode=0o755, exist_ok=True)
-    judged = {}
+    judged, found = {}, {x.name: x for x in find_labs(root)}
     for lab in labs:
         if not infos[lab].required:
             continue
         seed = 1 + secrets.randbelow(2**31 - 1)
         started = time.perf_counter()
-        path = reference.record(next(x for x in find_labs(root) if x.name == lab), folder / "recording",
-                                root, seed=seed, as_graded=True)
+        path = reference.record(found[lab], folder / "recording", root, seed=seed, as_graded=True)
         if path is None:
             raise GraderError(f"{lab}: its solution recorded no reference values, yet its tests check some")
         target = folder / f"{lab}.json"

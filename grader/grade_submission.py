@@ -97,7 +97,7 @@ class SubmissionGrader:
         why = why or verdict.unmatchable(submitted)
         if why:
             return self._not_graded(submission, why, started)
-        restored = collect.place(submission, self.ws.submitted, lab.released)
+        restored = collect.place(submission, submitted, self.ws.submitted, lab.released)
         jail = Path(tempfile.mkdtemp(prefix="grader-"))  # short: unix socket paths are limited
         box = usage = None  # the jail's jail.Jail, and what it used
         try:

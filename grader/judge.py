@@ -42,7 +42,7 @@ from course import check, grading
 
 from .labs import source_text
 
-MAX_REQUEST_BYTES = 8 << 20       # a lab's largest answer is tens of kB of JSON
+MAX_REQUEST_BYTES = grading.MAX_JUDGED_BYTES  # a lab's largest answer is tens of kB of JSON
 MAX_CHECKS_PER_KEY = 64           # the tests check a key once per rank or per case, not more
 MAX_REQUESTS = 4000               # in one notebook
 MAX_MESSAGE = 600                 # characters of a comparison kept for the verdict

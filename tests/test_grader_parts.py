@@ -275,7 +275,8 @@ def test_placing_a_submission_puts_the_labs_grading_metadata_back(tmp_path):
     path = tmp_path / "alice" / "01_single_gpu.ipynb"
     path.parent.mkdir()
     nbformat.write(submitted, path)
-    notes = collect.place(collect.Submission("alice", "01_single_gpu", path), tmp_path / "submitted", released)
+    notes = collect.place(collect.Submission("alice", "01_single_gpu", path), collect.parse_notebook(path),
+                          tmp_path / "submitted", released)
     placed = json.loads((tmp_path / "submitted" / "alice" / "01_single_gpu" / "01_single_gpu.ipynb").read_text())
     assert [c["metadata"].get("nbgrader") for c in placed["cells"]] == \
         [released.cells[0].metadata["nbgrader"], released.cells[1].metadata["nbgrader"], None, None]

@@ -24,20 +24,17 @@ from grader import COURSE_ROOT
 from grader.labs import course_config, graded_cells, read_notebook
 
 from submissions import REPO, hidden_lines, released, solved, write
+from test_lab1_grading import MISTAKES
 
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
 FULL = sum(POINTS.values())
 
-# Mistakes, each confined to one exercise.
-MOMENTUM_DAMPENED = ("self.velocity[i].mul_(self.momentum).add_(p.grad)",
-                     "self.velocity[i].mul_(self.momentum).add_(p.grad, alpha=1 - self.momentum)")
-# Laps every backward after loss.backward() instead of from hooks: the phase
-# names and order are right (the visible test passes); only the hidden tests see it.
-LAPS_AFTER_BACKWARD = [
-    ('h.register_hook(lambda grad, name=name: timer.lap(f"backward {name}"))', "pass"),
-    ('timer.lap(f"backward {layers[0][0]}")', 'for name, _ in reversed(layers): timer.lap(f"backward {name}")'),
-]
+# Mistakes, each confined to one exercise (from lab 1's fairness tests). A timer that keeps only
+# the last lap of a phase lapped twice passes the visible test, whose phases each run once: only
+# the hidden tests see that mistake.
+MOMENTUM_DAMPENED = MISTAKES["momentum dampened"][0]
+LAST_LAP_ONLY = MISTAKES["a phase lapped twice keeps only its last lap"][0]
 CELL_TIMEOUT_S = 8
 
 
@@ -48,8 +45,8 @@ def _class():
     return {
         "solved": (solved(LAB), full),
         "untouched": (released(LAB), {gid: 0.0 for gid in POINTS}),
-        "wrong_momentum": (solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), wrong("test_momentum_sgd")),
-        "hidden_only": (solved(LAB, {"train_step": LAPS_AFTER_BACKWARD}), wrong("test_train_step")),
+        "wrong_momentum": (solved(LAB, MOMENTUM_DAMPENED), wrong("test_momentum_sgd")),
+        "hidden_only": (solved(LAB, LAST_LAP_ONLY), wrong("test_phase_timer")),
     }
 
 
@@ -114,4 +111,4 @@ def test_feedback_shows_no_hidden_tests(graded):
         assert not leaked, f"{page}: hidden test lines in the feedback: {leaked[:3]}"
     # The student still learns what failed: the check's message survives.
     page = graded["work"] / "feedback" / "hidden_only" / LAB / f"{LAB}.html"
-    assert "lap each layer's backward from a hook" in html.unescape(page.read_text())
+    assert "lapped several times" in html.unescape(page.read_text())

@@ -29,6 +29,7 @@ from grader.jail_uids import BASE_UID, UID_COUNT, processes_of
 from grader.labs import graded_cells, read_notebook
 
 from submissions import REPO, grade_class, grade_id, solved
+from test_lab1_grading import MISTAKES
 
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
@@ -36,8 +37,7 @@ FULL = sum(POINTS.values())
 CELL_TIMEOUT_S = 20
 MEMORY_GB = 2
 MAX_PROCESSES = 128
-MOMENTUM_DAMPENED = ("self.velocity[i].mul_(self.momentum).add_(p.grad)",
-                     "self.velocity[i].mul_(self.momentum).add_(p.grad, alpha=1 - self.momentum)")
+MOMENTUM_DAMPENED = MISTAKES["momentum dampened"][0]
 
 pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None and not os.environ.get("CI"),
                                 reason=f"no sandbox here: {sandbox.unavailable()}")
@@ -74,7 +74,7 @@ def _stripped(nb):
 
 def _class(port: int, work) -> dict:
     """student -> (notebook or raw text, expected score (None: not graded), words its verdict must have)."""
-    wrong_momentum = solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]})
+    wrong_momentum = solved(LAB, MOMENTUM_DAMPENED)
     momentum = POINTS["test_momentum_sgd"]
     return {
         "honest": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
@@ -102,10 +102,10 @@ def _class(port: int, work) -> dict:
         "test_deleted": (_retagged(wrong_momentum, "test_momentum_sgd", delete=True), FULL - momentum,
                          ["test cell test_momentum_sgd was missing; the original was put back",
                           "cell test_momentum_sgd failed"]),
-        "test_edited": (_retagged(solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), "test_momentum_sgd",
+        "test_edited": (_retagged(solved(LAB, MOMENTUM_DAMPENED), "test_momentum_sgd",
                                   source="print('all good')"), FULL - momentum,
                         ["test cell test_momentum_sgd was edited; the original was graded"]),
-        "skip_tag": (_retagged(solved(LAB, {"momentum_sgd": [MOMENTUM_DAMPENED]}), "test_momentum_sgd",
+        "skip_tag": (_retagged(solved(LAB, MOMENTUM_DAMPENED), "test_momentum_sgd",
                                tag="skip-execution"), FULL - momentum,
                      ["skip-execution tag on test cell test_momentum_sgd was ignored"]),
         "metadata_stripped": (_stripped(solved(LAB)), None, ["not graded: the notebook's grading metadata was removed"]),

@@ -1,0 +1,149 @@
+"""Lab 1's tests grade fairly: each classic mistake costs its own exercise and no
+other, and a correct answer written differently from the reference gets every point.
+
+Each submission runs as nbgrader scores it, minus the demonstrations in between
+(see tests/submissions.py). The nbgrader round trip of lab 1, with the grader's
+own promises, is tests/test_grading_round_trip.py.
+"""
+from __future__ import annotations
+
+from submissions import fairness_tests
+
+LAB = "01_single_gpu"
+
+# The same exercises, answered in other correct ways than the reference's.
+DIFFERENT = {
+    # A running total per phase instead of a list of marks; the device synchronised, then the clock.
+    "phase_timer": '''
+class PhaseTimer:
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.phases, self.last = None, None
+
+    def _now(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def start(self):
+        self.phases, self.last = {}, self._now()
+
+    def lap(self, phase):
+        now = self._now()
+        self.phases[phase] = self.phases.get(phase, 0.0) + (now - self.last)
+        self.last = now
+
+    def stop(self):
+        phases, self.phases = self.phases, None
+        return phases
+''',
+    # State kept per parameter object, as torch.optim does; the update written as a subtraction.
+    "momentum_sgd": '''
+class MomentumSGD:
+    def __init__(self, params, lr, momentum=0.9):
+        self.params = list(params)
+        self.lr, self.momentum = lr, momentum
+        self.state, self.updates = {}, {}
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def compute_updates(self):
+        self.updates = {}
+        for p in self.params:
+            if p.grad is not None:
+                v = self.state.get(p)
+                self.state[p] = p.grad.clone() if v is None else self.momentum * v + p.grad
+                self.updates[p] = self.state[p]
+
+    @torch.no_grad()
+    def apply_updates(self):
+        for p, v in self.updates.items():
+            p.sub_(self.lr * v)
+        self.updates = {}
+''',
+    # Module backward hooks instead of tensor hooks, removed at the end of the step.
+    "train_step": '''
+def train_step(model, batches, loss_fn, optimizer, device, timer):
+    optimizer.zero_grad()
+    timer.start()
+    inputs, targets = next(batches)
+    timer.lap("read")
+    inputs, targets = inputs.to(device), targets.to(device)
+    timer.lap("to device")
+    children = list(model.named_children())
+    # A module's full backward hook runs once the gradient of its input is computed. The first
+    # layer's input needs none, so it is lapped when loss.backward() returns.
+    handles = [layer.register_full_backward_hook(lambda module, grad_in, grad_out, name=name: timer.lap(f"backward {name}"))
+               for name, layer in children[1:]]
+    try:
+        outputs = inputs
+        for name, layer in children:
+            outputs = layer(outputs)
+            timer.lap(f"forward {name}")
+        loss = loss_fn(outputs, targets)
+        timer.lap("loss")
+        loss.backward()
+        timer.lap(f"backward {children[0][0]}")
+    finally:
+        for handle in handles:
+            handle.remove()
+    optimizer.compute_updates()
+    timer.lap("optimizer step")
+    optimizer.apply_updates()
+    timer.lap("weight update")
+    return loss.detach(), timer.stop()
+''',
+}
+
+# The classic mistakes, each in one exercise, and the test cell that must catch it.
+MISTAKES = {
+    "laps measured from start()": (
+        {"phase_timer": [("seconds = after - before", "seconds = after - self.marks[0][1]")]},
+        "test_phase_timer"),
+    "lap() returns the time, which a gradient hook takes for the gradient": (
+        {"phase_timer": [("self.marks.append((phase, self._mark()))",
+                          "self.marks.append((phase, self._mark()))\n        return self.marks[-1][1]")]},
+        "test_phase_timer"),
+    "a phase lapped twice keeps only its last lap": (
+        {"phase_timer": [("phases[phase] = phases.get(phase, 0.0) + seconds", "phases[phase] = seconds")]},
+        "test_phase_timer"),
+    "momentum dampened": (
+        {"momentum_sgd": [("self.velocity[i].mul_(self.momentum).add_(p.grad)",
+                           "self.velocity[i].mul_(self.momentum).add_(p.grad, alpha=1 - self.momentum)")]},
+        "test_momentum_sgd"),
+    "a parameter without a gradient this step still moves": (
+        {"momentum_sgd": [("for i in self.pending:", "for i in self.velocity:")]},
+        "test_momentum_sgd"),
+    "weights move in compute_updates": (
+        {"momentum_sgd": [("            self.pending.append(i)\n",
+                           "            self.pending.append(i)\n            p.add_(self.velocity[i], alpha=-self.lr)\n"),
+                          ("            self.params[i].add_(self.velocity[i], alpha=-self.lr)\n", "            pass\n")]},
+        "test_momentum_sgd"),
+    "no zero_grad: gradients add up from step to step": (
+        {"train_step": [("    optimizer.zero_grad()\n", "")]},
+        "test_train_step"),
+    "hooks on each layer's output: every backward lap one layer early": (
+        {"train_step": [("        if h.requires_grad:\n"
+                         "            # The gradient of this layer's input is ready when its backward is done.\n"
+                         "            h.register_hook(lambda grad, name=name: timer.lap(f\"backward {name}\"))\n"
+                         "        h = layer(h)\n",
+                         "        h = layer(h)\n"
+                         "        h.register_hook(lambda grad, name=name: timer.lap(f\"backward {name}\"))\n"),
+                        ('timer.lap(f"backward {layers[0][0]}")', "pass")]},
+        "test_train_step"),
+    "every backward lap after loss.backward()": (
+        {"train_step": [('h.register_hook(lambda grad, name=name: timer.lap(f"backward {name}"))', "pass"),
+                        ('timer.lap(f"backward {layers[0][0]}")',
+                         'for name, _ in reversed(layers): timer.lap(f"backward {name}")')]},
+        "test_train_step"),
+    "the loss returned still attached to the graph": (
+        {"train_step": [("return loss.detach(), timer.stop()", "return loss, timer.stop()")]},
+        "test_train_step"),
+}
+
+
+(test_every_exercise_is_graded, test_correct_answers_get_every_point,
+ test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)

@@ -9,7 +9,7 @@ through `python -m grader grade`.
 """
 from __future__ import annotations
 
-from submissions import fairness_tests, round_trip_test
+from submissions import CHECK_REBOUND, fairness_tests, round_trip_test
 
 LAB = "02_data_parallel"
 
@@ -91,10 +91,10 @@ class BucketedGradients:
         self.n = dist.get_world_size()
         self.buckets, current = [], []
         for p in reversed(list(model.parameters())):
-            if current and sum(q.numel() * q.element_size() for q in current + [p]) > bucket_bytes:
-                self.buckets.append(current)       # buckets of at most bucket_bytes, where they can be
-                current = []
             current.append(p)
+            if sum(q.numel() * q.element_size() for q in current) >= bucket_bytes:
+                self.buckets.append(current)       # full: the next gradient starts a new bucket
+                current = []
         if current:
             self.buckets.append(current)
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
@@ -121,6 +121,31 @@ class BucketedGradients:
         self.started, self.ready = [], {}
 ''',
 }
+
+# The ring's two halves, and the same sums sent straight to each chunk's owner: the same chunks and
+# bytes as a ring, but each rank talks to every other instead of to its neighbours.
+RING_STEPS = """    for step in range(world_size - 1):       # reduce-scatter
+        partial = chunks[(rank - step - 1) % world_size]
+        incoming = torch.empty_like(partial)
+        pass_on((rank - step) % world_size, incoming)
+        partial += incoming
+    for step in range(world_size - 1):       # all-gather
+        pass_on((rank + 1 - step) % world_size, chunks[(rank - step) % world_size])
+"""
+STRAIGHT_TO_EVERY_RANK = """    others = [other for other in range(world_size) if other != rank]
+    sending = [dist.isend(chunks[other], dst=other) for other in others]
+    for other in others:
+        incoming = torch.empty_like(chunks[rank])
+        dist.recv(incoming, src=other)
+        chunks[rank].add_(incoming)
+    for request in sending:
+        request.wait()
+    sending = [dist.isend(chunks[rank], dst=other) for other in others]
+    for other in others:
+        dist.recv(chunks[other], src=other)
+    for request in sending:
+        request.wait()
+"""
 
 # The classic mistakes, each in one exercise, and the test cell that must catch it.
 MISTAKES = {
@@ -151,6 +176,48 @@ MISTAKES = {
     "the last bucket is never sent": (
         {"bucketed_gradients": [("        if bucket:\n            self.buckets.append(bucket)\n", "")]},
         "test_bucketed_gradients"),
+    "buckets filled in forward order": (
+        {"bucketed_gradients": [("for p in reversed(params):", "for p in params:")]},
+        "test_bucketed_gradients"),
+    "buckets of at most bucket_bytes, not at least": (
+        {"bucketed_gradients": [("            bucket.append(p)\n            size += p.numel() * p.element_size()\n"
+                                 "            if size >= bucket_bytes:                  # full: the next gradient starts a new bucket\n"
+                                 "                self.buckets.append(bucket)\n                bucket, size = [], 0\n",
+                                 "            if bucket and size + p.numel() * p.element_size() > bucket_bytes:\n"
+                                 "                self.buckets.append(bucket)\n                bucket, size = [], 0\n"
+                                 "            bucket.append(p)\n            size += p.numel() * p.element_size()\n")]},
+        "test_bucketed_gradients"),
+    "every bucket's all-reduce started by the last hook of backward": (
+        {"bucketed_gradients": [("        if self.missing[i] == 0:\n"
+                                 "            self.in_flight.append((i, dist.all_reduce(self.buffers[i], async_op=True)))\n",
+                                 "        if sum(self.missing) == 0:     # every bucket at once, when backward is done\n"
+                                 "            self.in_flight = [(j, dist.all_reduce(buffer, async_op=True)) for j, buffer in enumerate(self.buffers)]\n")]},
+        "test_bucketed_gradients"),
+    "every gradient's all-reduce started by the last hook of backward": (
+        {"gradient_hooks": [("        self.in_flight = []      # (parameter, work) started in this backward pass\n",
+                             "        self.in_flight = []      # (parameter, work) started in this backward pass\n"
+                             "        self.ready, self.count = [], sum(p.requires_grad for p in model.parameters())\n"),
+                            ("        self.in_flight.append((param, dist.all_reduce(param.grad, async_op=True)))\n",
+                             "        self.ready.append(param)\n"
+                             "        if len(self.ready) == self.count:      # all at once, when backward is done\n"
+                             "            self.in_flight = [(p, dist.all_reduce(p.grad, async_op=True)) for p in self.ready]\n"
+                             "            self.ready = []\n")]},
+        "test_gradient_hooks"),
+    "a ring that sends every chunk straight to its owner": (
+        {"ring_all_reduce": [(RING_STEPS, STRAIGHT_TO_EVERY_RANK)]},
+        "test_ring_all_reduce"),
+    "a sum where the mean belongs, behind a check rebound to a no-op": (
+        {"average_gradients": [("p.grad /= world_size", "pass"),
+                               ("def average_gradients(model):", CHECK_REBOUND + "def average_gradients(model):")]},
+        "test_average_gradients"),
+    "buffers not broadcast": (
+        {"broadcast_parameters": [("for tensor in [*model.parameters(), *model.buffers()]:", "for tensor in model.parameters():")]},
+        "test_broadcast_parameters"),
+    "the root adds only rank 1's tensor": (
+        {"naive_all_reduce": [("        for other in range(1, world_size):\n            dist.recv(incoming, src=other)",
+                               "        for other in range(1, world_size):\n            dist.recv(incoming, src=other)\n"
+                               "            if other > 1:\n                continue")]},
+        "test_naive_all_reduce"),
 }
 
 
@@ -159,4 +226,6 @@ MISTAKES = {
 
 
 # The nbgrader round trip: the full notebooks, as an instructor grades them.
-test_grading_round_trip = round_trip_test(LAB, DIFFERENT, MISTAKES, "a sum where the mean belongs")
+test_grading_round_trip = round_trip_test(LAB, DIFFERENT, MISTAKES,
+                                         "a sum where the mean belongs, behind a check rebound to a no-op",
+                                         "every gradient's all-reduce started by the last hook of backward")

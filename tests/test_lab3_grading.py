@@ -7,7 +7,7 @@ minus the demonstrations; then one nbgrader round trip grades two students.
 """
 from __future__ import annotations
 
-from submissions import fairness_tests, round_trip_test
+from submissions import CHECK_REBOUND, fairness_tests, round_trip_test
 
 LAB = "03_model_parallel"
 
@@ -155,6 +155,20 @@ MISTAKES = {
     "no all-reduce in the column split's backward": (
         {"column_parallel_linear": [("        dist.all_reduce(total)\n", "")]},
         "test_column_parallel_linear"),
+    "the gather's backward all-reduces, where it needs no message": (
+        {"column_parallel_linear": [("        return grad[..., ctx.columns]\n",
+                                     "        total = grad.clone()\n        dist.all_reduce(total)      # the same on every rank: the mean is grad\n"
+                                     "        return total[..., ctx.columns] / dist.get_world_size()\n")]},
+        "test_column_parallel_linear"),
+    "the sum's backward all-reduces again, and divides by N": (
+        {"row_parallel_linear": [("    def backward(ctx, grad):\n        return grad\n",
+                                  "    def backward(ctx, grad):\n        total = grad.clone()\n"
+                                  "        dist.all_reduce(total)\n        return total / dist.get_world_size()\n")]},
+        "test_row_parallel_linear"),
+    "no all-reduce in the column split's backward, behind a check rebound to a no-op": (
+        {"column_parallel_linear": [("        dist.all_reduce(total)\n", ""),
+                                    ("class CopyToRanks(", CHECK_REBOUND + "class CopyToRanks(")]},
+        "test_column_parallel_linear"),
     "every rank keeps rank 0's shard": (
         {"column_parallel_linear": [("rows = slice(rank * per_rank, (rank + 1) * per_rank)",
                                      "rows = slice(0, per_rank)")]},
@@ -183,4 +197,5 @@ MISTAKES = {
 
 
 # The nbgrader round trip: the full notebooks, as an instructor grades them.
-test_grading_round_trip = round_trip_test(LAB, DIFFERENT, MISTAKES, "a bias added on every rank of the row split")
+test_grading_round_trip = round_trip_test(LAB, DIFFERENT, MISTAKES,
+                                         "the gather's backward all-reduces, where it needs no message")

@@ -132,7 +132,7 @@ def grade_round_trip(lab: str, students: dict, tmp_path: Path) -> dict[str, floa
     submissions, work = tmp_path / "submitted", tmp_path / "work"
     for student, nb in students.items():
         write(nb, submissions, student, lab)
-    rows, log = grade_class(submissions, work, lab, timeout=900)
+    rows, log = grade_class(submissions, work, lab, timeout=300 + 300 * len(students))
     scores = {student: float(row[f"{lab} score"]) for student, row in rows.items()}
     assert set(scores) == set(students), log
     hidden = hidden_lines(lab)
@@ -141,6 +141,11 @@ def grade_round_trip(lab: str, students: dict, tmp_path: Path) -> dict[str, floa
         leaked = [line for line in hidden if line in page]
         assert not leaked, f"{student}'s feedback shows hidden test lines: {leaked[:3]}"
     return scores
+
+
+# A line a student may add to a solution cell to silence the visible checks: the hidden tests'
+# checks against the stored reference (course.grading) must still cost the exercise its points.
+CHECK_REBOUND = 'check = type("NoCheck", (), {"assert_close": staticmethod(lambda *args, **kwargs: None)})()\n\n'
 
 
 def fairness_tests(lab: str, different: dict[str, str], mistakes: dict):
@@ -161,7 +166,8 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict):
     @pytest.mark.parametrize("student", ["reference", "written differently"])
     def test_correct_answers_get_every_point(student, tmp_path):
         nb = solved(lab) if student == "reference" else solved(lab, answers=different)
-        assert failing_tests(graded_only(nb, lab), tmp_path) == {}
+        failed = failing_tests(graded_only(nb, lab), tmp_path)
+        assert failed == {}, failed
 
     @pytest.mark.timeout(600)
     @pytest.mark.parametrize("mistake", list(mistakes))
@@ -173,17 +179,19 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict):
     return test_every_exercise_is_graded, test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise
 
 
-def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, mistake: str):
-    """A test for a lab's module to bind: `python -m grader grade` on two students, one who
-    answers differently (every point) and one who makes `mistake` (all but its exercise's)."""
+def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, *chosen: str):
+    """A test for a lab's module to bind: `python -m grader grade` on a class, one student who
+    answers differently (every point) and one per `chosen` mistake (all but its exercise's)."""
     points = graded_cells(nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4))
 
-    @pytest.mark.timeout(900)
+    @pytest.mark.timeout(300 + 300 * len(chosen))
     def test_grading_round_trip(tmp_path):
-        edits, exercise = mistakes[mistake]
-        scores = grade_round_trip(lab, {"different": solved(lab, answers=different),
-                                        "mistaken": solved(lab, edits)}, tmp_path)
+        students = {"different": solved(lab, answers=different)}
+        students.update({f"mistaken_{i}": solved(lab, mistakes[name][0]) for i, name in enumerate(chosen)})
+        scores = grade_round_trip(lab, students, tmp_path)
         full = sum(points.values())
-        assert scores == {"different": full, "mistaken": full - points[exercise]}
+        expected = {"different": full}
+        expected.update({f"mistaken_{i}": full - points[mistakes[name][1]] for i, name in enumerate(chosen)})
+        assert scores == expected, f"scores {scores}, expected {expected}; the mistakes: {dict(enumerate(chosen))}"
 
     return test_grading_round_trip

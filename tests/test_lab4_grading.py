@@ -7,7 +7,7 @@ demonstrations; then one nbgrader round trip grades two students.
 """
 from __future__ import annotations
 
-from submissions import fairness_tests, round_trip_test
+from submissions import CHECK_REBOUND, fairness_tests, round_trip_test
 
 LAB = "04_hybrid"
 
@@ -114,6 +114,14 @@ MISTAKES = {
     "the hand-over keeps its partial error, unsummed": (
         {"hand_over": [("        dist.all_reduce(grad, group=ctx.group)       # every rank's partial error of every image, summed\n", "")]},
         "test_hand_over"),
+    "the hand-over keeps the rows of its global rank, not of its place in the group": (
+        {"hand_over": [("ctx.group, ctx.size, ctx.index = group, dist.get_world_size(group), dist.get_rank(group)",
+                        "ctx.group, ctx.size, ctx.index = group, dist.get_world_size(group), dist.get_rank()")]},
+        "test_hand_over"),
+    "the dense shards of the global rank, not of the place in the group": (
+        {"hybrid_convnet": [("size, m = dist.get_world_size(model_group), dist.get_rank(model_group)",
+                             "size, m = dist.get_world_size(model_group), dist.get_rank()")]},
+        "test_hybrid_convnet"),
     "the dense layers get only this rank's images (no gather)": (
         {"hybrid_convnet": [("GatherImages.apply(features, self.group)", "features")]},
         "test_hybrid_convnet"),
@@ -121,6 +129,10 @@ MISTAKES = {
         {"hybrid_convnet": [("SumOverGroup.apply(F.linear(hidden, self.output.weight), self.group) + self.output.bias",
                              "SumOverGroup.apply(F.linear(hidden, self.output.weight, self.output.bias), self.group)")]},
         "test_hybrid_convnet"),
+    "dense shards averaged over every rank, behind a check rebound to a no-op": (
+        {"average_gradients": [("dist.all_reduce(p.grad, group=data_group)", "dist.all_reduce(p.grad)"),
+                               ("def average_gradients(", CHECK_REBOUND + "def average_gradients(")]},
+        "test_average_gradients"),
     "dense shards averaged over every rank": (
         {"average_gradients": [("dist.all_reduce(p.grad, group=data_group)", "dist.all_reduce(p.grad)")]},
         "test_average_gradients"),
@@ -140,4 +152,5 @@ MISTAKES = {
 
 
 # The nbgrader round trip: the full notebooks, as an instructor grades them.
-test_grading_round_trip = round_trip_test(LAB, DIFFERENT, MISTAKES, "the dense layers get only this rank's images (no gather)")
+test_grading_round_trip = round_trip_test(LAB, DIFFERENT, MISTAKES,
+                                         "the hand-over keeps the rows of its global rank, not of its place in the group")

@@ -3,26 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from . import GraderError, grade, reference, release
+from . import GraderError
 
 # Each command module provides add_subcommand(subparsers), which registers its
-# parser and sets ``func`` (args -> exit status). Add new commands here.
-COMMANDS = (release, reference, grade)
+# parser and sets ``func`` (args -> exit status). Add new commands here. They are
+# imported when the parser is built: `run` starts on every rank under torchrun,
+# where importing nbgrader (the others) would cost seconds per rank.
+COMMANDS = ("release", "reference", "grade", "run")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m grader", description="Course tooling: build the student release, grade submissions."
+        prog="python -m grader", description="Course tooling: build the student release, grade submissions, run a lab's training."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMANDS:
-        module.add_subcommand(sub)
+    for name in COMMANDS:
+        importlib.import_module(f"grader.{name}").add_subcommand(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:  # the ranks' start: only what the training needs
+        from grader import run
+
+        run.main(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0

@@ -1,4 +1,4 @@
-"""Each lab's reference training as a script (`python -m course.run`) under torchrun: on
+"""Each lab's reference training as a script (`python -m grader run`) under torchrun: on
 one node, and as two nodes meeting at a c10d rendezvous on this machine. The script
 must end with the parameters and losses of the notebook's own run: the same
 solution function launched with `course.launch` from this process, with the
@@ -18,9 +18,11 @@ import torch
 import course
 from course import _processes, check
 from course.grid_model import Grid
-from course.run import main
+from grader.run import main
 from grader.solution import load
 from test_launch_contexts import ENV, _free_port, _no_stray_processes  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.torchrun
 
 STEPS = 3          # few steps, the notebooks' sizes otherwise: seconds on a 2-core machine
 TIMEOUT = 240      # seconds for one torchrun run, start to end
@@ -84,7 +86,7 @@ def assert_matches_notebook(saved, lab, grid=None):
 
 def torchrun(launch_args, script_args, nodes=1):
     """Start `nodes` torchrun processes at once; wait for all, within TIMEOUT; their outputs."""
-    command = [sys.executable, "-m", "torch.distributed.run", *launch_args, "-m", "course.run", *script_args]
+    command = [sys.executable, "-m", "torch.distributed.run", *launch_args, "-m", "grader", "run", *script_args]
     started = [subprocess.Popen(command, env={**ENV, **LOOPBACK}, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
                for _ in range(nodes)]
@@ -221,3 +223,17 @@ def test_torchrun_ranks_take_nccl_only_with_a_gpu_each(gpus, local_rank, claims,
     assert (rank, size, here.backend, here.devices) == (local_rank, 2, expected[0], (expected[1],))
     if gpus == 0:
         assert course.placement.gpu_claim(local_rank) == ""
+
+
+def test_the_script_is_a_grader_command_and_starts_without_nbgrader():
+    """`python -m grader -h` lists `run`; `python -m grader run` imports neither nbgrader
+    nor the grading code (it starts on every rank under torchrun)."""
+    listed = subprocess.run([sys.executable, "-m", "grader", "-h"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and re.search(r"^ +run +a lab's reference training", listed.stdout, re.M), listed.stdout
+    probe = ("import sys, runpy; sys.argv = ['grader', 'run', '--help']\n"
+             "try: runpy.run_module('grader', run_name='__main__')\n"
+             "except SystemExit: pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('nbgrader', 'grader.grade', 'grader.jail'))))")
+    started = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "02_data_parallel" in started.stdout and "04_hybrid" in started.stdout, started.stdout + started.stderr
+    assert started.stdout.strip().splitlines()[-1] == "[]", started.stdout

@@ -1,10 +1,11 @@
 """Each lab's reference training as a script: under torchrun, on one node or many.
 
-    torchrun --nproc-per-node=2 -m course.run 02_data_parallel --steps 30 --out result.pt
+    torchrun --nproc-per-node=2 -m grader run 02_data_parallel --steps 30 --out result.pt
     torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d \\
-             --rdzv-endpoint=HOST:29500 -m course.run 04_hybrid --grid 4x2
-    python -m course.run 03_model_parallel --ranks 2      # no torchrun: 2 ranks on this machine
+             --rdzv-endpoint=HOST:29500 -m grader run 04_hybrid --grid 4x2
+    python -m grader run 03_model_parallel --ranks 2      # no torchrun: 2 ranks on this machine
 
+It belongs with the instructor's tools, not in `course/`: it runs the answers.
 The training is the solution notebook's own function (loaded with
 `grader.solution.load`: the answers live only in the notebook), called with the
 arguments the notebook gives it, through `course.launch`, as the notebook does.
@@ -178,8 +179,8 @@ def parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     common.add_argument("--timeout", type=_positive(float), default=600.0,
                         help="without torchrun: seconds before the ranks are stopped (default: 600)")
     main_parser = argparse.ArgumentParser(
-        prog="python -m course.run", description=__doc__.split("\n\n")[0],
-        epilog="Under torchrun: torchrun --nproc-per-node=N -m course.run LAB [options]")
+        prog="python -m grader run", description=__doc__.split("\n\n")[0],
+        epilog="Under torchrun: torchrun --nproc-per-node=N -m grader run LAB [options]")
     labs = main_parser.add_subparsers(dest="lab", metavar="LAB", required=True,
                                       help="which lab's training to run")
     lab_parsers = {name: labs.add_parser(name, parents=[common], help=lab.about, description=lab.about)
@@ -209,7 +210,7 @@ def _run(options) -> dict | None:
                              "leave --ranks out under torchrun (it counts them)")
     elif options.ranks is None:
         raise UsageError("how many ranks? Run it under torchrun (torchrun --nproc-per-node=2 "
-                         "-m course.run ...), or pass --ranks N to start N ranks on this machine")
+                         "-m grader run ...), or pass --ranks N to start N ranks on this machine")
     else:
         world_size = options.ranks
 
@@ -245,6 +246,15 @@ def _solution(name):
     from grader.solution import load  # the answers: only in the solution notebook
 
     return load(name)
+
+
+def add_subcommand(subparsers) -> None:
+    """`python -m grader run` in the grader's command list (for -h). The ranks' own start
+    goes through `main` directly (grader.__main__): no nbgrader to import on every rank."""
+    parser = subparsers.add_parser("run", help="a lab's reference training as a script, under torchrun or not",
+                                   add_help=False)
+    parser.add_argument("arguments", nargs=argparse.REMAINDER, help="LAB [options]; see python -m grader run -h")
+    parser.set_defaults(func=lambda args: main(args.arguments) and 0)
 
 
 def _report(lab, results, rank) -> dict:

@@ -18,7 +18,7 @@ def unrecorded(rank_function):
     """Time without the course's recording: PyTorch's C++ collectives never pay for it."""
     @functools.wraps(rank_function)
     def run(*args):
-        with course.comm.unrecorded():
+        with course.recorder.unrecorded():
             return rank_function(*args)
     return run
 

@@ -9,7 +9,7 @@
 
 Every comparison runs in one launch, the contenders alternating round by
 round, so that both see the same machine, with the course's recording of
-torch.distributed calls turned off (`course.comm.unrecorded`). A round's time
+torch.distributed calls turned off (`course.recorder.unrecorded`). A round's time
 is the slowest rank's, each rank's the median of its calls (or training
 steps) in that round; the ratio is taken round by round and reported as its
 median and range. Prints markdown tables; --json writes them with the figures

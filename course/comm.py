@@ -11,14 +11,16 @@ byte the process writes: gloo's socket writes, plus a small header per
 message. Operations in flight at the same time share one measurement, split
 in proportion to their predictions and marked `shared`.
 
-Not counted per call: calls inside `with course.comm.unrecorded():`,
+This module owns the records; `course.recorder` makes them (and is the only
+module that patches torch.distributed).
+
+Not counted per call: calls inside `with course.recorder.unrecorded():`,
 functions imported by name (`from torch.distributed import all_reduce`),
 object collectives (`all_gather_object`), and what DistributedDataParallel
 sends from C++. They still move bytes; compare totals.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
@@ -63,21 +65,6 @@ class CommRecord:
     def sent(self) -> int | float:
         """The bytes this rank sent: as written to the sockets where read, else by the formula."""
         return self.measured if self.measured is not None else self.predicted
-
-
-@contextlib.contextmanager
-def unrecorded():
-    """Inside a rank's function: calls in this block go straight to torch.distributed,
-    unrecorded and without the recording's small cost per call (for benchmarks that
-    time the course's code against PyTorch's C++, which is never recorded)."""
-    from course import recorder  # recorder imports this module
-
-    calls = recorder.active()
-    if calls is None:
-        yield
-        return
-    with calls.paused():
-        yield
 
 
 class CommLog(list):

@@ -33,6 +33,18 @@ def active() -> "Recorder | None":
     return _ACTIVE
 
 
+@contextlib.contextmanager
+def unrecorded():
+    """Inside a rank's function: calls in this block go straight to torch.distributed,
+    unrecorded and without the recording's small cost per call (for benchmarks that
+    time the course's code against PyTorch's C++, which is never recorded)."""
+    if _ACTIVE is None:
+        yield
+        return
+    with _ACTIVE.paused():
+        yield
+
+
 class _Recorded:
     """A torch.distributed function that logs each call. It compares equal to
     the function it wraps because torch's P2POp checks `op in [isend, irecv]`."""

@@ -211,7 +211,7 @@ def test_formulas_refuse_nonsense(args, message):
 def _recorded_then_not():
     t = torch.ones(10)
     dist.all_reduce(t)
-    with course.comm.unrecorded():
+    with course.recorder.unrecorded():
         dist.all_reduce(t)
         dist.broadcast(t, src=0)
     dist.barrier()
@@ -222,7 +222,7 @@ def test_unrecorded_calls_still_run_but_leave_no_record():
     results = course.launch(_recorded_then_not, 2)
     assert list(results) == [4.0, 4.0]          # both all-reduces ran
     assert [r.op for r in results.comm.rank(0)] == ["all_reduce", "barrier"]
-    with course.comm.unrecorded():              # outside a rank: nothing to pause
+    with course.recorder.unrecorded():              # outside a rank: nothing to pause
         pass
 
 

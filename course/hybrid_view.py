@@ -22,8 +22,7 @@ import matplotlib.pyplot as plt
 
 from course import grid_model, sizes, timemodel
 from course.grid_model import Grid
-from course.transfer_view import run_controls
-from course.widgets import interactive_figure, measured_only_at
+from course.widgets import STYLE, run_controls, show_view
 
 LAB_CONVNET = "lab 4's convnet (digits)"
 KRIZHEVSKY_2012 = "Krizhevsky 2012 (ImageNet)"
@@ -160,17 +159,11 @@ def show(measured: Mapping[Grid, Mapping[str, float]] | None = None,
 
     values = {"model": LAB_CONVNET, "scheme": "lab", "batch": 256, "gpus": 4, "dtype": "float32",
               "link": timemodel.PCIE3_X16.name, "processor": timemodel.TITAN.name, **start}
-    style = {"description_width": "initial"}
     controls = {
-        "model": w.Dropdown(options=list(MODELS), value=values["model"], description="model", style=style),
+        "model": w.Dropdown(options=list(MODELS), value=values["model"], description="model", style=STYLE),
         "scheme": w.Dropdown(options=list(grid_model.SCHEMES), value=values["scheme"], description="scheme",
-                             style=style),
-        # the shared batch, dtype and link controls; its GPUs and processor menus are replaced
-        **run_controls({**values, "processor": timemodel.TITAN.name}),
-        "gpus": w.SelectionSlider(options=list(GPUS), value=values["gpus"], description="GPUs", style=style),
-        "processor": w.Dropdown(options=list({**timemodel.PROCESSORS, **(processors or {})}), value=values["processor"],
-                                description="processor", style=style),
+                             style=STYLE),
+        **run_controls(values, gpu_counts=GPUS, processors=processors, processor_label="processor"),
     }
-    run = {k: values[k] for k in RUN_SETTINGS}
-    return interactive_figure(measured_only_at(partial(draw, processors=processors), measured, run), controls,
-                              describe=partial(describe, processors=processors))
+    return show_view(partial(draw, processors=processors), partial(describe, processors=processors), controls,
+                     measured, {k: values[k] for k in RUN_SETTINGS})

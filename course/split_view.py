@@ -23,8 +23,7 @@ import numpy as np
 
 from course import sizes, timemodel
 from course.sizes import Dense
-from course.transfer_view import run_controls
-from course.widgets import interactive_figure, measured_only_at
+from course.widgets import STYLE, run_controls, show_view
 
 SCHEMES = ("data parallel", "split by column", "split by row")
 COLOURS = {"data parallel": "#de2d26", "split by column": "#3182bd", "split by row": "#31a354"}
@@ -145,13 +144,11 @@ def show(measured: Mapping[str, float] | None = None, **start):
     import ipywidgets as w
 
     values = {**DETTMERS, "link": timemodel.PCIE3_X16.name, "processor": timemodel.TITAN.name, **start}
-    style = {"description_width": "initial"}
     controls = {
         "inputs": w.IntSlider(values["inputs"], min=100, max=8000, step=100, description="input features",
-                              style=style),
+                              style=STYLE),
         "outputs": w.IntSlider(values["outputs"], min=100, max=8000, step=100, description="output features",
-                               style=style),
+                               style=STYLE),
         **run_controls(values, min_gpus=2),
     }
-    run = {k: values[k] for k in BYTES_DEPEND_ON}
-    return interactive_figure(measured_only_at(draw, measured, run), controls, describe=describe)
+    return show_view(draw, describe, controls, measured, {k: values[k] for k in BYTES_DEPEND_ON})

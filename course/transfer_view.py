@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 from course import sizes, timemodel
 from course.plots import phase_colours
 from course.sizes import Dense
-from course.widgets import interactive_figure, measured_only_at
+from course.widgets import STYLE, run_controls, show_view
 
 SCHEMES = ("ring", "naive, rank 0", "naive, other ranks")
 BYTES_DEPEND_ON = ("width", "depth", "gpus", "dtype")
@@ -110,22 +110,6 @@ def describe(*, width: int, depth: int, batch: int, gpus: int, dtype: str, link:
             f"{ms['naive all-reduce']:.3g} ms, against {ms['compute (one rank)']:.3g} ms of compute per rank.")
 
 
-def run_controls(values: Mapping, *, min_gpus: int = 1) -> dict:
-    """The controls every view shares: batch, GPUs, dtype, interconnect and GPU model."""
-    import ipywidgets as w
-
-    style = {"description_width": "initial"}
-    return {
-        "batch": w.IntSlider(values["batch"], min=8, max=2048, step=8, description="global batch", style=style),
-        "gpus": w.IntSlider(values["gpus"], min=min_gpus, max=16, description="GPUs", style=style),
-        "dtype": w.Dropdown(options=list(sizes.DTYPE_BYTES), value=values["dtype"], description="dtype"),
-        "link": w.Dropdown(options=list(timemodel.PRESETS), value=values["link"], description="interconnect",
-                           style=style),
-        "processor": w.Dropdown(options=list(timemodel.PROCESSORS), value=values["processor"],
-                                description="GPU", style=style),
-    }
-
-
 def show(measured: Mapping[str, float] | None = None, **start):
     """The view with sliders and menus (a static figure under grading or headless).
 
@@ -136,13 +120,11 @@ def show(measured: Mapping[str, float] | None = None, **start):
 
     values = {"width": 1000, "depth": 2, "batch": 128, "gpus": 4, "dtype": "float32",
               "link": timemodel.NETWORK_40G.name, "processor": timemodel.TITAN.name, **start}
-    style = {"description_width": "initial"}
     controls = {
-        "width": w.IntSlider(values["width"], min=100, max=8000, step=100, description="layer width", style=style),
-        "depth": w.IntSlider(values["depth"], min=1, max=6, description="hidden layers", style=style),
+        "width": w.IntSlider(values["width"], min=100, max=8000, step=100, description="layer width", style=STYLE),
+        "depth": w.IntSlider(values["depth"], min=1, max=6, description="hidden layers", style=STYLE),
         **run_controls(values),
     }
     # Measured bytes belong to the run's settings: shown only while the
     # settings that decide the bytes are the run's.
-    run = {k: values[k] for k in BYTES_DEPEND_ON}
-    return interactive_figure(measured_only_at(draw, measured, run), controls, describe=describe)
+    return show_view(draw, describe, controls, measured, {k: values[k] for k in BYTES_DEPEND_ON})

@@ -1,6 +1,12 @@
-"""A figure with controls: static everywhere, live where a front end is attached.
+"""A figure with controls: static everywhere, live where a front end is attached;
+and the plumbing the course's views share.
 
     interactive_figure(draw, {"gpus": IntSlider(4, 1, 16)}, describe=headline)
+
+A view (`course.transfer_view`, `split_view`, `hybrid_view`) is a module with
+three functions: `draw(**settings)` -> Figure, `describe(**settings)` -> one
+line of markdown, and `show(measured=None, **start)`, which builds its controls
+(its own, then `run_controls`) and hands all three to `show_view`.
 
 `draw(**values)` returns a matplotlib Figure; `describe(**values)`, if given,
 the figure's headline numbers as a line of markdown (numbers a reader can
@@ -19,7 +25,11 @@ from typing import NamedTuple
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
+from course import sizes, timemodel
 from course.grading import under_grader
+
+#: Widget style of every control: long descriptions shown whole, not cut.
+STYLE = {"description_width": "initial"}
 
 
 def _render(draw: Callable, values: dict):
@@ -73,3 +83,34 @@ def measured_only_at(draw: Callable, measured, run: Mapping) -> Callable:
         same = all(current[name] == value for name, value in run.items())
         return draw(measured=measured if same else None, **current)
     return draw_with_measured
+
+
+def run_controls(values: Mapping, *, min_gpus: int = 1, gpu_counts: list[int] | None = None,
+                 processors: Mapping[str, timemodel.Processor] | None = None,
+                 processor_label: str = "GPU") -> dict:
+    """The controls every view shares, at `values`: batch, GPUs, dtype, interconnect and GPU.
+
+    gpu_counts: the GPU counts to offer (a selection slider) instead of min_gpus..16;
+    processors: extra entries (say, this machine's CPU, measured) for the GPU menu, which
+    processor_label then names.
+    """
+    import ipywidgets as w
+
+    gpus = (w.SelectionSlider(options=list(gpu_counts), value=values["gpus"], description="GPUs", style=STYLE)
+            if gpu_counts else
+            w.IntSlider(values["gpus"], min=min_gpus, max=16, description="GPUs", style=STYLE))
+    return {
+        "batch": w.IntSlider(values["batch"], min=8, max=2048, step=8, description="global batch", style=STYLE),
+        "gpus": gpus,
+        "dtype": w.Dropdown(options=list(sizes.DTYPE_BYTES), value=values["dtype"], description="dtype"),
+        "link": w.Dropdown(options=list(timemodel.PRESETS), value=values["link"], description="interconnect",
+                           style=STYLE),
+        "processor": w.Dropdown(options=list({**timemodel.PROCESSORS, **(processors or {})}),
+                                value=values["processor"], description=processor_label, style=STYLE),
+    }
+
+
+def show_view(draw: Callable, describe: Callable[..., str], controls: Mapping, measured, run: Mapping):
+    """A view on screen: draw and describe at the controls' values, with `measured` drawn
+    only while the settings in `run` (the measured run's) are unchanged."""
+    return interactive_figure(measured_only_at(draw, measured, run), controls, describe=describe)

@@ -178,7 +178,7 @@ def test_no_controls_under_nbgrader(monkeypatch):
 def test_measured_only_beside_the_settings_they_were_measured_at(monkeypatch):
     seen, built = [], {}
     monkeypatch.setattr(hybrid_view, "draw", lambda measured=None, **v: seen.append((measured, v)) or plt.figure())
-    monkeypatch.setattr(hybrid_view, "interactive_figure",
+    monkeypatch.setattr(widgets, "interactive_figure",
                         lambda draw, controls, describe: built.update(draw=draw, controls=controls))
     cpu = timemodel.Processor("this CPU (measured)", 50e9, 1.0, "a test")
     measured = {Grid(2, 1): {"step": 1e-3, "sent": 1}}

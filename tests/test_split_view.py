@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from course import sizes, split_view, timemodel  # noqa: E402
+from course import sizes, split_view, timemodel, widgets  # noqa: E402
 from course.sizes import Dense  # noqa: E402
 
 
@@ -106,7 +106,7 @@ def test_measured_bytes_only_beside_the_settings_they_were_measured_at(monkeypat
     def fake_interactive_figure(draw, controls, describe):
         built.update(draw=draw, values={k: w.value for k, w in controls.items()})
 
-    monkeypatch.setattr(split_view, "interactive_figure", fake_interactive_figure)
+    monkeypatch.setattr(widgets, "interactive_figure", fake_interactive_figure)
     measured = {"split by row": 512_000}
     split_view.show(measured=measured, gpus=2)
     run = built["values"]

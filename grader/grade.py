@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from . import COURSE_ROOT, GraderError, collect, export, gradebook, reference, sandbox, verdict
+from . import COURSE_ROOT, GraderError, collect, export, gradebook, jail, reference, sandbox, verdict
 from .autograde_worker import AutogradeWorker
 from .feedback_worker import FeedbackWorker
 from .grade_submission import SubmissionGrader
@@ -52,7 +52,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         if unknown:
             raise GraderError(f"no graded lab(s) {', '.join(unknown)}; graded labs are: {', '.join(infos)}")
         infos = {lab: infos[lab] for lab in labs}
-    why_not = sandbox.unavailable()
+    why_not = jail.unavailable()
     if why_not and not unsafe:
         raise GraderError(f"cannot sandbox the submissions: {why_not}. Fix that, or pass --unsafe to grade "
                           "without a sandbox (only for notebooks you trust)")

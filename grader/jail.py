@@ -6,16 +6,22 @@ makes the cgroup (grader.cgroups) and leases the uid (grader.jail_uids); the
 kernel manager starts the kernel in it; afterwards `stop` kills what is left,
 `usage` says what it used and ran into (`JailUsage`, for the verdict), and
 `close` gives everything back. A watchdog ends a jail stuck at its memory limit.
+`unavailable()` says why no jail can be made on this machine, by making one.
 """
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import cgroups
+from . import cgroups, sandbox, seccomp
 from .jail_uids import UidLease, kill_uid
 from .sandbox import Limits, prepare
 
@@ -111,3 +117,29 @@ class Jail:
         if self.lease:
             self.lease.release()
             self.lease = None
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why submissions cannot be sandboxed on this machine (None: they can)."""
+    if not sys.platform.startswith("linux"):
+        return f"the sandbox needs Linux namespaces; this is {sys.platform}"
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed; on Debian or Ubuntu: apt-get install bubblewrap"
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is not installed"
+    try:
+        seccomp.program()
+    except seccomp.SeccompUnsupported as e:
+        return str(e)
+    with tempfile.TemporaryDirectory(prefix="grader-probe-") as tmp:
+        jail = Jail(Path(tmp), Limits(), use_cgroup=False)
+        try:
+            probe = subprocess.run(sandbox.launch_command(jail.spec, "probe", [sys.executable, "-c", "import course"]),
+                                   capture_output=True, text=True, timeout=60)
+        finally:
+            jail.close()
+        console = jail.spec.console.read_text(errors="replace") if jail.spec.console.exists() else ""
+    if probe.returncode != 0:
+        return f"bwrap cannot start a sandbox here: {(probe.stderr + console).strip()[-300:]}"
+    return None

@@ -30,12 +30,10 @@ grader.sandboxed), which joins the cgroup, sets the limits and execs bwrap.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -237,35 +235,6 @@ def set_limits(limits: Limits) -> None:
 def launch_command(spec: Spec, lab: str, argv: list[str]) -> list[str]:
     """The command that runs argv in the jail (through the launcher, `main`)."""
     return [sys.executable, "-m", "grader.sandbox", str(spec.spec_file), lab, "--", *argv]
-
-
-@functools.cache
-def unavailable() -> str | None:
-    """Why submissions cannot be sandboxed on this machine (None: they can)."""
-    if not sys.platform.startswith("linux"):
-        return f"the sandbox needs Linux namespaces; this is {sys.platform}"
-    if shutil.which("bwrap") is None:
-        return "bubblewrap (bwrap) is not installed; on Debian or Ubuntu: apt-get install bubblewrap"
-    if os.geteuid() == 0 and shutil.which("setpriv") is None:
-        return "setpriv (util-linux) is not installed"
-    try:
-        seccomp.program()
-    except seccomp.SeccompUnsupported as e:
-        return str(e)
-    import tempfile
-
-    from .jail import Jail  # the host's side of a jail builds on this module
-    with tempfile.TemporaryDirectory(prefix="grader-probe-") as tmp:
-        jail = Jail(Path(tmp), Limits(), use_cgroup=False)
-        try:
-            probe = subprocess.run(launch_command(jail.spec, "probe", [sys.executable, "-c", "import course"]),
-                                   capture_output=True, text=True, timeout=60)
-        finally:
-            jail.close()
-        console = jail.spec.console.read_text(errors="replace") if jail.spec.console.exists() else ""
-    if probe.returncode != 0:
-        return f"bwrap cannot start a sandbox here: {(probe.stderr + console).strip()[-300:]}"
-    return None
 
 
 def _seccomp_fd() -> int:

@@ -24,7 +24,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from grader import sandbox
+from grader.jail import unavailable as sandbox_unavailable
 from grader.jail_uids import BASE_UID, UID_COUNT, processes_of
 from grader.labs import graded_cells, read_notebook
 
@@ -39,8 +39,8 @@ MEMORY_GB = 2
 MAX_PROCESSES = 128
 MOMENTUM_DAMPENED = MISTAKES["momentum dampened"][0]
 
-pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None and not os.environ.get("CI"),
-                                reason=f"no sandbox here: {sandbox.unavailable()}")
+pytestmark = pytest.mark.skipif(sandbox_unavailable() is not None and not os.environ.get("CI"),
+                                reason=f"no sandbox here: {sandbox_unavailable()}")
 
 
 EITHER = "graded (at most full marks), or not graded"

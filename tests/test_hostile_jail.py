@@ -16,6 +16,7 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from grader import sandbox
+from grader.jail import unavailable as sandbox_unavailable
 
 from submissions import REPO, grade_class, solved
 
@@ -23,8 +24,8 @@ LAB = "01_single_gpu"
 MEMORY_GB = 2
 CELL_TIMEOUT_S = 60
 
-pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None and not os.environ.get("CI"),
-                                reason=f"no sandbox here: {sandbox.unavailable()}")
+pytestmark = pytest.mark.skipif(sandbox_unavailable() is not None and not os.environ.get("CI"),
+                                reason=f"no sandbox here: {sandbox_unavailable()}")
 
 
 def _with_cells(*sources):

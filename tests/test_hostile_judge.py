@@ -14,7 +14,7 @@ import os
 import pytest
 
 from course import grading
-from grader import sandbox
+from grader.jail import unavailable as sandbox_unavailable
 from grader.labs import graded_cells, read_notebook
 
 from submissions import REPO, grade_class, solved
@@ -27,8 +27,8 @@ MOMENTUM = POINTS["test_momentum_sgd"]
 # A stub that moves no weight: every kernel-side test of it fails, unless the asserts go.
 STUB = ("self.params[i].add_(self.velocity[i], alpha=-self.lr)", "pass")
 
-pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None and not os.environ.get("CI"),
-                                reason=f"no sandbox here: {sandbox.unavailable()}")
+pytestmark = pytest.mark.skipif(sandbox_unavailable() is not None and not os.environ.get("CI"),
+                                reason=f"no sandbox here: {sandbox_unavailable()}")
 
 STRIP_ASSERTS = '''
 import ast

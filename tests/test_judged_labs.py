@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from grader import sandbox
+from grader.jail import unavailable as sandbox_unavailable
 from grader.labs import graded_cells
 
 from submissions import REPO, grade_round_trip, solved
@@ -41,7 +41,7 @@ def elements_sent(direction, batch, inputs, outputs, world_size):
 '''
 
 
-@pytest.mark.skipif(sandbox.unavailable() is not None, reason=f"no sandbox here: {sandbox.unavailable()}")
+@pytest.mark.skipif(sandbox_unavailable() is not None, reason=f"no sandbox here: {sandbox_unavailable()}")
 @pytest.mark.timeout(900)
 def test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise(tmp_path):
     nb = solved(LAB, answers={"elements_sent": STUB})

@@ -34,16 +34,19 @@ SCHEMES = ("lab", "paper")
 
 @dataclass(frozen=True)
 class Grid:
-    """`data` data-parallel replicas, each a model-parallel group of `model` ranks."""
+    """`data` data-parallel replicas, each a model-parallel group of `model` ranks: `data`
+    ranks in each data-parallel group, `model` in each model-parallel group, both whole
+    numbers of at least 1 (`transfer.check_ranks`)."""
     data: int
     model: int
 
     def __post_init__(self):
-        if self.data < 1 or self.model < 1:
-            raise ValueError(f"a grid needs at least 1 x 1 ranks, got {self.data} x {self.model}")
+        transfer.check_ranks(self.data, "data")
+        transfer.check_ranks(self.model, "model")
 
     @property
     def ranks(self) -> int:
+        """The number of ranks of the grid: data x model."""
         return self.data * self.model
 
     def __str__(self) -> str:
@@ -99,7 +102,7 @@ def _split(layers) -> tuple[list, list]:
     return convs, dense
 
 
-def _check(layers, grid: Grid, batch: int, scheme: str, dense: list) -> None:
+def _check_settings(layers, grid: Grid, batch: int, scheme: str, dense: list) -> None:
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     if batch < 1 or batch % grid.ranks:
@@ -112,24 +115,24 @@ def _check(layers, grid: Grid, batch: int, scheme: str, dense: list) -> None:
         raise ValueError(f"{split[0].name} cannot be split evenly over {grid.model} model-parallel ranks")
 
 
-def _transfer(what: str, collective: str, group: str, size: int, elements: int, dtype: str) -> dict:
+def _transfer(what: str, collective: str, group: str, ranks: int, elements: int, dtype: str) -> dict:
     full = nbytes(elements, dtype)
     ring = transfer.ring_all_gather if collective == "all-gather" else transfer.ring_all_reduce
-    return {"what": what, "collective": collective, "group": group, "ranks": size,
-            "bytes": full, "sent": ring(full, size)}
+    return {"what": what, "collective": collective, "group": group, "ranks": ranks,
+            "bytes": full, "sent": ring(full, ranks)}
 
 
 def transfers(layers, grid: Grid, batch: int, scheme: str = "lab", dtype: str = "float32") -> list[dict]:
     """The collectives of one training step, as rows: what, collective, group (all, data or
     model), ranks in it, bytes of the full tensor, bytes one rank sends (ring)."""
     convs, dense = _split(layers)
-    _check(layers, grid, batch, scheme, dense)
+    _check_settings(layers, grid, batch, scheme, dense)
     per_group, rows = batch // grid.data, []
 
     def add(what, collective, group, elements):
-        size = {"all": grid.ranks, "data": grid.data, "model": grid.model}[group]
-        if size > 1:
-            rows.append(_transfer(what, collective, group, size, elements, dtype))
+        ranks = {"all": grid.ranks, "data": grid.data, "model": grid.model}[group]
+        if ranks > 1:
+            rows.append(_transfer(what, collective, group, ranks, elements, dtype))
 
     if scheme == "paper":
         everything = convs + dense

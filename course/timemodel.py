@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from course import transfer
+
 
 @dataclass(frozen=True)
 class Link:
@@ -35,8 +37,7 @@ class Link:
 
     def seconds(self, nbytes: float) -> float:
         """One message of `nbytes` over this link."""
-        if nbytes < 0:
-            raise ValueError(f"a size in bytes cannot be negative, got {nbytes}")
+        transfer.check_nbytes(nbytes)
         return self.alpha + nbytes / self.beta
 
 
@@ -55,45 +56,43 @@ LOCAL_GLOO = Link("local gloo (2-core CPU, measured)", 1.38e9, 0.24e-3,
 PRESETS = {link.name: link for link in (PCIE3_X16, NETWORK_40G, NVLINK1, NVLINK2, NVLINK3, NVLINK4, LOCAL_GLOO)}
 
 
-def _check(nbytes: float, gpus: int) -> None:
-    if gpus < 1:
-        raise ValueError(f"the number of GPUs must be at least 1, got {gpus}")
-    if nbytes < 0:
-        raise ValueError(f"a size in bytes cannot be negative, got {nbytes}")
-
-
-def ring_all_reduce_seconds(nbytes: float, gpus: int, link: Link) -> float:
-    """Ring all-reduce: 2(n-1) steps, each one chunk of nbytes/n over every link at once."""
-    _check(nbytes, gpus)
-    if gpus == 1:
+def ring_all_reduce_seconds(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring all-reduce over `ranks` ranks: 2(N-1) steps (N the number of ranks),
+    each one chunk of nbytes/N over every link at once."""
+    transfer.check_transfer(nbytes, ranks)
+    if ranks == 1:
         return 0.0
-    return 2 * (gpus - 1) * link.seconds(nbytes / gpus)
+    return 2 * (ranks - 1) * link.seconds(nbytes / ranks)
 
 
-def ring_all_gather_seconds(nbytes_out: float, gpus: int, link: Link) -> float:
-    """Ring all-gather of an `nbytes_out` result: n-1 steps of one chunk (nbytes_out/n)."""
-    _check(nbytes_out, gpus)
-    if gpus == 1:
+def ring_all_gather_seconds(nbytes_out: float, ranks: int, link: Link) -> float:
+    """Ring all-gather of an `nbytes_out` result over `ranks` ranks: N-1 steps of
+    one chunk (nbytes_out/N), N the number of ranks."""
+    transfer.check_transfer(nbytes_out, ranks, "nbytes_out")
+    if ranks == 1:
         return 0.0
-    return (gpus - 1) * link.seconds(nbytes_out / gpus)
+    return (ranks - 1) * link.seconds(nbytes_out / ranks)
 
 
-def naive_all_reduce_seconds(nbytes: float, gpus: int, link: Link) -> float:
+def naive_all_reduce_seconds(nbytes: float, ranks: int, link: Link) -> float:
     """Everything to rank 0, then rank 0 to everyone: rank 0's link carries
-    n-1 whole tensors in and, after them, n-1 out, one at a time."""
-    _check(nbytes, gpus)
-    if gpus == 1:
+    N-1 whole tensors in and, after them, N-1 out, one at a time (N the
+    number of ranks)."""
+    transfer.check_transfer(nbytes, ranks)
+    if ranks == 1:
         return 0.0
-    return 2 * (gpus - 1) * link.seconds(nbytes)
+    return 2 * (ranks - 1) * link.seconds(nbytes)
 
 
-def hierarchical_ring_all_reduce_seconds(nbytes: float, nodes: int, gpus_per_node: int,
+def hierarchical_ring_all_reduce_seconds(nbytes: float, nodes: int, ranks_per_node: int,
                                          inside: Link, between: Link) -> float:
-    """One ring through all nodes' GPUs: each step lasts as long as its slowest
-    link, which is the network as soon as there are two nodes."""
-    gpus = nodes * gpus_per_node
+    """One ring through all `nodes` x `ranks_per_node` ranks (a GPU each): each
+    step lasts as long as its slowest link, which is the network as soon as
+    there are two nodes."""
+    transfer.check_ranks(nodes, "nodes", counting="nodes")
+    transfer.check_ranks(ranks_per_node, "ranks_per_node")
     slowest = between if nodes > 1 else inside
-    return ring_all_reduce_seconds(nbytes, gpus, slowest)
+    return ring_all_reduce_seconds(nbytes, nodes * ranks_per_node, slowest)
 
 
 # --- Dettmers, part 1: the blog's estimates, and this model's ------------------
@@ -105,21 +104,22 @@ DETTMERS_BLOG = {"one transfer, 40 Gbit/s": 0.75e-3, "one transfer, PCIe 3.0": 0
                  "six GPUs, two nodes": 7.75e-3, "four nodes": 20.25e-3}
 
 
-def dettmers_serial_network_seconds(nodes: int, gpus_per_node: int = 3,
+def dettmers_serial_network_seconds(nodes: int, ranks_per_node: int = 3,
                                     nbytes: float = DETTMERS_GRADIENT_BYTES,
                                     network: Link = NETWORK_40G) -> float:
     """The blog's scheme as we read it: every GPU receives every other GPU's whole
     gradient, and a node's one network card carries its GPUs' remote gradients
-    one at a time: gpus_per_node x (gpus on other nodes) transfers in a row.
+    one at a time: ranks_per_node x (ranks on other nodes) transfers in a row,
+    one rank per GPU.
 
     Two nodes of 3: 9 x 0.805 ms = 7.2 ms (the blog, with 0.75 ms each: 6.75 ms,
     plus 4 PCIe transfers of 0.25 ms = 7.75 ms). Four nodes: 27 transfers,
     21.7 ms (the blog: 27 x 0.75 = 20.25 ms, no PCIe term).
     """
-    if nodes < 1 or gpus_per_node < 1:
-        raise ValueError(f"need at least one node and one GPU per node, got {nodes} x {gpus_per_node}")
-    remote = gpus_per_node * (nodes - 1)
-    return gpus_per_node * remote * network.seconds(nbytes)
+    transfer.check_ranks(nodes, "nodes", counting="nodes")
+    transfer.check_ranks(ranks_per_node, "ranks_per_node")
+    remote = ranks_per_node * (nodes - 1)
+    return ranks_per_node * remote * network.seconds(nbytes)
 
 
 # --- compute ----------------------------------------------------------------------

@@ -92,6 +92,8 @@ def test_bad_settings_say_what_is_wrong(layers, grid, batch, scheme, message):
 
 
 def test_a_grid_needs_ranks():
-    with pytest.raises(ValueError, match="at least 1 x 1"):
+    with pytest.raises(ValueError, match="^the number of ranks must be a whole number of at least 1, got data=0$"):
         Grid(0, 2)
+    with pytest.raises(TypeError, match="^the number of ranks must be a whole number of at least 1, got model=2.0$"):
+        Grid(1, 2.0)
     assert Grid(2, 3).ranks == 6 and str(Grid(2, 3)) == "2 data x 3 model"

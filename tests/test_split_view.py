@@ -62,14 +62,14 @@ def test_curves_cross_where_the_crossover_says():
     # 500,500 weights against 1,250 (column) and 1,000 (row) elements per sample
     assert sizes.split_weight_crossover(layer, 2, "column") == pytest.approx(400.4)
     assert sizes.split_weight_crossover(layer, 2, "row") == pytest.approx(500.5)
-    with pytest.raises(ValueError, match="at least 2 GPUs"):
+    with pytest.raises(ValueError, match="the crossover needs at least 2 ranks, got ranks=1"):
         sizes.split_weight_crossover(layer, 1, "row")
 
 
 def test_an_uneven_split_is_said_in_the_figure():
     fig = split_view.draw(gpus=3)
     texts = [t.get_text() for t in fig.axes[0].texts]
-    assert any("divide evenly over 3 GPUs" in t for t in texts), texts
+    assert any("divide evenly over 3 ranks" in t for t in texts), texts
     plt.close(fig)
 
 

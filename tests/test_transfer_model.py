@@ -1,10 +1,13 @@
 """The transfer-size and time models (course.sizes, course.timemodel) against
-the sources' figures (shared reference-figures.md) and their own formulas."""
+the sources' figures (shared reference-figures.md) and their own formulas, and
+the one argument check of every cost model (course.transfer.check_ranks and
+check_nbytes)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from course import sizes, timemodel, transfer
+from course import grid_model, sizes, timemodel, transfer
 from course.sizes import Conv, Dense
 from course.timemodel import DETTMERS_BLOG, DETTMERS_GRADIENT_BYTES, NETWORK_40G, PCIE3_X16, Link
 
@@ -31,17 +34,17 @@ def test_layer_shapes():
     assert conv.activations(batch=2) == 2 * 16 * 64
 
 
-@pytest.mark.parametrize("gpus", [1, 2, 3, 4, 8])
-def test_ring_data_parallel_sends_2_n_minus_1_over_n_of_each_gradient(gpus):
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 8])
+def test_ring_data_parallel_sends_2_n_minus_1_over_n_of_each_gradient(ranks):
     layers = [Dense("a", 100, 30), Dense("b", 30, 10)]
-    rows = sizes.data_parallel(layers, gpus, "float32")
+    rows = sizes.data_parallel(layers, ranks, "float32")
     assert [r["layer"] for r in rows] == ["a", "b"]
     for row, layer in zip(rows, layers):
         assert row["elements"] == layer.weights
         assert row["bytes"] == 4 * layer.weights
-        assert row["sent"] == pytest.approx(2 * (gpus - 1) / gpus * row["bytes"])
-    assert sizes.data_parallel_total(layers, gpus, "float16") == pytest.approx(
-        sum(2 * (gpus - 1) / gpus * 2 * layer.weights for layer in layers))
+        assert row["sent"] == pytest.approx(2 * (ranks - 1) / ranks * row["bytes"])
+    assert sizes.data_parallel_total(layers, ranks, "float16") == pytest.approx(
+        sum(2 * (ranks - 1) / ranks * 2 * layer.weights for layer in layers))
 
 
 def test_naive_all_reduce_makes_the_root_the_bottleneck():
@@ -99,14 +102,14 @@ def test_the_models_own_figures_beside_the_blog():
     assert ring2 < DETTMERS_BLOG["six GPUs, two nodes"] / 5 and ring4 < DETTMERS_BLOG["four nodes"] / 12
 
 
-@pytest.mark.parametrize("gpus", [2, 4, 8])
-def test_ring_beats_naive_and_both_vanish_on_one_gpu(gpus):
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_ring_beats_naive_and_both_vanish_on_one_gpu(ranks):
     for link in timemodel.PRESETS.values():
-        ring = timemodel.ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, gpus, link)
-        naive = timemodel.naive_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, gpus, link)
+        ring = timemodel.ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, ranks, link)
+        naive = timemodel.naive_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, ranks, link)
         assert ring < naive, link.name
         assert timemodel.ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, 1, link) == 0.0
-    assert timemodel.ring_all_reduce_seconds(0, gpus, NETWORK_40G) == pytest.approx(2 * (gpus - 1) * 5e-6)
+    assert timemodel.ring_all_reduce_seconds(0, ranks, NETWORK_40G) == pytest.approx(2 * (ranks - 1) * 5e-6)
 
 
 def test_every_preset_states_its_source_and_rejects_bad_sizes():
@@ -161,7 +164,7 @@ def test_the_exact_count_beside_the_blog_and_data_parallelism():
 
 
 def test_split_weight_refuses_uneven_splits_and_unknown_directions():
-    with pytest.raises(ValueError, match="divide evenly over 3 GPUs"):
+    with pytest.raises(ValueError, match="divide evenly over 3 ranks"):
         sizes.split_weight(DETTMERS_LAYER, 128, 3, "column")
     with pytest.raises(ValueError, match="direction must be one of"):
         sizes.split_weight(DETTMERS_LAYER, 128, 2, "diagonal")
@@ -181,3 +184,99 @@ def test_split_weight_transfers_gather_what_is_stacked_and_reduce_what_is_added(
         ("all-gather", 4 * 128 * 500), ("all-reduce", 4 * 128 * 1000)]
     assert sizes.split_weight_transfers(DETTMERS_LAYER, 128, 2, "row", "float16") == [
         ("all-reduce", 2 * 128 * 500), ("all-gather", 2 * 128 * 1000)]
+
+
+# --- one argument check for every cost model -----------------------------------------
+
+def ranks_message(name: str, value) -> str:
+    return f"the number of ranks must be a whole number of at least 1, got {name}={value!r}"
+
+
+def bytes_message(name: str, value) -> str:
+    return f"a size in bytes must be a number of at least 0 (it cannot be negative), got {name}={value!r}"
+
+
+LAYER = Dense("d", 4, 4)   # splits over 1, 2 and 4 ranks
+
+#: every public entry point of the four cost models that takes a number of ranks, as
+#: (call(nbytes, ranks), the ranks argument's name, the bytes argument's name or None)
+RANK_ENTRY_POINTS = [
+    pytest.param(lambda b, r: transfer.ring_reduce_scatter(b, r), "ranks", "nbytes", id="transfer.ring_reduce_scatter"),
+    pytest.param(lambda b, r: transfer.ring_all_gather(b, r), "ranks", "nbytes_out", id="transfer.ring_all_gather"),
+    pytest.param(lambda b, r: transfer.ring_all_reduce(b, r), "ranks", "nbytes", id="transfer.ring_all_reduce"),
+    pytest.param(lambda b, r: transfer.naive_all_reduce_sends(b, r, 0), "ranks", "nbytes",
+                 id="transfer.naive_all_reduce_sends"),
+    pytest.param(lambda b, r: transfer.chain_sends(b, r, 0), "ranks", "nbytes", id="transfer.chain_sends"),
+    pytest.param(lambda b, r: transfer.binomial_tree_sends(b, r, 0), "ranks", "nbytes",
+                 id="transfer.binomial_tree_sends"),
+    pytest.param(lambda b, r: transfer.predict("all_reduce", b, r), "ranks", "nbytes", id="transfer.predict"),
+    pytest.param(lambda b, r: sizes.all_reduce_sent(b, r), "ranks", "tensor_bytes", id="sizes.all_reduce_sent"),
+    pytest.param(lambda b, r: sizes.data_parallel([LAYER], r), "ranks", None, id="sizes.data_parallel"),
+    pytest.param(lambda b, r: sizes.data_parallel_total([LAYER], r), "ranks", None, id="sizes.data_parallel_total"),
+    pytest.param(lambda b, r: sizes.split_weight(LAYER, 8, r, "column"), "ranks", None, id="sizes.split_weight"),
+    pytest.param(lambda b, r: sizes.split_weight_transfers(LAYER, 8, r, "row"), "ranks", None,
+                 id="sizes.split_weight_transfers"),
+    pytest.param(lambda b, r: sizes.split_weight_sent(LAYER, 8, r, "row"), "ranks", None,
+                 id="sizes.split_weight_sent"),
+    pytest.param(lambda b, r: sizes.split_weight_crossover(LAYER, r, "row"), "ranks", None,
+                 id="sizes.split_weight_crossover"),
+    pytest.param(lambda b, r: timemodel.ring_all_reduce_seconds(b, r, PCIE3_X16), "ranks", "nbytes",
+                 id="timemodel.ring_all_reduce_seconds"),
+    pytest.param(lambda b, r: timemodel.ring_all_gather_seconds(b, r, PCIE3_X16), "ranks", "nbytes_out",
+                 id="timemodel.ring_all_gather_seconds"),
+    pytest.param(lambda b, r: timemodel.naive_all_reduce_seconds(b, r, PCIE3_X16), "ranks", "nbytes",
+                 id="timemodel.naive_all_reduce_seconds"),
+    pytest.param(lambda b, r: timemodel.hierarchical_ring_all_reduce_seconds(b, 2, r, PCIE3_X16, NETWORK_40G),
+                 "ranks_per_node", "nbytes", id="timemodel.hierarchical_ring_all_reduce_seconds"),
+    pytest.param(lambda b, r: timemodel.dettmers_serial_network_seconds(2, r, b), "ranks_per_node", "nbytes",
+                 id="timemodel.dettmers_serial_network_seconds"),
+    pytest.param(lambda b, r: grid_model.Grid(r, 1), "data", None, id="grid_model.Grid data"),
+    pytest.param(lambda b, r: grid_model.Grid(1, r), "model", None, id="grid_model.Grid model"),
+    pytest.param(lambda b, r: grid_model.transfers(grid_model.convnet_layers(), grid_model.Grid(r, 2), 8),
+                 "data", None, id="grid_model.transfers"),
+]
+
+
+@pytest.mark.parametrize("call, ranks_name, bytes_name", RANK_ENTRY_POINTS)
+@pytest.mark.parametrize("ranks", [0, -2])
+def test_too_few_ranks_say_so_the_same_way_everywhere(call, ranks_name, bytes_name, ranks):
+    with pytest.raises(ValueError) as refused:
+        call(1000, ranks)
+    assert str(refused.value) == ranks_message(ranks_name, ranks)
+
+
+@pytest.mark.parametrize("call, ranks_name, bytes_name", RANK_ENTRY_POINTS)
+@pytest.mark.parametrize("ranks", [2.0, 2.5, True, "2"])
+def test_a_number_of_ranks_that_is_not_a_whole_number_is_refused_everywhere(call, ranks_name, bytes_name,
+                                                                             ranks):
+    # 2.0 would give float shapes and bytes, True would count as 1 rank: neither is let through
+    with pytest.raises(TypeError) as refused:
+        call(1000, ranks)
+    assert str(refused.value) == ranks_message(ranks_name, ranks)
+
+
+BYTES_ENTRY_POINTS = [p for p in RANK_ENTRY_POINTS if p.values[2] is not None] + [
+    pytest.param(lambda b, r: NETWORK_40G.seconds(b), None, "nbytes", id="timemodel.Link.seconds")]
+
+
+@pytest.mark.parametrize("call, ranks_name, bytes_name", BYTES_ENTRY_POINTS)
+def test_a_negative_size_in_bytes_says_so_the_same_way_everywhere(call, ranks_name, bytes_name):
+    with pytest.raises(ValueError) as refused:
+        call(-1, 2)
+    assert str(refused.value) == bytes_message(bytes_name, -1)
+
+
+@pytest.mark.parametrize("call, ranks_name, bytes_name", RANK_ENTRY_POINTS)
+def test_numpy_integers_count_as_ranks(call, ranks_name, bytes_name):
+    assert call(1000, np.int64(2)) == call(1000, 2)
+
+
+def test_nodes_are_checked_by_the_same_rule():
+    message = "^the number of nodes must be a whole number of at least 1, got nodes={}$"
+    for seconds in (lambda nodes: timemodel.dettmers_serial_network_seconds(nodes),
+                    lambda nodes: timemodel.hierarchical_ring_all_reduce_seconds(1000, nodes, 3, PCIE3_X16,
+                                                                                 NETWORK_40G)):
+        with pytest.raises(ValueError, match=message.format(0)):
+            seconds(0)
+        with pytest.raises(TypeError, match=message.format(r"2\.0")):
+            seconds(2.0)

@@ -5,7 +5,30 @@ the models and data of the labs, and what their tests need.
     results = course.launch(fn, 2)      # run fn on 2 ranks
     results.comm.to_frame()             # what each rank sent, predicted and measured
 
-`course.plots` and `course.throughput` (matplotlib, pandas) are imported on
+Students import it; the grader copies it into each submission's jail. So it
+holds no answers and never imports `grader/` (the instructor's tools, which
+import it). Its modules come in five layers, bottom up. A module imports from
+its own layer and the layers below, never above (tests/test_architecture.py
+holds this, and that every module is in exactly one layer):
+
+- cost models: transfer, sizes, timemodel, grid_model.
+  What each scheme sends and how long it takes, from formulas: arithmetic
+  only, no torch and no views, so that a slider can ask them anything.
+- counting: comm, recorder, timeline.
+  What each rank sent and when: `comm` owns the records, `recorder` makes them
+  by patching torch.distributed while a rank runs, `timeline` adds compute spans.
+- launcher: launch, placement, errors, _processes, _worker, _pickling, _output, _tracebacks.
+  Ranks from a notebook cell, or the process itself under torchrun: start them,
+  give each a device, and report what they returned, printed and raised.
+- lab kit: check, grading, data, models, throughput.
+  What the notebooks and their test cells use: comparisons whose messages say
+  what differs, the judged reference values, the digits, the two models.
+- views: widgets, plots, transfer_view, split_view, hybrid_view, table_1.
+  Figures, tables and controls (matplotlib, pandas, ipywidgets); each view is a
+  draw/describe/show module built on `widgets`.
+
+`import course` loads the launcher, counting and the lab kit's light part;
+the views, `throughput` (pandas) and scikit-learn's digits are imported on
 demand: ranks start faster without them.
 """
 from course import check, comm, data, grading, models, timeline, transfer

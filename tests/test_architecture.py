@@ -1,0 +1,234 @@
+"""Imports run one way: the rules of course/__init__.py's docstring, held.
+
+- no import cycle among the modules of `course/`, nor among those of `grader/`
+  (an import inside a function counts: it is a cycle that only waits to be called);
+- `course/` (what students import, copied into each jail) never imports `grader/`;
+- the cost models import neither torch nor the views, not even through another module;
+- a module imports from its own layer and those below (the docstring's list), and
+  every module is in exactly one layer;
+- `import course` in a fresh interpreter loads no matplotlib, pandas, ipywidgets
+  or scikit-learn (every rank imports it).
+
+Each rule is also shown failing: the `test_*_is_caught` tests add a forbidden import
+to a copy of the packages and check that the same function reports it.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+COST_MODELS = ("transfer", "sizes", "timemodel", "grid_model")
+NOT_IN_COST_MODELS = ("torch", "matplotlib", "ipywidgets", "IPython", "pandas")
+NOT_ON_IMPORT = ("matplotlib", "pandas", "ipywidgets", "sklearn")
+LAYER_LINE = re.compile(r"^- (?P<layer>[a-z ]+): (?P<modules>[\w, ]+)\.$", re.M)
+
+
+# --- what the rules look at -----------------------------------------------------------
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """{module: every module it imports, anywhere in its source}, for root/package/*.py.
+    `from course import x` names course.x where x is a module of the package."""
+    files = {("" if f.stem == "__init__" else f.stem): f for f in (root / package).glob("*.py")}
+    modules = {f"{package}.{stem}" if stem else package for stem in files}
+    graph = {}
+    for stem, path in files.items():
+        name = f"{package}.{stem}" if stem else package
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package if node.level else node.module
+                if node.level and node.module:
+                    base = f"{package}.{node.module}"
+                submodules = {f"{base}.{alias.name}" for alias in node.names} & modules
+                imported.update(submodules or {base})
+        graph[name] = imported
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles among the graph's own modules (strongly connected components)."""
+    edges = {m: sorted(d & set(graph) - {m}) for m, d in graph.items()}
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(module):
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in edges[module]:
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def imports_of(graph: dict[str, set[str]], top: str) -> list[str]:
+    """'module imports name' for each import of the package `top` (or its modules)."""
+    return sorted(f"{m} imports {name}" for m, names in graph.items() for name in names
+                  if name.split(".")[0] == top)
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """{what start imports, directly or through the package's modules: the module that imports it}."""
+    seen, todo = {}, [start]
+    while todo:
+        module = todo.pop()
+        for name in sorted(graph.get(module, ())):
+            if name not in seen:
+                seen[name] = module
+                if name in graph:
+                    todo.append(name)
+    return seen
+
+
+def cost_model_problems(graph: dict[str, set[str]], layers: dict[str, str]) -> list[str]:
+    views = {m for m, layer in layers.items() if layer == "views"}
+    problems = []
+    for model in COST_MODELS:
+        for name, importer in reachable(graph, f"course.{model}").items():
+            if name.split(".")[0] in NOT_IN_COST_MODELS or name in views:
+                problems.append(f"course.{model} imports {name} (through {importer})")
+    return problems
+
+
+def layers_of(root: Path) -> dict[str, str]:
+    """{course.module: its layer}, from the list in course/__init__.py's docstring."""
+    doc = ast.get_docstring(ast.parse((root / "course" / "__init__.py").read_text()))
+    layers = {}
+    for line in LAYER_LINE.finditer(doc):
+        for module in line["modules"].split(","):
+            name = f"course.{module.strip()}"
+            assert name not in layers, f"{name} is in two layers of course/__init__.py's docstring"
+            layers[name] = line["layer"]
+    return layers
+
+
+def layer_problems(graph: dict[str, set[str]], layers: dict[str, str]) -> list[str]:
+    order = list(dict.fromkeys(layers.values()))  # bottom up, as the docstring lists them
+    problems = [f"{m} is in no layer: add it to course/__init__.py's docstring"
+                for m in sorted(graph) if m != "course" and m not in layers]
+    problems += [f"{m} is in a layer but is not a module of course/" for m in sorted(set(layers) - set(graph))]
+    for module, names in sorted(graph.items()):
+        for name in sorted(names & set(layers)):
+            if module in layers and order.index(layers[name]) > order.index(layers[module]):
+                problems.append(f"{module} ({layers[module]}) imports {name} ({layers[name]}), a layer above it")
+    return problems
+
+
+def loaded_by_import_course(root: Path) -> list[str]:
+    """The top-level packages of NOT_ON_IMPORT that `import course` loads, from root, in a fresh interpreter."""
+    probe = ("import json, sys; import course; "
+             f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(NOT_ON_IMPORT)!r}))))")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --- the rules, on this repository -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def graphs():
+    return {package: import_graph(REPO, package) for package in ("course", "grader")}
+
+
+@pytest.mark.parametrize("package", ["course", "grader"])
+def test_no_import_cycles(graphs, package):
+    assert cycles(graphs[package]) == []
+
+
+def test_course_never_imports_grader(graphs):
+    assert imports_of(graphs["course"], "grader") == []
+
+
+def test_cost_models_import_neither_torch_nor_the_views(graphs):
+    assert cost_model_problems(graphs["course"], layers_of(REPO)) == []
+
+
+def test_every_module_is_in_one_layer_and_imports_only_downwards(graphs):
+    assert set(layers_of(REPO).values()) == {"cost models", "counting", "launcher", "lab kit", "views"}
+    assert layer_problems(graphs["course"], layers_of(REPO)) == []
+
+
+def test_import_course_loads_no_plotting_tables_widgets_or_scikit_learn():
+    assert loaded_by_import_course(REPO) == []
+
+
+# --- the same rules, broken on purpose ----------------------------------------------------
+
+@pytest.fixture
+def copy(tmp_path):
+    """A copy of course/ and grader/'s Python files, to add a forbidden import to."""
+    for package in ("course", "grader"):
+        shutil.copytree(REPO / package, tmp_path / package,
+                        ignore=lambda folder, names: [n for n in names if not n.endswith(".py")])
+    return tmp_path
+
+
+def add_line(root: Path, module: str, line: str) -> None:
+    """Append `line` to root/module.py, inside a function when it is indented (an import
+    that runs only when called is still an import)."""
+    path = root / f"{module.replace('.', '/')}.py"
+    body = f"\n\ndef _added():\n{line}\n" if line.startswith(" ") else f"\n{line}\n"
+    path.write_text(path.read_text() + body)
+
+
+def test_a_cycle_is_caught(copy):
+    add_line(copy, "course.transfer", "    from course import launch")  # launch -> recorder -> transfer
+    found = cycles(import_graph(copy, "course"))
+    assert len(found) == 1 and {"course.transfer", "course.launch", "course.recorder"} <= set(found[0])
+    add_line(copy, "grader.labs", "    from . import grade")               # grade -> labs
+    assert any({"grader.grade", "grader.labs"} <= set(c) for c in cycles(import_graph(copy, "grader")))
+
+
+def test_course_importing_grader_is_caught(copy):
+    add_line(copy, "course.check", "    from grader.solution import load")
+    assert imports_of(import_graph(copy, "course"), "grader") == ["course.check imports grader.solution"]
+
+
+def test_torch_or_a_view_in_a_cost_model_is_caught(copy):
+    add_line(copy, "course.sizes", "import torch")
+    add_line(copy, "course.transfer", "    from course import plots")
+    problems = cost_model_problems(import_graph(copy, "course"), layers_of(copy))
+    assert "course.sizes imports torch (through course.sizes)" in problems
+    assert "course.grid_model imports course.plots (through course.transfer)" in problems
+
+
+def test_an_import_from_a_layer_above_and_a_module_in_no_layer_are_caught(copy):
+    add_line(copy, "course.check", "    from course import hybrid_view")
+    (copy / "course" / "pipeline.py").write_text("import torch\n")
+    problems = layer_problems(import_graph(copy, "course"), layers_of(copy))
+    assert problems == ["course.pipeline is in no layer: add it to course/__init__.py's docstring",
+                        "course.check (lab kit) imports course.hybrid_view (views), a layer above it"]
+
+
+def test_plotting_loaded_by_import_course_is_caught(copy):
+    add_line(copy, "course.check", "import matplotlib.pyplot")
+    assert loaded_by_import_course(copy) == ["matplotlib"]

@@ -25,14 +25,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from browser import LAB_SETTINGS, SERVER_ARGS, Notebook, chromium, move_first_slider, text_of, widget_cells
 from course.placement import RANKS_VARIABLE
 from grader.labs import ignore_patterns
-from lab_server import REPO_ROOT, TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
-from submissions import solved
+from helpers import REPO
+from helpers.browser import LAB_SETTINGS, SERVER_ARGS, Notebook, chromium, move_first_slider, text_of, widget_cells
+from helpers.lab_server import TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
+from helpers.submissions import solved
 
-ARTIFACTS = Path(os.environ.get("COURSE_TEST_ARTIFACTS", REPO_ROOT / "test-artifacts")) / "browser"
-SOLUTIONS = sorted(p.relative_to(REPO_ROOT) for p in (REPO_ROOT / "solutions").glob("*/*.ipynb"))
+ARTIFACTS = Path(os.environ.get("COURSE_TEST_ARTIFACTS", REPO / "test-artifacts")) / "browser"
+SOLUTIONS = sorted(p.relative_to(REPO) for p in (REPO / "solutions").glob("*/*.ipynb"))
 # ... and the instructor's live demo (`make demo`), run and checked as the labs are
 DEMO = Path("solutions/demo.ipynb")
 DEADLOCK_TIMEOUT_S = 5
@@ -65,8 +66,8 @@ def course_copy(tmp_path_factory) -> Path:
     a student's finished lab 1 and a scratch notebook."""
     root = tmp_path_factory.mktemp("course")
     for folder in ("solutions", "labs"):
-        shutil.copytree(REPO_ROOT / folder, root / folder, ignore=shutil.ignore_patterns(*ignore_patterns(REPO_ROOT)))
-    shutil.copy(REPO_ROOT / "nbgrader_config.py", root)
+        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns(*ignore_patterns(REPO)))
+    shutil.copy(REPO / "nbgrader_config.py", root)
     (root / "student").mkdir()
     nbformat.write(solved("01_single_gpu"), root / "student" / "01_single_gpu.ipynb")
     nbformat.write(_scratch_notebook(), root / "student" / "scratch.ipynb")
@@ -114,7 +115,7 @@ def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path
 
     cells = notebook.code_cells()
     with_controls = widget_cells(cells)
-    if "_view.show(" in (REPO_ROOT / path).read_text():
+    if "_view.show(" in (REPO / path).read_text():
         assert with_controls, f"{path} shows a view, but no figure with live controls rendered in JupyterLab"
     for index in with_controls:
         moved = move_first_slider(notebook, index)
@@ -247,7 +248,7 @@ def test_validate_tells_a_student_what_fails_and_passes_a_finished_lab(server, p
 
 def test_make_test_installs_the_browser_before_the_tests_run():
     env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
-    dry_run = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=REPO_ROOT, env=env,
+    dry_run = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=60)
     assert dry_run.returncode == 0, dry_run.stderr
     commands = dry_run.stdout.splitlines()

@@ -18,7 +18,8 @@ from grader.feedback import CSP, html_page
 from grader.feedback_safety import HIDDEN_LINE_NOTE, hidden_lines
 from grader.labs import graded_cells
 
-from submissions import REPO, grade_class, released, solved, write
+from helpers import REPO
+from helpers.submissions import grade_class, released, solved, write
 
 LAB = "01_single_gpu"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
@@ -224,7 +225,7 @@ def test_the_tampering_is_flagged_in_the_verdict_and_on_the_page(graded):
 
 @pytest.mark.timeout(300)
 def test_opening_the_hostile_page_in_a_browser_runs_nothing_of_the_students(graded):
-    from browser import chromium
+    from helpers.browser import chromium
 
     page_file = graded["work"] / "feedback" / "hostile" / LAB / f"{LAB}.html"
     with chromium() as browser:

@@ -15,7 +15,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_markdown_cell
 
-from submissions import REPO, solved, write
+from helpers import REPO
+from helpers.submissions import solved, write
 
 LAB = "01_single_gpu"
 

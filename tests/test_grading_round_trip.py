@@ -23,7 +23,8 @@ from nbgrader.api import Gradebook
 from grader import COURSE_ROOT
 from grader.labs import course_config, graded_cells, read_notebook
 
-from submissions import REPO, hidden_lines, released, solved, write
+from helpers import REPO
+from helpers.submissions import hidden_lines, released, solved, write
 from test_lab1_grading import MISTAKES
 
 LAB = "01_single_gpu"

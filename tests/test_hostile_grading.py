@@ -28,7 +28,8 @@ from grader.jail import unavailable as sandbox_unavailable
 from grader.jail_uids import BASE_UID, UID_COUNT, processes_of
 from grader.labs import graded_cells, read_notebook
 
-from submissions import REPO, grade_class, grade_id, solved
+from helpers import REPO
+from helpers.submissions import grade_class, grade_id, solved
 from test_lab1_grading import MISTAKES
 
 LAB = "01_single_gpu"

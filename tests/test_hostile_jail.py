@@ -18,7 +18,8 @@ from nbformat.v4 import new_code_cell
 from grader import sandbox
 from grader.jail import unavailable as sandbox_unavailable
 
-from submissions import REPO, grade_class, solved
+from helpers import REPO
+from helpers.submissions import grade_class, solved
 
 LAB = "01_single_gpu"
 MEMORY_GB = 2

@@ -17,7 +17,8 @@ from course import grading
 from grader.jail import unavailable as sandbox_unavailable
 from grader.labs import graded_cells, read_notebook
 
-from submissions import REPO, grade_class, solved
+from helpers import REPO
+from helpers.submissions import grade_class, solved
 from test_hostile_grading import _with_cells
 
 LAB = "01_single_gpu"

@@ -18,7 +18,8 @@ from nbformat.v4 import new_code_cell
 from grader.jail import unavailable as sandbox_unavailable
 from grader.labs import graded_cells
 
-from submissions import REPO, grade_round_trip, solved
+from helpers import REPO
+from helpers.submissions import grade_round_trip, solved
 
 LAB = "03_model_parallel"
 POINTS = graded_cells(nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4))

@@ -2,12 +2,12 @@
 other, and a correct answer written differently from the reference gets every point.
 
 Each submission runs as nbgrader scores it, minus the demonstrations in between
-(see tests/submissions.py). The nbgrader round trip of lab 1, with the grader's
+(see tests/helpers/submissions.py). The nbgrader round trip of lab 1, with the grader's
 own promises, is tests/test_grading_round_trip.py.
 """
 from __future__ import annotations
 
-from submissions import fairness_tests
+from helpers.submissions import fairness_tests
 
 LAB = "01_single_gpu"
 

@@ -9,7 +9,7 @@ through `python -m grader grade`.
 """
 from __future__ import annotations
 
-from submissions import CHECK_REBOUND, fairness_tests, round_trip_test
+from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
 
 LAB = "02_data_parallel"
 

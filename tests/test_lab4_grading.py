@@ -7,7 +7,7 @@ demonstrations; then one nbgrader round trip grades two students.
 """
 from __future__ import annotations
 
-from submissions import CHECK_REBOUND, fairness_tests, round_trip_test
+from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
 
 LAB = "04_hybrid"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from lab_server import JUPYTER, REPO_ROOT, TEST_LAB_ARGS, TOKEN, http_get, make_jupyter_command, serve
+from helpers import REPO
+from helpers.lab_server import JUPYTER, TEST_LAB_ARGS, TOKEN, http_get, make_jupyter_command, serve
 
 LAB_INDEX = "labs/index.ipynb"
 # make target -> the notebook its server lands on
@@ -44,9 +45,9 @@ def lab_server(tmp_path_factory):
 def test_make_runs_this_venvs_jupyter_on_the_course_with_its_notebook(target):
     argv = make_lab_command([], target)
     assert argv[0] == str(JUPYTER)
-    assert f"--ServerApp.root_dir={REPO_ROOT}" in argv
+    assert f"--ServerApp.root_dir={REPO}" in argv
     assert any(LANDING[target] in arg for arg in argv[2:]), f"`make {target}` does not mention {LANDING[target]}: {argv}"
-    assert (REPO_ROOT / LANDING[target]).is_file()
+    assert (REPO / LANDING[target]).is_file()
 
 
 def test_index_notebook_is_served_and_lists_the_labs(lab_server):
@@ -59,7 +60,7 @@ def test_index_notebook_is_served_and_lists_the_labs(lab_server):
         for cell in model["content"]["cells"]
     )
     lab_dirs = sorted(
-        path.name for path in (REPO_ROOT / "labs").iterdir()
+        path.name for path in (REPO / "labs").iterdir()
         if path.is_dir() and not path.name.startswith(".") and any(path.glob("*.ipynb"))
     )
     assert lab_dirs, "labs/ has no lab folders with notebooks"
@@ -95,4 +96,4 @@ def test_server_runs_from_this_repository(server):
     assert status == 200
     assert json.loads(body)["type"] == "directory"
     info = [json.loads(f.read_text()) for f in server.runtime_dir.glob("jpserver-*.json")]
-    assert [Path(i["root_dir"]) for i in info] == [REPO_ROOT]
+    assert [Path(i["root_dir"]) for i in info] == [REPO]

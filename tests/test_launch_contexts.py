@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 def test_in_a_jupyter_kernel_results_tracebacks_output_and_interrupt(tmp_path):
-    driver = Path(__file__).with_name("kernel_session.py")
+    driver = Path(__file__).parent / "helpers" / "kernel_session.py"
     done = subprocess.run([sys.executable, str(driver), str(tmp_path)], env=ENV,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

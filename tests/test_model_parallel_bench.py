@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import course
-from submissions import REPO
+from helpers import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 import model_parallel  # noqa: E402

@@ -10,7 +10,7 @@ from nbformat.v4 import new_code_cell
 from grader import tampering, verdict
 from grader.tampering import flags
 
-from submissions import released, solved
+from helpers.submissions import released, solved
 
 LAB = "02_data_parallel"   # it imports torch.distributed as dist and has read-only helper cells
 GRADED_LABS = ["01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid"]

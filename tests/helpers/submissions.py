@@ -23,7 +23,8 @@ import pytest
 from grader.execute import execute
 from grader.labs import graded_cells
 
-REPO = Path(__file__).resolve().parents[1]
+from . import REPO
+
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
 

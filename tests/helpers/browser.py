@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_server import TOKEN, LabServer
+from .lab_server import TOKEN, LabServer
 
 CHROMIUM_VARIABLE = "COURSE_CHROMIUM"  # a browser other than Debian's, by path
 # As the machine's own probe starts it: no sandbox (root), no GPU, and no background

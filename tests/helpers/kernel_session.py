@@ -3,7 +3,7 @@ prints what happened as JSON. tests/test_launch_contexts.py runs it as its own
 process: an interrupted, threaded nbclient session leaves event-loop and zmq
 state behind that stalls later kernels in the same process.
 
-    python tests/kernel_session.py PID_DIR
+    python tests/helpers/kernel_session.py PID_DIR
 """
 import json
 import sys

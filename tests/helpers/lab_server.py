@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from . import REPO
+
 # Not resolved: a venv's bin/python is a symlink to the base interpreter.
 VENV_DIR = Path(sys.executable).parent.parent
 JUPYTER = Path(sys.executable).parent / "jupyter"
@@ -51,7 +52,7 @@ def make_jupyter_command(target: str, lab_args: list[str]) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
     result = subprocess.run(
         ["make", "--no-print-directory", "-n", target, f"VENV={VENV_DIR}", f"LAB_ARGS={shlex.join(lab_args)}"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, f"make -n {target} failed:\n{result.stderr}"
     # Install steps may come first when the venv's stamp is stale; only the jupyter line matters.
@@ -147,7 +148,7 @@ def write_settings(settings_dir: Path, settings: Mapping[str, Mapping]) -> None:
 
 
 @contextmanager
-def serve(argv: list[str], home: Path, *, cwd: Path = REPO_ROOT, settings: Mapping[str, Mapping] = {},
+def serve(argv: list[str], home: Path, *, cwd: Path = REPO, settings: Mapping[str, Mapping] = {},
           env: Mapping[str, str | None] = {}) -> Iterator[LabServer]:
     """Run `argv` (a jupyter lab command) with every per-user folder under `home`, until the block ends.
     env: variables to set, or to unset where None."""

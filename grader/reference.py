@@ -7,7 +7,9 @@ executes each solution notebook, in a scratch copy of its folder, with
 its value instead of comparing. A lab that records nothing has no file.
 
 ``--check`` records into a scratch folder and compares with the stored files,
-within the course's tolerances: exit status 1 when they drift apart.
+within the course's tolerances: exit status 1 when they drift apart. Both first
+check the cells each solution tags for `grader.solution.load` (a `reused` cell
+must only define), before executing anything.
 
 The stored files are recorded with seed 0 (course.grading.STORED_SEED). A
 grading run records its own, the judge's values for that run, with
@@ -30,6 +32,7 @@ from course import check, grading
 from . import COURSE_ROOT, GraderError
 from .execute import execute
 from .labs import display_path, find_labs, ignore_patterns, select
+from .solution import marking_problems
 
 REFERENCE_DIR = "grader/reference"
 
@@ -113,6 +116,12 @@ def _main(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
     stored = root / REFERENCE_DIR
     labs = select(find_labs(root), args.labs)
+    marking = [problem for lab in labs for problem in
+               marking_problems(nbformat.read(lab.notebook, as_version=4), display_path(lab.notebook, root))]
+    if marking:
+        print("cells tagged for grader.solution.load that it cannot load as they are:", file=sys.stderr)
+        print("  " + "\n  ".join(marking), file=sys.stderr)
+        return 1
     if args.check:
         if args.dest:
             raise GraderError("--check takes no --dest")

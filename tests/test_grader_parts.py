@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -194,8 +195,14 @@ def test_stored_references_agree_with_the_solutions():
 
 # --- grader.solution: the solution notebook's definitions, for benchmarks ----------
 
-def test_solution_loader_runs_setup_and_definitions_only():
-    from grader.solution import code_cells, defines_only
+def _cell(source, *tags):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def test_solution_loader_runs_the_cells_tagged_for_it_only():
+    from grader.solution import code_cells, defines_only, marking_problems
     assert defines_only("import torch\n\ndef f():\n    return 1\n\nclass A:\n    pass\n")
     assert not defines_only("def f():\n    pass\nf()\n")        # a call: a demonstration
     assert not defines_only("x = 1\n")
@@ -203,11 +210,62 @@ def test_solution_loader_runs_setup_and_definitions_only():
     assert not defines_only("def broken(:\n")
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# a lab"),
-        nbformat.v4.new_code_cell("SIZE = 3\nprint('setup')"),
-        nbformat.v4.new_code_cell("def answer():\n    return SIZE"),
-        nbformat.v4.new_code_cell("assert answer() == 3"),
+        _cell("SIZE = 3\nprint('setup')", "setup"),
+        _cell("def answer():\n    return SIZE", "reused"),
+        _cell("def helper_of_a_test():\n    return 0"),           # defines, but is not marked
+        _cell("assert answer() == 3"),
     ])
     assert code_cells(nb) == ["SIZE = 3\nprint('setup')", "def answer():\n    return SIZE"]
+    assert marking_problems(nb) == []
+
+
+def test_a_reused_cell_that_does_more_than_define_is_named_with_its_statement():
+    from grader.solution import marking_problems
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# a lab"),
+        _cell("import torch", "setup"),
+        _cell("def answer():\n    return 1\n\nanswer()", "reused"),
+        _cell("SIZE = 4", "setup"),
+        nbformat.v4.new_markdown_cell("prose"),
+    ])
+    nb.cells[4].metadata["tags"] = ["reused"]
+    assert marking_problems(nb, "lab.ipynb") == [
+        "lab.ipynb, cell 2 is tagged 'reused' but does more than define: line 4: answer(). "
+        "Move that into a cell of its own, or remove the tag",
+        "lab.ipynb, cell 3 is tagged 'setup' but is not the first code cell: the setup runs first, "
+        "in the notebook as in `load`",
+        "lab.ipynb, cell 4 is markdown, not code, but is tagged 'reused'",
+        "lab.ipynb has 2 cells tagged 'setup' (lab.ipynb, cell 1, lab.ipynb, cell 3): tag one",
+    ]
+    nb.cells[1].metadata["tags"] = []
+    nb.cells[3].metadata["tags"] = []
+    assert marking_problems(nb, "lab.ipynb")[-1] == (
+        "lab.ipynb has cells tagged 'reused' but none tagged 'setup': tag its first code cell (imports and sizes)")
+
+
+def test_reference_check_fails_on_a_reused_cell_that_is_not_definitions_only(tmp_path):
+    """Before executing anything: a solution whose tagged cell also runs code."""
+    from grader.solution import REUSED_TAG
+    shutil.copytree(COURSE_ROOT / "solutions" / "01_single_gpu", tmp_path / "solutions" / "01_single_gpu")
+    shutil.copy(COURSE_ROOT / "nbgrader_config.py", tmp_path)
+    path = tmp_path / "solutions" / "01_single_gpu" / "01_single_gpu.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    reused = next(c for c in nb.cells if REUSED_TAG in c.metadata.get("tags", ()))
+    reused.source += "\nprint('a demonstration')"
+    nbformat.write(nb, path)
+    proc = subprocess.run([sys.executable, "-m", "grader", "reference", "--check", "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "is tagged 'reused' but does more than define" in proc.stderr
+    assert "print('a demonstration')" in proc.stderr
+
+
+def test_every_solution_tags_its_setup_and_reused_cells():
+    from grader.solution import code_cells, marking_problems
+    for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid"):
+        nb = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+        assert marking_problems(nb, lab) == []
+        assert len(code_cells(nb)) > 1, f"{lab}: load would give nothing to reuse"
 
 
 def test_solution_loader_gives_lab_2_answers_that_run_on_ranks():

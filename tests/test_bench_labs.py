@@ -11,10 +11,9 @@ import nbformat
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import labs  # noqa: E402
-from _peak_memory import descendants  # noqa: E402
+import labs  # bench/labs.py (the conftest puts bench/ on sys.path)
+from _peak_memory import descendants
+from helpers import REPO
 
 PER_RANK_BYTES = 1_500_000_000
 # Each of 2 ranks fills PER_RANK_BYTES of its own (ones, not empty: pages must be touched to

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -15,10 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import report  # noqa: E402
-from _rounds import spread, spread_text  # noqa: E402
+import report  # bench/report.py (the conftest puts bench/ on sys.path)
+from _rounds import spread, spread_text
+from helpers import REPO
 
 # A benchmark that keeps bench/_results.py's contract: its figures are the median and range of
 # the measurements it is given.

@@ -8,29 +8,18 @@ hand-built curve shows; the plots draw what they are given.
 """
 import itertools
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+import torch
+from torch import nn
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from course import data, models, plots, throughput  # noqa: E402
+from course import data, models, plots, throughput
 
 
 @pytest.fixture(scope="module")
 def digits():
     return data.digits()
-
-
-@pytest.fixture
-def ax():
-    fig, ax = plt.subplots()
-    yield ax
-    plt.close(fig)
 
 
 # --------------------------------------------------------------------------

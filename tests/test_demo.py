@@ -20,8 +20,8 @@ import pytest
 
 from course.grid_model import TABLE_1
 from grader.execute import execute
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "solutions" / "demo.ipynb"
 # "Every demo cell finishes in seconds on a laptop": 1-7 s each on the 2-core machine. A budget
 # that catches a cell grown to minutes, not a benchmark.

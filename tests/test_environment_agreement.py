@@ -9,14 +9,14 @@ import re
 import shlex
 import subprocess
 import tomllib
-from pathlib import Path
 
 import pytest
 from packaging.specifiers import SpecifierSet
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PYPROJECT = REPO_ROOT / "pyproject.toml"
-ENVIRONMENT_YML = REPO_ROOT / "environment.yml"
+from helpers import REPO
+
+PYPROJECT = REPO / "pyproject.toml"
+ENVIRONMENT_YML = REPO / "environment.yml"
 MAKEFILE_TORCH_PIN = "torch==2.13.0"
 
 # conda-forge name -> PyPI name, where they differ.
@@ -149,7 +149,7 @@ def _make_dry_run(target: str, **variables: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
     result = subprocess.run(
         ["make", "--no-print-directory", "-n", target, *(f"{k}={v}" for k, v in variables.items())],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, f"make -n {target} failed:\n{result.stderr}"
     # A recipe line continued with a backslash is one shell command.

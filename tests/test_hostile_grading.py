@@ -13,7 +13,6 @@ they were alone.
 from __future__ import annotations
 
 import html
-import os
 import socket
 import sqlite3
 import subprocess
@@ -24,11 +23,10 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from grader.jail import unavailable as sandbox_unavailable
 from grader.jail_uids import BASE_UID, UID_COUNT, processes_of
 from grader.labs import graded_cells, read_notebook
 
-from helpers import REPO
+from helpers import REPO, needs_sandbox
 from helpers.submissions import grade_class, grade_id, solved
 from test_lab1_grading import MISTAKES
 
@@ -40,8 +38,7 @@ MEMORY_GB = 2
 MAX_PROCESSES = 128
 MOMENTUM_DAMPENED = MISTAKES["momentum dampened"][0]
 
-pytestmark = pytest.mark.skipif(sandbox_unavailable() is not None and not os.environ.get("CI"),
-                                reason=f"no sandbox here: {sandbox_unavailable()}")
+pytestmark = needs_sandbox()
 
 
 EITHER = "graded (at most full marks), or not graded"

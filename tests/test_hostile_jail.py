@@ -16,17 +16,15 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from grader import sandbox
-from grader.jail import unavailable as sandbox_unavailable
 
-from helpers import REPO
+from helpers import REPO, needs_sandbox
 from helpers.submissions import grade_class, solved
 
 LAB = "01_single_gpu"
 MEMORY_GB = 2
 CELL_TIMEOUT_S = 60
 
-pytestmark = pytest.mark.skipif(sandbox_unavailable() is not None and not os.environ.get("CI"),
-                                reason=f"no sandbox here: {sandbox_unavailable()}")
+pytestmark = needs_sandbox()
 
 
 def _with_cells(*sources):

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import html
 import json
-import os
 
 import pytest
 
 from course import grading
-from grader.jail import unavailable as sandbox_unavailable
 from grader.labs import graded_cells, read_notebook
 
-from helpers import REPO
+from helpers import REPO, needs_sandbox
 from helpers.submissions import grade_class, solved
 from test_hostile_grading import _with_cells
 
@@ -28,8 +26,7 @@ MOMENTUM = POINTS["test_momentum_sgd"]
 # A stub that moves no weight: every kernel-side test of it fails, unless the asserts go.
 STUB = ("self.params[i].add_(self.velocity[i], alpha=-self.lr)", "pass")
 
-pytestmark = pytest.mark.skipif(sandbox_unavailable() is not None and not os.environ.get("CI"),
-                                reason=f"no sandbox here: {sandbox_unavailable()}")
+pytestmark = needs_sandbox()
 
 STRIP_ASSERTS = '''
 import ast

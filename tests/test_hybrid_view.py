@@ -7,15 +7,11 @@ the settings they were measured at; no controls under nbgrader.
 """
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pytest
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-
-from course import grid_model, hybrid_view, timemodel, widgets  # noqa: E402
-from course.grid_model import Grid  # noqa: E402
+from course import grid_model, hybrid_view, timemodel, widgets
+from course.grid_model import Grid
 
 PAPER = {"model": hybrid_view.KRIZHEVSKY_2012, "batch": grid_model.PAPER_BATCH, "scheme": "paper",
          "processor": timemodel.TITAN.name}

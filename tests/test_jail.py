@@ -18,11 +18,10 @@ import pytest
 
 from grader import cgroups, sandbox, seccomp
 from grader.jail import Jail
-from grader.jail import unavailable as sandbox_unavailable
 from grader.jail_uids import processes_of
+from helpers import needs_sandbox
 
-pytestmark = pytest.mark.skipif(sandbox_unavailable() is not None and not os.environ.get("CI"),
-                                reason=f"no sandbox here: {sandbox_unavailable()}")
+pytestmark = needs_sandbox()
 
 LIMITS = sandbox.Limits(memory_bytes=1 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
 

@@ -17,8 +17,7 @@ import torch.distributed as dist
 
 import course
 from course import placement
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 
 
 # --- functions the ranks run (module level: importable, like a notebook's) --------

@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
+
 ENV = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 def test_in_a_jupyter_kernel_results_tracebacks_output_and_interrupt(tmp_path):

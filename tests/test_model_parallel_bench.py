@@ -2,15 +2,10 @@
 tensor parallelism train side by side, and write the same bytes to their sockets."""
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 import course
-from helpers import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-import model_parallel  # noqa: E402
+import model_parallel  # bench/model_parallel.py (the conftest puts bench/ on sys.path)
 
 
 @pytest.mark.timeout(300)

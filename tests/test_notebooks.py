@@ -22,8 +22,8 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 from course.placement import RANKS_VARIABLE
 from grader.execute import INLINE_BACKEND, execute
 from grader.labs import ignore_patterns
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
 
 CELL_TIMEOUT_S = 300

@@ -19,12 +19,12 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from grader import COURSE_ROOT, GraderError
+from grader import GraderError
 from grader.compare import compare_releases
 from grader.labs import DEMO_NOTEBOOK, find_labs, ignore_patterns
 from grader.release import release
+from helpers import REPO
 
-REPO = COURSE_ROOT
 SOLUTIONS = REPO / "solutions"
 LABS = REPO / "labs"
 

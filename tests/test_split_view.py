@@ -6,15 +6,11 @@ beside the settings they were measured at; an uneven split is said in words.
 """
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pytest
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-
-from course import sizes, split_view, timemodel, widgets  # noqa: E402
-from course.sizes import Dense  # noqa: E402
+from course import sizes, split_view, timemodel, widgets
+from course.sizes import Dense
 
 
 def _heights(ax):

@@ -2,21 +2,16 @@
 and on one real launch."""
 from __future__ import annotations
 
-import matplotlib
+import pytest
+import torch
+import torch.distributed as dist
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-import course  # noqa: E402
-from course import grid_model, table_1, timeline  # noqa: E402
-from course.comm import CommLog, CommRecord  # noqa: E402
-from course.grid_model import TABLE_1, Grid  # noqa: E402
-from course.launch import RankResults  # noqa: E402
-from course.timeline import Span  # noqa: E402
+import course
+from course import grid_model, table_1, timeline
+from course.comm import CommLog, CommRecord
+from course.grid_model import TABLE_1, Grid
+from course.launch import RankResults
+from course.timeline import Span
 
 LAYERS = grid_model.convnet_layers()
 BATCH = 256
@@ -103,18 +98,16 @@ def test_a_missing_grid_is_named():
         table_1.table(runs, LAYERS, BATCH, "float64")
 
 
-def test_styled_and_plotted():
+def test_styled_and_plotted(ax):
     table = table_1.table(fabricated_runs(), LAYERS, BATCH, "float64")
     html = table_1.styled(table).to_html()
     assert "2.00×" in html and "25%" in html and "40.0" in html     # 1 GPU at 40 ms; the 2 x 1 grid at 20 ms
-    fig, ax = plt.subplots()
     table_1.plot(ax, table, title="Table 1 here")
     assert len(ax.patches) == len(table_1.BARS) * len(TABLE_1)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(table_1.BARS)
     assert ax.get_title() == "Table 1 here"
     heights = [p.get_height() for p in ax.patches]
     assert heights[-len(TABLE_1):] == pytest.approx(list(table["speed-up here"]))
-    plt.close(fig)
 
 
 def steps_with_an_all_reduce(steps):

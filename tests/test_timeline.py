@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import time
 
-import matplotlib
+import torch
+import torch.distributed as dist
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-import course  # noqa: E402
-from course import timeline  # noqa: E402
+import course
+from course import timeline
 
 
 def compute_then_overlap():
@@ -54,13 +49,11 @@ def test_no_spans_no_timeline_and_spans_outside_a_rank_do_nothing():
     assert ran
 
 
-def test_plot_draws_compute_and_communication_per_rank():
+def test_plot_draws_compute_and_communication_per_rank(ax):
     results = course.launch(compute_then_overlap, 2)
-    fig, ax = plt.subplots()
     timeline.plot(ax, results)
     assert len(ax.collections) == 4  # a compute row and a communication row per rank
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
-    plt.close(fig)
 
 
 def test_an_interval_without_holes_keeps_the_parts_outside_them():
@@ -78,12 +71,10 @@ def blocking_inside_a_span():
         total = total * 2
 
 
-def test_plot_can_leave_blocking_collectives_out_of_compute_bars():
+def test_plot_can_leave_blocking_collectives_out_of_compute_bars(ax):
     results = course.launch(blocking_inside_a_span, 2)
-    fig, ax = plt.subplots()
     timeline.plot(ax, results, waits_in_spans=True)
     compute_rank_0 = ax.collections[0].get_paths()
     assert len(compute_rank_0) == 2, "the span is drawn as the two pieces around the all-reduce"
     timeline.plot(ax, results)
     assert len(ax.collections[4].get_paths()) == 1, "by default a span is one bar"
-    plt.close(fig)

@@ -6,15 +6,11 @@ nbgrader, and measured bytes only beside the settings they were measured at.
 """
 from __future__ import annotations
 
-import matplotlib
+import ipywidgets
+import matplotlib.pyplot as plt
+import pytest
 
-matplotlib.use("Agg")
-
-import ipywidgets  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-
-from course import sizes, timemodel, transfer_view, widgets  # noqa: E402
+from course import sizes, timemodel, transfer_view, widgets
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""What the tests share besides fixtures (those are in tests/conftest.py):
+"""What the tests share besides fixtures (those are in tests/conftest.py): REPO, the
+checkout's root; needs_sandbox(), the skip mark of tests that start the grader's jail;
+and one module per helper:
 
 - submissions: student notebooks built from the release and the solutions, graded
   as nbgrader grades them (`solved`, `failing_tests`, `grade_class`, the fairness tests).
@@ -9,6 +11,17 @@
 
 Imported as `from helpers.submissions import solved`: pytest puts tests/ on sys.path.
 """
+import os
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
+
+
+def needs_sandbox():
+    """Skipped where this machine cannot make a jail; never in CI, which must."""
+    from grader.jail import unavailable  # a probe that starts a jail: only for the tests that need one
+
+    return pytest.mark.skipif(unavailable() is not None and not os.environ.get("CI"),
+                              reason=f"no sandbox here: {unavailable()}")

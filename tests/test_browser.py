@@ -41,7 +41,7 @@ DEADLOCK_TIMEOUT_S = 5
 # kernel share the same 2 cores.
 RUN_LIMIT_S = 300
 
-pytestmark = pytest.mark.timeout(RUN_LIMIT_S + 120)
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(RUN_LIMIT_S + 120)]
 
 
 def _scratch_notebook() -> nbformat.NotebookNode:

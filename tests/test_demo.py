@@ -22,6 +22,8 @@ from course.grid_model import TABLE_1
 from grader.execute import execute
 from helpers import REPO
 
+pytestmark = pytest.mark.notebook
+
 DEMO = REPO / "solutions" / "demo.ipynb"
 # "Every demo cell finishes in seconds on a laptop": 1-7 s each on the 2-core machine. A budget
 # that catches a cell grown to minutes, not a benchmark.

@@ -195,6 +195,7 @@ def graded(tmp_path_factory):
     return {"grades": grades, "pages": pages, "work": work, "log": log}
 
 
+@pytest.mark.grading
 @pytest.mark.timeout(1500)
 def test_the_honest_student_keeps_full_marks(graded):
     full = sum(graded_cells(nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)).values())
@@ -202,6 +203,7 @@ def test_the_honest_student_keeps_full_marks(graded):
     assert (row[f"{LAB} graded"], float(row[f"{LAB} score"])) == ("yes", full), (row, graded["log"])
 
 
+@pytest.mark.grading
 @pytest.mark.timeout(1500)
 def test_the_hostile_page_holds_no_script_no_handler_and_no_hidden_test(graded):
     row = graded["grades"]["hostile"]
@@ -215,6 +217,7 @@ def test_the_hostile_page_holds_no_script_no_handler_and_no_hidden_test(graded):
     assert HIDDEN_LINE_NOTE in body, "print(In) showed no hidden test: the run did not test the scrubbing"
 
 
+@pytest.mark.grading
 @pytest.mark.timeout(1500)
 def test_the_tampering_is_flagged_in_the_verdict_and_on_the_page(graded):
     flag = "line 1 rebinds course.check.assert_close: flagged for the instructor"
@@ -223,6 +226,8 @@ def test_the_tampering_is_flagged_in_the_verdict_and_on_the_page(graded):
     assert "flagged" not in graded["grades"]["honest"][f"{LAB} verdict"]
 
 
+@pytest.mark.grading
+@pytest.mark.browser
 @pytest.mark.timeout(300)
 def test_opening_the_hostile_page_in_a_browser_runs_nothing_of_the_students(graded):
     from helpers.browser import chromium

@@ -118,6 +118,7 @@ def test_feedback_worker_reports_a_failed_render_and_keeps_serving(tmp_path):
     assert "FileNotFoundError" in (tmp_path / "worker.log").read_text()
 
 
+@pytest.mark.slow  # waits out the worker's 10 s limit
 def test_feedback_worker_stops_a_render_that_hangs(tmp_path):
     fifo = tmp_path / "never-written.ipynb"
     os.mkfifo(fifo)  # reading it blocks forever: a render that never ends
@@ -186,6 +187,7 @@ def test_compare_reports_drift(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.notebook  # records every lab's reference values by executing its solution notebook
 def test_stored_references_agree_with_the_solutions():
     proc = subprocess.run([sys.executable, "-m", "grader", "reference", "--check"], cwd=COURSE_ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280)

@@ -18,6 +18,8 @@ from nbformat.v4 import new_markdown_cell
 from helpers import REPO
 from helpers.submissions import solved, write
 
+pytestmark = pytest.mark.grading
+
 LAB = "01_single_gpu"
 
 

@@ -27,6 +27,8 @@ from helpers import REPO
 from helpers.submissions import hidden_lines, released, solved, write
 from test_lab1_grading import MISTAKES
 
+pytestmark = pytest.mark.grading
+
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
 FULL = sum(POINTS.values())

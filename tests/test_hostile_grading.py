@@ -38,7 +38,7 @@ MEMORY_GB = 2
 MAX_PROCESSES = 128
 MOMENTUM_DAMPENED = MISTAKES["momentum dampened"][0]
 
-pytestmark = needs_sandbox()
+pytestmark = [pytest.mark.grading, needs_sandbox()]
 
 
 EITHER = "graded (at most full marks), or not graded"

@@ -24,7 +24,7 @@ LAB = "01_single_gpu"
 MEMORY_GB = 2
 CELL_TIMEOUT_S = 60
 
-pytestmark = needs_sandbox()
+pytestmark = [pytest.mark.grading, needs_sandbox()]
 
 
 def _with_cells(*sources):

@@ -26,7 +26,7 @@ MOMENTUM = POINTS["test_momentum_sgd"]
 # A stub that moves no weight: every kernel-side test of it fails, unless the asserts go.
 STUB = ("self.params[i].add_(self.velocity[i], alpha=-self.lr)", "pass")
 
-pytestmark = needs_sandbox()
+pytestmark = [pytest.mark.grading, needs_sandbox()]
 
 STRIP_ASSERTS = '''
 import ast

@@ -21,7 +21,7 @@ from grader.jail import Jail
 from grader.jail_uids import processes_of
 from helpers import needs_sandbox
 
-pytestmark = needs_sandbox()
+pytestmark = [pytest.mark.grading, needs_sandbox()]
 
 LIMITS = sandbox.Limits(memory_bytes=1 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
 

@@ -19,6 +19,8 @@ from course import grading
 from grader.judge import (MAX_CHECKS_PER_KEY, MAX_REQUEST_BYTES, UNPRIVILEGED_UID, Judge, announce,
                           findings)
 
+pytestmark = pytest.mark.grading
+
 LAB = "99_lab"
 REQUIRED = {"test_w": ["w", "n"], "test_n": ["n"], "test_seed": ["s"]}
 SECRET = 0.123456789  # a reference value the kernel must never see

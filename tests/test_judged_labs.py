@@ -21,6 +21,8 @@ from grader.labs import graded_cells
 from helpers import REPO
 from helpers.submissions import grade_round_trip, solved
 
+pytestmark = pytest.mark.grading
+
 LAB = "03_model_parallel"
 POINTS = graded_cells(nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4))
 

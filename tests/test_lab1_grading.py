@@ -7,7 +7,11 @@ own promises, is tests/test_grading_round_trip.py.
 """
 from __future__ import annotations
 
+import pytest
+
 from helpers.submissions import fairness_tests
+
+pytestmark = pytest.mark.grading
 
 LAB = "01_single_gpu"
 

@@ -9,7 +9,11 @@ through `python -m grader grade`.
 """
 from __future__ import annotations
 
+import pytest
+
 from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
+
+pytestmark = pytest.mark.grading
 
 LAB = "02_data_parallel"
 

@@ -7,7 +7,11 @@ minus the demonstrations; then one nbgrader round trip grades two students.
 """
 from __future__ import annotations
 
+import pytest
+
 from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
+
+pytestmark = pytest.mark.grading
 
 LAB = "03_model_parallel"
 

@@ -282,6 +282,7 @@ def fifty_runs() -> dict:
             "failures": [failures[k] for k in (ValueError, course.RankExited, course.RankTimeout)]}
 
 
+@pytest.mark.slow
 def test_fifty_runs_leak_no_process_fd_port_or_file(tmp_path):
     # In a process of its own whose temporary folder is private and empty, so
     # that every file the launcher, the forkserver or a rank leaves is seen.

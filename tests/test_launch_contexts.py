@@ -62,6 +62,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.torchrun
 def test_under_torchrun_each_process_runs_its_own_rank(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
@@ -91,6 +92,7 @@ def test_under_torchrun_each_process_runs_its_own_rank(tmp_path):
     assert len({line["pid"] for line in lines}) == 2  # in-process: the ranks are torchrun's
 
 
+@pytest.mark.torchrun
 def test_under_torchrun_a_mismatched_world_size_is_refused(tmp_path):
     script = tmp_path / "wrong.py"
     script.write_text("import course\ncourse.launch(print, 4)\n")

@@ -24,6 +24,8 @@ from grader.execute import INLINE_BACKEND, execute
 from grader.labs import ignore_patterns
 from helpers import REPO
 
+pytestmark = pytest.mark.notebook
+
 SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
 
 CELL_TIMEOUT_S = 300

@@ -25,6 +25,8 @@ from grader.labs import DEMO_NOTEBOOK, find_labs, ignore_patterns
 from grader.release import release
 from helpers import REPO
 
+pytestmark = pytest.mark.grading
+
 SOLUTIONS = REPO / "solutions"
 LABS = REPO / "labs"
 

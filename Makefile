@@ -22,7 +22,7 @@ DEMO := solutions/demo.ipynb
 # bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools browser-tools test test-fast lab demo release reference grade bench clean
+.PHONY: install sandbox-tools browser-tools test test-fast lint lab demo release reference grade bench clean
 
 install: $(INSTALL_STAMP)
 
@@ -49,6 +49,10 @@ test: $(INSTALL_STAMP) browser-tools
 # pyproject.toml's markers name (browser, torchrun, notebook, grading, gpu, slow).
 test-fast: $(INSTALL_STAMP)
 	$(VENV)/bin/python -m pytest -m 'not (browser or torchrun or notebook or grading or gpu or slow)' $(PYTEST_ARGS)
+
+# ruff, as configured in pyproject.toml; CI (.ci/run) runs it before the tests.
+lint: $(INSTALL_STAMP)
+	$(VENV)/bin/ruff check .
 
 # JupyterLab on the course, landing on the notebook $(1). default_url (not a file
 # argument) so that the printed URL, the browser and a visit to / all land on it,

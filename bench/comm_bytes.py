@@ -11,8 +11,9 @@ counts do not vary from run to run: one run.
 import argparse
 from pathlib import Path
 
-import course
 from _results import emit, headline_row
+
+import course
 from course import comm
 
 RANKS = (2, 4)
@@ -35,7 +36,8 @@ def markdown(by_ranks: list[dict], rows: int, cols: int) -> str:
         for r in run["records"]:
             measured, extra = ("n/a", "") if r["measured"] is None else (f"{r['measured']:,}",
                                                                          f"{r['measured'] - r['predicted']:,.0f}")
-            lines.append(f"| {r['op']} | {r['rank']} | {r['predicted']:,.0f} | {measured} | {extra} | {r['algorithm']} |")
+            lines.append(f"| {r['op']} | {r['rank']} | {r['predicted']:,.0f} | {measured} | {extra} "
+                         f"| {r['algorithm']} |")
     return "\n".join(lines)
 
 

@@ -20,17 +20,16 @@ median and range. Prints markdown tables; --json writes them with the figures
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-import course
 from _results import count, emit, headline_row
 from _rounds import compare, ratio_text, unrecorded
+
+import course
 from grader.solution import load
 
 LAB = load("02_data_parallel")
@@ -81,7 +80,7 @@ def time_training(bucket_bytes, rounds, steps, batch_size):
         contenders[name] = (model, net, wait, torch.optim.SGD(model.parameters(), lr=0.01))
     times = {name: [] for name in contenders}
     for round_ in range(rounds + 1):  # round 0 warms up
-        for name, (model, net, wait, optimizer) in contenders.items():
+        for name, (_model, net, wait, optimizer) in contenders.items():
             if round_:
                 times[name].append([])
             for _ in range(steps):

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-import course
 from _results import count, emit, headline_row
 from _rounds import spread, spread_text
+
+import course
 from course.timemodel import LOCAL_GLOO
 
 
@@ -56,7 +56,8 @@ def main():
     beta_gbs = spread(b / 1e9 for _, b in runs)
     measured = f"alpha {spread_text(alpha_ms, '{:.3f}', ' ms')}, beta {spread_text(beta_gbs, '{:.2f}', ' GB/s')}"
     markdown = (f"all_reduce on {args.ranks} gloo ranks, {args.small:,} B and {args.large:,} B (each a median of "
-                f"repeated calls, slowest rank), solved for the alpha-beta model; {args.runs} runs, median (min-max).\n\n"
+                f"repeated calls, slowest rank), solved for the alpha-beta model; {args.runs} runs, "
+                f"median (min-max).\n\n"
                 f"- measured: {measured}\n- the course's preset {LOCAL_GLOO.name!r}: alpha "
                 f"{LOCAL_GLOO.alpha * 1e3:.3f} ms, beta {LOCAL_GLOO.beta / 1e9:.2f} GB/s")
     emit(args.json, title="Local gloo as the time model sees it", markdown=markdown,

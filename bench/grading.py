@@ -28,13 +28,13 @@ import time
 from pathlib import Path
 
 import nbformat
-
 from _results import count, emit, headline_row
 from _rounds import spread, spread_text
+
 from course import grading
 from grader import COURSE_ROOT, grade
-from grader.workspace import gradable_labs
 from grader.execute import execute
+from grader.workspace import gradable_labs
 
 PROMISE = 1.5
 

@@ -24,12 +24,12 @@ import tempfile
 from pathlib import Path
 
 import nbformat
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-
 from _machine import describe
 from _peak_memory import PeakMemory
 from _results import count, emit, headline_row
 from _rounds import spread, spread_text
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
 from course.placement import RANKS_VARIABLE
 from grader.execute import execute
 

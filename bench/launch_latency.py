@@ -15,9 +15,10 @@ import os
 import time
 from pathlib import Path
 
-import course
 from _results import count, emit, headline_row
 from _rounds import spread, spread_text
+
+import course
 
 RANKS = (2, 4)
 

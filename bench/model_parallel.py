@@ -18,19 +18,18 @@ one backward. Reported per rank count:
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from _results import count, emit, headline_row
+from _rounds import compare, ratio_text, unrecorded
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import course
-from _results import count, emit, headline_row
-from _rounds import compare, ratio_text, unrecorded
 from grader.solution import load
 
 LAB = load("03_model_parallel")

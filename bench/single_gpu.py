@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-import course
 from _machine import describe, text
 from _results import emit, headline_row
+
+import course
 from course import data, models, throughput
 from grader.solution import load
 
@@ -68,7 +68,9 @@ def phase_medians(device, shape, x, y, batch_size, steps, warmup=3) -> dict[str,
 
 
 def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"the CPU ({torch.get_num_threads()} threads)"
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"the CPU ({torch.get_num_threads()} threads)"
 
 
 def run(steps: int) -> dict:

@@ -256,7 +256,8 @@ class Run:
     # --- leaving nothing behind ---------------------------------------------------
     def _kill(self) -> None:
         for rank in self.ranks:
-            for kill in (lambda: os.killpg(rank.process.pid, signal.SIGKILL), rank.process.kill):
+            # each lambda is called in its own iteration, with that iteration's rank
+            for kill in (lambda: os.killpg(rank.process.pid, signal.SIGKILL), rank.process.kill):  # noqa: B023
                 try:
                     kill()
                 except (ProcessLookupError, PermissionError, OSError, AttributeError):

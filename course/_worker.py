@@ -79,7 +79,8 @@ def _run(spec: RankSpec):
     placement.rank_device = device
     store = dist.TCPStore("127.0.0.1", spec.store_port, None, False,
                           timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group(placement.process_group_backend(spec.backend), store=dist.PrefixStore(spec.store_prefix, store),
+    dist.init_process_group(placement.process_group_backend(spec.backend),
+                            store=dist.PrefixStore(spec.store_prefix, store),
                             rank=spec.rank, world_size=spec.world_size,
                             timeout=datetime.timedelta(seconds=spec.collective_timeout))
     fn, args, kwargs = cloudpickle.loads(spec.payload)

@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
 
-
 RECORDED = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
             "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
             "reduce_scatter_single", "all_to_all", "all_to_all_single", "gather", "scatter",
@@ -75,7 +74,7 @@ class CommLog(list):
         columns = list(CommRecord.__dataclass_fields__)
         return pd.DataFrame([asdict(r) for r in self], columns=columns)
 
-    def rank(self, rank: int) -> "CommLog":
+    def rank(self, rank: int) -> CommLog:
         return CommLog(r for r in self if r.rank == rank)
 
     def _repr_html_(self):
@@ -90,6 +89,7 @@ def every_collective(rows: int = 1000, cols: int = 500) -> None:
     send and a recv between ranks 0 and 1): the workload of bench/comm_bytes.py
     and of the tests that check the records against the formulas."""
     import warnings
+
     import torch
     warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 renamed the *_tensor forms
     rank, n = dist.get_rank(), dist.get_world_size()

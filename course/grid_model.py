@@ -108,7 +108,8 @@ def _check_settings(layers, grid: Grid, batch: int, scheme: str, dense: list) ->
     if batch < 1 or batch % grid.ranks:
         raise ValueError(f"the batch of {batch} must split evenly over the {grid.ranks} ranks of a {grid} grid")
     if scheme == "paper":   # every layer split by its outputs
-        split = [layer for layer in layers if (layer.out_channels if isinstance(layer, Conv) else layer.outputs) % grid.model]
+        split = [layer for layer in layers
+                 if (layer.out_channels if isinstance(layer, Conv) else layer.outputs) % grid.model]
     else:                   # the dense layers, column then row
         split = [layer for i, layer in enumerate(dense) if (layer.outputs if i % 2 == 0 else layer.inputs) % grid.model]
     if split:

@@ -25,10 +25,10 @@ _FORMULA_OF = {"all_gather_single": "all_gather_into_tensor",
                "isend": "send", "irecv": "recv"}
 
 
-_ACTIVE: "Recorder | None" = None  # the recorder of the function running now, if any
+_ACTIVE: Recorder | None = None  # the recorder of the function running now, if any
 
 
-def active() -> "Recorder | None":
+def active() -> Recorder | None:
     """The recorder of this process's running rank function (None outside one)."""
     return _ACTIVE
 

@@ -131,7 +131,8 @@ def describe(*, inputs: int, outputs: int, batch: int, gpus: int, dtype: str, li
     schemes = "; ".join(f"{scheme} {now[scheme] / 1e6:.3g} MB ({times[scheme] * 1e3:.3g} ms)" for scheme in SCHEMES)
     crossings = " and ".join(f"{sizes.split_weight_crossover(layer, gpus, d):,.0f} (by {d})" for d in sizes.DIRECTIONS)
     return (f"**{inputs}×{outputs} weight, batch {batch}, {gpus} GPUs, over {link}:** {schemes} per rank per step. "
-            f"Cheapest: **{cheapest}**; compute {compute * 1e3:.3g} ms per rank on {processor}. A split sends less than data parallelism below a batch of {crossings}.")
+            f"Cheapest: **{cheapest}**; compute {compute * 1e3:.3g} ms per rank on {processor}. "
+            f"A split sends less than data parallelism below a batch of {crossings}.")
 
 
 def show(measured: Mapping[str, float] | None = None, **start):

@@ -76,7 +76,7 @@ def lesson(frame: pd.DataFrame, device: str) -> str:
         lines.append(f"At {SMALL_BATCH}, throughput is {share[at_small.index[0]]:.0%} of the best.")
     # Batches off the tile grid: compared with the straight line between the
     # multiples of TILE on either side of them.
-    for i, row in frame[frame.batch_size % TILE != 0].iterrows():
+    for _, row in frame[frame.batch_size % TILE != 0].iterrows():
         pair = _neighbours(frame, row.batch_size)
         if pair is None:
             continue

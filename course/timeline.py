@@ -42,7 +42,7 @@ class Timeline(list):
         import pandas as pd
         return pd.DataFrame([asdict(s) for s in self], columns=list(Span.__dataclass_fields__))
 
-    def rank(self, rank: int) -> "Timeline":
+    def rank(self, rank: int) -> Timeline:
         return Timeline(s for s in self if s.rank == rank)
 
 

@@ -17,7 +17,8 @@ COMMANDS = ("release", "reference", "grade", "run")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m grader", description="Course tooling: build the student release, grade submissions, run a lab's training."
+        prog="python -m grader",
+        description="Course tooling: build the student release, grade submissions, run a lab's training.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:

@@ -238,7 +238,7 @@ def create(memory: int, processes: int, cpus: float) -> Cgroup:
 def _remove_partial(name: str) -> None:
     """A half-made jail cgroup (one controller's folder made, the next refused) goes again."""
     own = _own_paths()
-    for point, kind, opts in _mounts():
+    for point, _kind, opts in _mounts():
         controllers = [c for c in opts if c in own] or [""]
         for controller in controllers:
             folder = Path(point) / own.get(controller, "/").lstrip("/") / PARENT / name

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_core.utils import run_sync
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 
 KERNEL_NAME = "python3"

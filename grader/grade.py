@@ -36,10 +36,11 @@ from .workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
 
 DEFAULT_WORK = COURSE_ROOT / "grader" / "work"
 FEEDBACK_TIMEOUT_S = 600
+DEFAULT_LIMITS = sandbox.Limits()  # frozen: one instance serves every call
 
 
 def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFAULT_WORK,
-          root: Path = COURSE_ROOT, csv_path: Path | None = None, limits: sandbox.Limits = sandbox.Limits(),
+          root: Path = COURSE_ROOT, csv_path: Path | None = None, limits: sandbox.Limits = DEFAULT_LIMITS,
           cell_timeout: float | None = None, jobs: int = 1, unsafe: bool = False, regrade: bool = False,
           say=print) -> Path:
     """Collect, autograde, give feedback and export; returns the CSV's path."""
@@ -73,7 +74,8 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         if regrade or not entry or entry.get("fingerprint") != fingerprint(submission, infos[submission.lab]):
             todo.append(submission)
     if len(todo) < len(found):
-        say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept (--regrade grades them again)")
+        say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept "
+            "(--regrade grades them again)")
     judged = record_judged_values(ws, root, sorted({s.lab for s in todo}), infos, say)
     jobs = min(jobs, len(todo))  # no idle slots, and no renderer when nothing is to be graded
     logs = ws.root / "logs"
@@ -141,7 +143,7 @@ def record_judged_values(ws: Workspace, root: Path, labs: list[str], infos: dict
 
 
 def add_subcommand(subparsers) -> None:
-    defaults = sandbox.Limits()
+    defaults = DEFAULT_LIMITS
     p = subparsers.add_parser(
         "grade", help="collect, autograde, give feedback and export grades for a class's submissions",
         description="Grade SUBMISSIONS (a folder, or a zip, of <student>/<lab>.ipynb or "

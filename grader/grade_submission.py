@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from contextlib import nullcontext
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +26,12 @@ import nbformat
 
 from course import grading
 
-from . import collect, gradebook, sandbox, verdict
-from . import tampering
+from . import collect, gradebook, sandbox, tampering, verdict
 from .autograde_worker import AutogradeWorker
 from .execute import INLINE_BACKEND
 from .feedback_worker import FeedbackWorker
-from .judge import UNPRIVILEGED_UID, Judge
 from .jail import Jail
+from .judge import UNPRIVILEGED_UID, Judge
 from .judged_execute import CELL_FILE_ENV
 from .labs import course_config
 from .sandboxed import SPEC_ENV

@@ -11,9 +11,8 @@ import shutil
 import warnings
 from pathlib import Path
 
-from sqlalchemy.exc import SAWarning
-
 from nbgrader.api import Gradebook
+from sqlalchemy.exc import SAWarning
 
 from . import nbgrader_cli
 

@@ -77,7 +77,8 @@ def compare(stored: Path, fresh: Path, labs: list[str] | None = None) -> list[st
 
     problems = []
     stored_files, fresh_files = files(stored), files(fresh)
-    problems += [f"{name}: stored, but the solutions no longer record it" for name in sorted(stored_files - fresh_files)]
+    problems += [f"{name}: stored, but the solutions no longer record it"
+                 for name in sorted(stored_files - fresh_files)]
     problems += [f"{name}: recorded by the solutions, but not stored" for name in sorted(fresh_files - stored_files)]
     for name in sorted(stored_files & fresh_files):
         old, new = grading.read(Path(stored) / name), grading.read(Path(fresh) / name)

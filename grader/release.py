@@ -31,8 +31,18 @@ import nbformat
 
 from . import COURSE_ROOT, GraderError, nbgrader_cli
 from .compare import compare_releases
-from .labs import (INDEX_NAME, KERNELSPEC, LAB_NAME_RE, RELEASE_DIR, SOURCE_DIR, Lab, display_path,
-                   find_labs, ignore_patterns, select)
+from .labs import (
+    INDEX_NAME,
+    KERNELSPEC,
+    LAB_NAME_RE,
+    RELEASE_DIR,
+    SOURCE_DIR,
+    Lab,
+    display_path,
+    find_labs,
+    ignore_patterns,
+    select,
+)
 
 INDEX_TITLE = "Multi-GPU Training Labs"
 INDEX_BLURB = "Hands-on Jupyter labs on training neural networks on several GPUs with PyTorch."

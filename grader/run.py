@@ -21,8 +21,8 @@ import functools
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist

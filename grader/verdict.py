@@ -10,8 +10,8 @@ import html
 import re
 from pathlib import Path
 
-from .labs import source_text
 from .jail import JailUsage
+from .labs import source_text
 from .sandbox import JAIL_COURSE, JAIL_HOME, WRITABLE_INSIDE, Limits
 from .sandboxed import OUTPUT_NOTE
 

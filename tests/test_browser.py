@@ -202,7 +202,8 @@ def test_a_lab_goes_from_instructor_to_student_and_back_through_the_extensions(s
     released.get_by_role("button", name="OK").click()
 
     notebook.menu("Nbgrader", "Assignment List")
-    page.locator("#released_assignments_list .list_item").filter(has_text=lab).get_by_role("button", name="Fetch").click()
+    (page.locator("#released_assignments_list .list_item").filter(has_text=lab)
+     .get_by_role("button", name="Fetch").click())
     fetched = page.locator("#fetched_assignments_list .list_item").filter(has_text=lab).first
     fetched.wait_for(timeout=60_000)
     student_copy = nbformat.read(course_copy / lab / f"{lab}.ipynb", as_version=4)

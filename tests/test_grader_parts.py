@@ -69,7 +69,8 @@ def test_find_reports_a_second_copy_and_a_missing_folder(tmp_path):
     (b"\xff\xfe\x00binary", "not UTF-8 text"),
     (b'{"cells": [', "not valid JSON"),
     (b'{"hello": 1}', "not a Jupyter notebook"),
-    (b'{"cells": [{"cell_type": "nonsense"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}', "not a valid Jupyter notebook"),
+    (b'{"cells": [{"cell_type": "nonsense"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}',
+     "not a valid Jupyter notebook"),
 ])
 def test_unreadable_says_why(tmp_path, content, words):
     path = tmp_path / "x.ipynb"
@@ -345,8 +346,10 @@ def test_placing_a_submission_puts_the_labs_grading_metadata_back(tmp_path):
         [released.cells[0].metadata["nbgrader"], released.cells[1].metadata["nbgrader"], None, None]
     assert notes == ["cell answer's grading metadata was changed; the lab's was put back",
                      "cell test_answer's grading metadata was changed; the lab's was put back",
-                     "cell 3 claimed grading metadata (grade_id 'bogus') that is no cell of the lab; it ran as an ordinary cell",
-                     "cell 4 claimed grading metadata (no grade_id) that is no cell of the lab; it ran as an ordinary cell"]
+                     "cell 3 claimed grading metadata (grade_id 'bogus') that is no cell of the lab; "
+                     "it ran as an ordinary cell",
+                     "cell 4 claimed grading metadata (no grade_id) that is no cell of the lab; "
+                     "it ran as an ordinary cell"]
 
 
 def test_unpack_refuses_paths_out_of_the_folder(tmp_path):

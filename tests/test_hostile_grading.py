@@ -106,7 +106,8 @@ def _class(port: int, work) -> dict:
         "skip_tag": (_retagged(solved(LAB, MOMENTUM_DAMPENED), "test_momentum_sgd",
                                tag="skip-execution"), FULL - momentum,
                      ["skip-execution tag on test cell test_momentum_sgd was ignored"]),
-        "metadata_stripped": (_stripped(solved(LAB)), None, ["not graded: the notebook's grading metadata was removed"]),
+        "metadata_stripped": (_stripped(solved(LAB)), None,
+                              ["not graded: the notebook's grading metadata was removed"]),
         "malformed": ('{"cells": [', None, ["not graded: the file is not valid JSON"]),
         "reads_secrets": (_with_cells(
             f"print(open({str(REPO / 'solutions' / LAB / f'{LAB}.ipynb')!r}).read()[:300])",

@@ -119,7 +119,8 @@ def test_checks_of_a_key_are_bounded(judge):
 
 @pytest.mark.parametrize("data", [
     b"not json\n", b"[1, 2]\n", b'{"op": "check"}\n', b'{"lab": "99_lab", "op": "check", "key": "n"}\n',
-    b'{"lab": "99_lab", "op": "check", "key": "n", "value": {"tensor": {"dtype": "os.system", "shape": [], "data": []}}}\n',
+    b'{"lab": "99_lab", "op": "check", "key": "n", "value": '
+    b'{"tensor": {"dtype": "os.system", "shape": [], "data": []}}}\n',
     b'{"lab": "other", "op": "seed"}\n', b"\xff\xfe\n", b"", b"[" * 100_000 + b"]" * 100_000 + b"\n",
     b'{"lab": "99_lab", "op": "check", "key": "n", "value": ' + b'{"list": [' * 50_000 + b"]}" * 50_000 + b"}\n"])
 def test_malformed_requests_are_answered_and_the_judge_goes_on(judge, data):

@@ -99,7 +99,7 @@ def train_step(model, batches, loss_fn, optimizer, device, timer):
     optimizer.apply_updates()
     timer.lap("weight update")
     return loss.detach(), timer.stop()
-''',
+''',  # noqa: E501
 }
 
 # The classic mistakes, each in one exercise, and the test cell that must catch it.
@@ -123,8 +123,10 @@ MISTAKES = {
         "test_momentum_sgd"),
     "weights move in compute_updates": (
         {"momentum_sgd": [("            self.pending.append(i)\n",
-                           "            self.pending.append(i)\n            p.add_(self.velocity[i], alpha=-self.lr)\n"),
-                          ("            self.params[i].add_(self.velocity[i], alpha=-self.lr)\n", "            pass\n")]},
+                           "            self.pending.append(i)\n"
+                           "            p.add_(self.velocity[i], alpha=-self.lr)\n"),
+                          ("            self.params[i].add_(self.velocity[i], alpha=-self.lr)\n",
+                           "            pass\n")]},
         "test_momentum_sgd"),
     "no zero_grad: gradients add up from step to step": (
         {"train_step": [("    optimizer.zero_grad()\n", "")]},

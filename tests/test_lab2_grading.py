@@ -185,7 +185,8 @@ MISTAKES = {
         "test_bucketed_gradients"),
     "buckets of at most bucket_bytes, not at least": (
         {"bucketed_gradients": [("            bucket.append(p)\n            size += p.numel() * p.element_size()\n"
-                                 "            if size >= bucket_bytes:                  # full: the next gradient starts a new bucket\n"
+                                 "            if size >= bucket_bytes:                  "
+                                 "# full: the next gradient starts a new bucket\n"
                                  "                self.buckets.append(bucket)\n                bucket, size = [], 0\n",
                                  "            if bucket and size + p.numel() * p.element_size() > bucket_bytes:\n"
                                  "                self.buckets.append(bucket)\n                bucket, size = [], 0\n"
@@ -193,9 +194,12 @@ MISTAKES = {
         "test_bucketed_gradients"),
     "every bucket's all-reduce started by the last hook of backward": (
         {"bucketed_gradients": [("        if self.missing[i] == 0:\n"
-                                 "            self.in_flight.append((i, dist.all_reduce(self.buffers[i], async_op=True)))\n",
-                                 "        if sum(self.missing) == 0:     # every bucket at once, when backward is done\n"
-                                 "            self.in_flight = [(j, dist.all_reduce(buffer, async_op=True)) for j, buffer in enumerate(self.buffers)]\n")]},
+                                 "            self.in_flight.append((i, dist.all_reduce(self.buffers[i], "
+                                 "async_op=True)))\n",
+                                 "        if sum(self.missing) == 0:     "
+                                 "# every bucket at once, when backward is done\n"
+                                 "            self.in_flight = [(j, dist.all_reduce(buffer, async_op=True))"
+                                 " for j, buffer in enumerate(self.buffers)]\n")]},
         "test_bucketed_gradients"),
     "every gradient's all-reduce started by the last hook of backward": (
         {"gradient_hooks": [("        self.in_flight = []      # (parameter, work) started in this backward pass\n",
@@ -204,7 +208,8 @@ MISTAKES = {
                             ("        self.in_flight.append((param, dist.all_reduce(param.grad, async_op=True)))\n",
                              "        self.ready.append(param)\n"
                              "        if len(self.ready) == self.count:      # all at once, when backward is done\n"
-                             "            self.in_flight = [(p, dist.all_reduce(p.grad, async_op=True)) for p in self.ready]\n"
+                             "            self.in_flight = [(p, dist.all_reduce(p.grad, async_op=True))"
+                             " for p in self.ready]\n"
                              "            self.ready = []\n")]},
         "test_gradient_hooks"),
     "a ring that sends every chunk straight to its owner": (
@@ -215,11 +220,13 @@ MISTAKES = {
                                ("def average_gradients(model):", CHECK_REBOUND + "def average_gradients(model):")]},
         "test_average_gradients"),
     "buffers not broadcast": (
-        {"broadcast_parameters": [("for tensor in [*model.parameters(), *model.buffers()]:", "for tensor in model.parameters():")]},
+        {"broadcast_parameters": [("for tensor in [*model.parameters(), *model.buffers()]:",
+                                   "for tensor in model.parameters():")]},
         "test_broadcast_parameters"),
     "the root adds only rank 1's tensor": (
         {"naive_all_reduce": [("        for other in range(1, world_size):\n            dist.recv(incoming, src=other)",
-                               "        for other in range(1, world_size):\n            dist.recv(incoming, src=other)\n"
+                               "        for other in range(1, world_size):\n"
+                               "            dist.recv(incoming, src=other)\n"
                                "            if other > 1:\n                continue")]},
         "test_naive_all_reduce"),
 }

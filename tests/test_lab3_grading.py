@@ -161,7 +161,8 @@ MISTAKES = {
         "test_column_parallel_linear"),
     "the gather's backward all-reduces, where it needs no message": (
         {"column_parallel_linear": [("        return grad[..., ctx.columns]\n",
-                                     "        total = grad.clone()\n        dist.all_reduce(total)      # the same on every rank: the mean is grad\n"
+                                     "        total = grad.clone()\n"
+                                     "        dist.all_reduce(total)      # the same on every rank: the mean is grad\n"
                                      "        return total[..., ctx.columns] / dist.get_world_size()\n")]},
         "test_column_parallel_linear"),
     "the sum's backward all-reduces again, and divides by N": (
@@ -179,7 +180,8 @@ MISTAKES = {
         "test_column_parallel_linear"),
     "the row split's shards in reverse order": (
         {"row_parallel_linear": [("columns = slice(rank * per_rank, (rank + 1) * per_rank)",
-                                  "columns = slice((world_size - 1 - rank) * per_rank, (world_size - rank) * per_rank)")]},
+                                  "columns = slice((world_size - 1 - rank) * per_rank, "
+                                  "(world_size - rank) * per_rank)")]},
         "test_row_parallel_linear"),
     "a bias added on every rank of the row split": (
         {"row_parallel_linear": [("SumOverRanks.apply(F.linear(x, self.weight))",

@@ -116,7 +116,8 @@ MISTAKES = {
         {"grid": [("return divmod(rank, grid.model)", "return divmod(rank, grid.model)[::-1]")]},
         "test_grid"),
     "the hand-over keeps its partial error, unsummed": (
-        {"hand_over": [("        dist.all_reduce(grad, group=ctx.group)       # every rank's partial error of every image, summed\n", "")]},
+        {"hand_over": [("        dist.all_reduce(grad, group=ctx.group)       "
+                        "# every rank's partial error of every image, summed\n", "")]},
         "test_hand_over"),
     "the hand-over keeps the rows of its global rank, not of its place in the group": (
         {"hand_over": [("ctx.group, ctx.size, ctx.index = group, dist.get_world_size(group), dist.get_rank(group)",
@@ -131,7 +132,8 @@ MISTAKES = {
         "test_hybrid_convnet"),
     "the output bias added on every rank of the group": (
         {"hybrid_convnet": [("SumOverGroup.apply(F.linear(hidden, self.output.weight), self.group) + self.output.bias",
-                             "SumOverGroup.apply(F.linear(hidden, self.output.weight, self.output.bias), self.group)")]},
+                             "SumOverGroup.apply(F.linear(hidden, self.output.weight, self.output.bias), "
+                             "self.group)")]},
         "test_hybrid_convnet"),
     "dense shards averaged over every rank, behind a check rebound to a no-op": (
         {"average_gradients": [("dist.all_reduce(p.grad, group=data_group)", "dist.all_reduce(p.grad)"),
@@ -142,7 +144,8 @@ MISTAKES = {
         "test_average_gradients"),
     "convolution gradients averaged over the data-parallel group only": (
         {"average_gradients": [("        dist.all_reduce(p.grad)\n        p.grad /= grid.data\n    for p in dense",
-                                "        dist.all_reduce(p.grad, group=data_group)\n        p.grad /= grid.data\n    for p in dense")]},
+                                "        dist.all_reduce(p.grad, group=data_group)\n"
+                                "        p.grad /= grid.data\n    for p in dense")]},
         "test_average_gradients"),
     "convolution gradients divided by every rank (a mean where a sum belongs)": (
         {"average_gradients": [("        dist.all_reduce(p.grad)\n        p.grad /= grid.data\n",
@@ -156,5 +159,5 @@ MISTAKES = {
 
 
 # The nbgrader round trip: the full notebooks, as an instructor grades them.
-test_grading_round_trip = round_trip_test(LAB, DIFFERENT, MISTAKES,
-                                         "the hand-over keeps the rows of its global rank, not of its place in the group")
+test_grading_round_trip = round_trip_test(
+    LAB, DIFFERENT, MISTAKES, "the hand-over keeps the rows of its global rank, not of its place in the group")

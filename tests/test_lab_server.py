@@ -46,7 +46,8 @@ def test_make_runs_this_venvs_jupyter_on_the_course_with_its_notebook(target):
     argv = make_lab_command([], target)
     assert argv[0] == str(JUPYTER)
     assert f"--ServerApp.root_dir={REPO}" in argv
-    assert any(LANDING[target] in arg for arg in argv[2:]), f"`make {target}` does not mention {LANDING[target]}: {argv}"
+    assert any(LANDING[target] in arg for arg in argv[2:]), \
+        f"`make {target}` does not mention {LANDING[target]}: {argv}"
     assert (REPO / LANDING[target]).is_file()
 
 

@@ -44,9 +44,11 @@ def test_seconds_are_the_time_model_of_each_schemes_collectives():
     assert seconds["data parallel"] == pytest.approx(timemodel.ring_all_reduce_seconds(4 * 500_500, 2, link))
     # column: the 128×500 output gathered, the 128×1000 error all-reduced
     assert seconds["split by column"] == pytest.approx(
-        timemodel.ring_all_gather_seconds(4 * 64_000, 2, link) + timemodel.ring_all_reduce_seconds(4 * 128_000, 2, link))
+        timemodel.ring_all_gather_seconds(4 * 64_000, 2, link)
+        + timemodel.ring_all_reduce_seconds(4 * 128_000, 2, link))
     assert seconds["split by row"] == pytest.approx(
-        timemodel.ring_all_reduce_seconds(4 * 64_000, 2, link) + timemodel.ring_all_gather_seconds(4 * 128_000, 2, link))
+        timemodel.ring_all_reduce_seconds(4 * 64_000, 2, link)
+        + timemodel.ring_all_gather_seconds(4 * 128_000, 2, link))
 
 
 def test_curves_cross_where_the_crossover_says():

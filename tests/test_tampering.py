@@ -18,9 +18,11 @@ GRADED_LABS = ["01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hyb
 # (the student's cell, the line flagged, words of its verdict line)
 ATTACKS = {
     "rebinds a check": ("course.check.assert_close = lambda *a, **k: None", 1, "rebinds course.check.assert_close"),
-    "rebinds the lab's name": ("x = 1\ncheck = lambda *a, **k: None", 2, "rebinds check, which the lab's own cells define"),
+    "rebinds the lab's name": ("x = 1\ncheck = lambda *a, **k: None", 2,
+                               "rebinds check, which the lab's own cells define"),
     "rebinds torch": ("torch.allclose = lambda *a, **k: True", 1, "rebinds torch.allclose"),
-    "setattr on grading": ("setattr(course.grading, 'under_grader', lambda: False)", 1, "calls setattr on course.grading"),
+    "setattr on grading": ("setattr(course.grading, 'under_grader', lambda: False)", 1,
+                           "calls setattr on course.grading"),
     "builtins import": ("import builtins\nbuiltins.__import__ = None", 2, "rebinds builtins.__import__"),
     "ast transformer": ("get_ipython().ast_transformers.append(object())", 1, "installs an IPython AST transformer"),
     "input transformer": ("ip = get_ipython()\nip.input_transformers_post.append(str)", 2,

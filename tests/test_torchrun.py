@@ -173,7 +173,8 @@ def test_without_torchrun_ranks_starts_the_ranks_here(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["05_unknown"], "invalid choice: '05_unknown' (choose from '02_data_parallel', '03_model_parallel', '04_hybrid')"),
-    (["02_data_parallel", "--steps", "0", "--ranks", "2"], "argument --steps: must be a positive whole number, got '0'"),
+    (["02_data_parallel", "--steps", "0", "--ranks", "2"],
+     "argument --steps: must be a positive whole number, got '0'"),
     (["02_data_parallel", "--lr", "-1", "--ranks", "2"], "argument --lr: must be a positive number, got '-1'"),
     (["02_data_parallel", "--grid", "1x2", "--ranks", "2"], "unrecognized arguments: --grid 1x2"),
     (["04_hybrid", "--grid", "2by2", "--ranks", "4"], "'2by2' is not a grid: write DATAxMODEL"),
@@ -182,8 +183,10 @@ def test_without_torchrun_ranks_starts_the_ranks_here(tmp_path, capsys):
     (["02_data_parallel", "--ranks", "3"], "a batch of 64 samples does not split evenly over 3 ranks"),
     (["03_model_parallel", "--ranks", "3"], "512 hidden features do not split evenly over 3 ranks"),
     (["03_model_parallel", "--ranks", "2", "--batch-size", "5000"], "more than the 1438 training samples"),
-    (["04_hybrid", "--ranks", "2", "--grid", "2x2"], "a 2x2 grid needs 4 ranks, but 2 run: use a --grid of 2 ranks, such as 1x2"),
-    (["04_hybrid", "--ranks", "3", "--grid", "1x3", "--batch-size", "255"], "128 outputs do not split over 3 model-parallel ranks"),
+    (["04_hybrid", "--ranks", "2", "--grid", "2x2"],
+     "a 2x2 grid needs 4 ranks, but 2 run: use a --grid of 2 ranks, such as 1x2"),
+    (["04_hybrid", "--ranks", "3", "--grid", "1x3", "--batch-size", "255"],
+     "128 outputs do not split over 3 model-parallel ranks"),
 ])
 def test_what_cannot_run_is_refused_with_what_to_do(argv, message, capsys, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -229,7 +232,8 @@ def test_the_script_is_a_grader_command_and_starts_without_nbgrader():
     """`python -m grader -h` lists `run`; `python -m grader run` imports neither nbgrader
     nor the grading code (it starts on every rank under torchrun)."""
     listed = subprocess.run([sys.executable, "-m", "grader", "-h"], capture_output=True, text=True, timeout=60)
-    assert listed.returncode == 0 and re.search(r"^ +run +a lab's reference training", listed.stdout, re.M), listed.stdout
+    assert listed.returncode == 0 and re.search(r"^ +run +a lab's reference training", listed.stdout, re.M), \
+        listed.stdout
     probe = ("import sys, runpy; sys.argv = ['grader', 'run', '--help']\n"
              "try: runpy.run_module('grader', run_name='__main__')\n"
              "except SystemExit: pass\n"

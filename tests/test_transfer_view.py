@@ -118,7 +118,8 @@ def test_the_numbers_under_the_figure_follow_the_controls(shown):
     widgets.interactive_figure(lambda n: plt.figure(), {"n": slider}, describe=lambda n: f"**n** is {n}")
     slider.value = 5
     assert [(kind, type(obj).__name__) for kind, obj in shown] == [
-        ("display", "Figure"), ("display", "Markdown"), ("display", "VBox"), ("update", "Figure"), ("update", "Markdown")]
+        ("display", "Figure"), ("display", "Markdown"), ("display", "VBox"),
+        ("update", "Figure"), ("update", "Markdown")]
     assert [obj.data for _, obj in shown if isinstance(obj, widgets.Markdown)] == ["**n** is 2", "**n** is 5"]
     plt.close("all")
 

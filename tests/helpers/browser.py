@@ -174,7 +174,8 @@ def move_first_slider(notebook: Notebook, index: int, timeout_s: float = 60) -> 
     handle, readout = slider.locator(".noUi-handle"), slider.locator(".widget-readout")
 
     def state() -> dict:
-        return {"value": readout.inner_text(), "figure": cell.locator(".jp-RenderedImage img").first.get_attribute("src"),
+        return {"value": readout.inner_text(),
+                "figure": cell.locator(".jp-RenderedImage img").first.get_attribute("src"),
                 "numbers": cell.locator(".jp-RenderedMarkdown").first.inner_text()}
 
     before = state()
@@ -182,7 +183,8 @@ def move_first_slider(notebook: Notebook, index: int, timeout_s: float = 60) -> 
     notebook.page.keyboard.press("ArrowRight")
     deadline = time.monotonic() + timeout_s
     after = state()
-    while time.monotonic() < deadline and (after["figure"] == before["figure"] or after["numbers"] == before["numbers"]):
+    while time.monotonic() < deadline and (after["figure"] == before["figure"]
+                                           or after["numbers"] == before["numbers"]):
         notebook.page.wait_for_timeout(200)
         after = state()
     return {"label": slider.locator(".widget-label").inner_text(), "before": before, "after": after}

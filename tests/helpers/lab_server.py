@@ -101,7 +101,8 @@ def _wait_until_serving(process: subprocess.Popen, runtime_dir: Path, log_path: 
     port = None
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            pytest.fail(f"jupyter lab exited with {process.returncode}:\n{log_path.read_text(errors='replace')[-4000:]}")
+            pytest.fail(f"jupyter lab exited with {process.returncode}:\n"
+                        f"{log_path.read_text(errors='replace')[-4000:]}")
         if port is None:
             # Written once the server listens; it names the port chosen for --port=0.
             for info_file in runtime_dir.glob("jpserver-*.json"):
@@ -116,7 +117,8 @@ def _wait_until_serving(process: subprocess.Popen, runtime_dir: Path, log_path: 
             except OSError:
                 pass
         time.sleep(0.5)
-    pytest.fail(f"jupyter lab did not answer within {STARTUP_LIMIT_S} s:\n{log_path.read_text(errors='replace')[-4000:]}")
+    pytest.fail(f"jupyter lab did not answer within {STARTUP_LIMIT_S} s:\n"
+                f"{log_path.read_text(errors='replace')[-4000:]}")
 
 
 def _stop(process: subprocess.Popen) -> None:

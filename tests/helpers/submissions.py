@@ -177,7 +177,8 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict):
         failed = failing_tests(graded_only(solved(lab, edits), lab), tmp_path)
         assert set(failed) == {exercise}, failed
 
-    return test_every_exercise_is_graded, test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise
+    return (test_every_exercise_is_graded, test_correct_answers_get_every_point,
+            test_each_mistake_costs_exactly_its_exercise)
 
 
 def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, *chosen: str):

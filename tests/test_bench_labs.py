@@ -10,9 +10,9 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from _peak_memory import descendants
 
 import labs  # bench/labs.py (the conftest puts bench/ on sys.path)
-from _peak_memory import descendants
 from helpers import REPO
 
 PER_RANK_BYTES = 1_500_000_000

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 import report  # bench/report.py (the conftest puts bench/ on sys.path)
 from _rounds import spread, spread_text
+
 from helpers import REPO
 
 # A benchmark that keeps bench/_results.py's contract: its figures are the median and range of

@@ -17,7 +17,6 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_output
 from grader.feedback import CSP, html_page
 from grader.feedback_safety import HIDDEN_LINE_NOTE, hidden_lines
 from grader.labs import graded_cells
-
 from helpers import REPO
 from helpers.submissions import grade_class, released, solved, write
 

@@ -19,12 +19,12 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from course import grading
 from grader import COURSE_ROOT, GraderError, collect, export, reference, verdict
-from grader.judge import required_checks
-from grader.labs import graded_cells
-from grader.sandbox import Limits
 from grader.feedback import HIDDEN_NOTE, HideHiddenTests
 from grader.feedback_worker import FeedbackWorker
 from grader.grade_submission import inspect_autograded
+from grader.judge import required_checks
+from grader.labs import graded_cells
+from grader.sandbox import Limits
 from grader.workspace import gradable_labs
 
 LABS = ["01_single_gpu", "02_data_parallel"]

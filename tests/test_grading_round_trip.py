@@ -19,13 +19,12 @@ import sys
 
 import pytest
 from nbgrader.api import Gradebook
+from test_lab1_grading import MISTAKES
 
 from grader import COURSE_ROOT
 from grader.labs import course_config, graded_cells, read_notebook
-
 from helpers import REPO
 from helpers.submissions import hidden_lines, released, solved, write
-from test_lab1_grading import MISTAKES
 
 pytestmark = pytest.mark.grading
 

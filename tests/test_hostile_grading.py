@@ -22,13 +22,12 @@ import zipfile
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
+from test_lab1_grading import MISTAKES
 
 from grader.jail_uids import BASE_UID, UID_COUNT, processes_of
 from grader.labs import graded_cells, read_notebook
-
 from helpers import REPO, needs_sandbox
 from helpers.submissions import grade_class, grade_id, solved
-from test_lab1_grading import MISTAKES
 
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
@@ -193,6 +192,7 @@ def test_the_gradebook_holds_every_grade_intact(hostile):
     assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     db.close()
     from nbgrader.api import Gradebook
+
     from grader.labs import course_config
     course_id = course_config(REPO).CourseDirectory.course_id
     with Gradebook(f"sqlite:///{hostile['work'] / 'gradebook.db'}", course_id=course_id) as gb:

@@ -16,7 +16,6 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from grader import sandbox
-
 from helpers import REPO, needs_sandbox
 from helpers.submissions import grade_class, solved
 

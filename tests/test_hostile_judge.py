@@ -11,13 +11,12 @@ import html
 import json
 
 import pytest
+from test_hostile_grading import _with_cells
 
 from course import grading
 from grader.labs import graded_cells, read_notebook
-
 from helpers import REPO, needs_sandbox
 from helpers.submissions import grade_class, solved
-from test_hostile_grading import _with_cells
 
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))

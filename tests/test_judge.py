@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from course import grading
-from grader.judge import (MAX_CHECKS_PER_KEY, MAX_REQUEST_BYTES, UNPRIVILEGED_UID, Judge, announce,
-                          findings)
+from grader.judge import MAX_CHECKS_PER_KEY, MAX_REQUEST_BYTES, UNPRIVILEGED_UID, Judge, announce, findings
 
 pytestmark = pytest.mark.grading
 

@@ -17,7 +17,6 @@ from nbformat.v4 import new_code_cell
 
 from grader.jail import unavailable as sandbox_unavailable
 from grader.labs import graded_cells
-
 from helpers import REPO
 from helpers.submissions import grade_round_trip, solved
 

@@ -19,7 +19,6 @@ import course
 from course import placement
 from helpers import REPO
 
-
 # --- functions the ranks run (module level: importable, like a notebook's) --------
 
 def rank_and_sum(offset, scale=1):

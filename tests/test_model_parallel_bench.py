@@ -2,10 +2,10 @@
 tensor parallelism train side by side, and write the same bytes to their sockets."""
 from __future__ import annotations
 
+import model_parallel  # bench/model_parallel.py (the conftest puts bench/ on sys.path)
 import pytest
 
 import course
-import model_parallel  # bench/model_parallel.py (the conftest puts bench/ on sys.path)
 
 
 @pytest.mark.timeout(300)

@@ -9,7 +9,6 @@ from nbformat.v4 import new_code_cell
 
 from grader import tampering, verdict
 from grader.tampering import flags
-
 from helpers.submissions import released, solved
 
 LAB = "02_data_parallel"   # it imports torch.distributed as dist and has read-only helper cells

@@ -14,13 +14,13 @@ import uuid
 
 import pytest
 import torch
+from test_launch_contexts import ENV, _free_port, _no_stray_processes  # noqa: F401 (autouse fixture)
 
 import course
 from course import _processes, check
 from course.grid_model import Grid
 from grader.run import main
 from grader.solution import load
-from test_launch_contexts import ENV, _free_port, _no_stray_processes  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.torchrun
 

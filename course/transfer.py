@@ -52,6 +52,13 @@ def check_nbytes(nbytes, name: str = "nbytes") -> None:
         raise ValueError(message)
 
 
+def check_rank(rank, ranks: int, name: str = "rel_rank") -> None:
+    """Refuse a rank's index outside 0..ranks-1 (after `check_ranks(ranks)`)."""
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= rank < ranks:
+        raise ValueError(f"{name} {rank!r} must lie in 0..{ranks - 1}: a rank counted from the root, "
+                         f"among {ranks} ranks")
+
+
 def check_transfer(nbytes, ranks, nbytes_name: str = "nbytes", ranks_name: str = "ranks") -> None:
     """`check_nbytes` and `check_ranks` at once: the ranks first."""
     check_ranks(ranks, ranks_name)
@@ -93,8 +100,7 @@ def naive_all_reduce_sends(nbytes: int, ranks: int, rel_rank: int) -> int:
     copies (N the number of ranks), everyone else one: the root is the
     bottleneck. `rel_rank` counts from the root (root = 0)."""
     check_transfer(nbytes, ranks)
-    if not 0 <= rel_rank < ranks:
-        raise ValueError(f"rank {rel_rank} must lie in 0..{ranks - 1}")
+    check_rank(rel_rank, ranks)
     if ranks == 1:
         return 0
     return (ranks - 1) * nbytes if rel_rank == 0 else nbytes
@@ -105,6 +111,7 @@ def chain_sends(nbytes: int, ranks: int, rel_rank: int) -> int:
     but the last passes the whole tensor on. `rel_rank` counts from the root
     (root = 0)."""
     check_transfer(nbytes, ranks)
+    check_rank(rel_rank, ranks)
     return nbytes if rel_rank != ranks - 1 else 0
 
 
@@ -114,6 +121,7 @@ def binomial_tree_sends(nbytes: int, ranks: int, rel_rank: int) -> int:
     root sends ceil(log2 N) copies (N the number of ranks), half the ranks
     send none."""
     check_transfer(nbytes, ranks)
+    check_rank(rel_rank, ranks)
     copies, step = 0, 1
     while step < ranks:
         if rel_rank < step and rel_rank + step < ranks:

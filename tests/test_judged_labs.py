@@ -15,9 +15,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from grader.jail import unavailable as sandbox_unavailable
 from grader.labs import graded_cells
-from helpers import REPO
+from helpers import REPO, needs_sandbox
 from helpers.submissions import grade_round_trip, solved
 
 pytestmark = pytest.mark.grading
@@ -43,7 +42,7 @@ def elements_sent(direction, batch, inputs, outputs, world_size):
 '''
 
 
-@pytest.mark.skipif(sandbox_unavailable() is not None, reason=f"no sandbox here: {sandbox_unavailable()}")
+@needs_sandbox()  # skipped where no jail can be made, but never in CI
 @pytest.mark.timeout(900)
 def test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise(tmp_path):
     nb = solved(LAB, answers={"elements_sent": STUB})

@@ -65,6 +65,17 @@ def test_bad_arguments_say_what_is_allowed():
         transfer.naive_all_reduce_sends(10, 4, 5)
 
 
+@pytest.mark.parametrize("sends", [transfer.naive_all_reduce_sends, transfer.chain_sends,
+                                   transfer.binomial_tree_sends])
+@pytest.mark.parametrize("rel_rank", [-1, 4, 1.0, True])
+def test_a_rank_outside_the_group_is_refused_by_every_per_rank_formula(sends, rel_rank):
+    """A rank past the last (or not a whole number) would silently count as one that sends nothing."""
+    message = f"rel_rank {rel_rank!r} must lie in 0..3: a rank counted from the root, among 4 ranks"
+    with pytest.raises(ValueError) as refused:
+        sends(10, 4, rel_rank)
+    assert str(refused.value) == message
+
+
 # --- time model -------------------------------------------------------------------
 
 def test_a_dettmers_gradient_over_40_gbit_takes_about_0_8_ms():

@@ -2,6 +2,7 @@
 
     phase_bars(ax, {"batch 32": phases32, "batch 256": phases256})
     throughput_curve(ax, sweep_frame)
+    mfu_curve(ax, mfu.with_mfu(sweep_frame, flops_per_sample, peak))
     projector()                         # big type and thick lines from here on, for a classroom
 
 Colours group the phases of a training step the same way in every lab: data
@@ -68,8 +69,10 @@ def phase_bars(ax, steps: Mapping[str, Mapping[str, float]], *, unit: str = "ms"
 def throughput_curve(ax, frame, *, title: str | None = None, tile: int = 32, small: int = 64):
     """Samples per second against batch size, with its min-max band.
 
-    Filled markers are multiples of `tile`, hollow ones are not; the dotted
-    line marks `small`, below which the sources say a GPU is wasted.
+    Filled markers are multiples of `tile`, hollow ones are not, so that the
+    sources' tile rule (batches off the multiples of 32 waste a GPU) can be
+    read off the curve, held or not; the dotted line marks `small`, below
+    which the sources say a GPU is wasted.
     """
     frame = frame.sort_values("batch_size")
     x = frame["batch_size"]
@@ -89,6 +92,27 @@ def throughput_curve(ax, frame, *, title: str | None = None, tile: int = 32, sma
     ax.minorticks_off()
     ax.set_xlabel("batch size (samples per step)")
     ax.set_ylabel("samples per second")
+    ax.set_ylim(bottom=0)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize="small", frameon=False)
+    return ax
+
+
+def mfu_curve(ax, frame, *, title: str | None = None, peak_label: str = "the measured peak", small: int = 64):
+    """Model FLOPs utilisation against batch size: `frame` is a sweep with an `mfu` column
+    (course.mfu.with_mfu), drawn in percent of the peak named by `peak_label`."""
+    if "mfu" not in frame:
+        raise ValueError(f"frame has no mfu column (columns {list(frame.columns)}): add it with course.mfu.with_mfu")
+    frame = frame.sort_values("batch_size")
+    x = frame["batch_size"]
+    ax.plot(x, frame["mfu"] * 100, "o-", color="#a63603", label=f"MFU against {peak_label}")
+    ax.axvline(small, linestyle=":", color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(x), [str(b) for b in x], fontsize="small")
+    ax.minorticks_off()
+    ax.set_xlabel("batch size (samples per step)")
+    ax.set_ylabel("model FLOPs utilisation (% of peak)")
     ax.set_ylim(bottom=0)
     if title:
         ax.set_title(title)

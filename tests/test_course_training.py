@@ -386,8 +386,27 @@ def test_lesson_says_what_the_curve_shows():
     assert "At 64, throughput is 50% of the best." in lines, text
     assert "Batch 48 (not a multiple of 32) is 57% below the line between 32 and 64." in lines, text
     assert "Batch 80 (not a multiple of 32) is 23% above the line between 64 and 96." in lines, text
+    assert ("So on cuda:0, batch 48, off the multiples of 32, falls more than 10% below the line between its "
+            "neighbours: this curve shows the slowdown the sources' tile rule predicts.") in lines, text
     assert lines[-1] == "The curve is within 10% of its best from batch size 96 on.", lines[-1]
     assert "Batch 16 " not in text, "16 has no multiple of 32 below it to draw a line from"
+
+
+def test_lesson_says_when_the_curve_does_not_show_the_tile_rule():
+    # 48: 1900 against the line 1600..4000 at its middle, 2800: 32 % below. 80: 5400 against 5700: 5 % below,
+    # within the tolerance. 112 against 7400..8000 at 7700: 4 % above.
+    text = throughput.lesson(curve({32: 1600.0, 48: 1900.0, 64: 4000.0, 80: 5400.0, 96: 7400.0,
+                                    112: 8000.0, 128: 8000.0}), "cpu")
+    assert ("So on cpu, batch 48, off the multiples of 32, falls more than 10% below the line between its "
+            "neighbours: this curve shows the slowdown the sources' tile rule predicts.") in text.splitlines(), text
+    text = throughput.lesson(curve({32: 1600.0, 48: 2700.0, 64: 4000.0, 80: 5400.0, 96: 7400.0}), "cpu")
+    assert "Batch 48 (not a multiple of 32) is 4% below the line between 32 and 64." in text.splitlines(), text
+    assert "Batch 80 (not a multiple of 32) is 5% below the line between 64 and 96." in text.splitlines(), text
+    assert ("So on cpu, no batch off the multiples of 32 falls more than 10% below the line between its "
+            "neighbours: this curve does not show the sources' tile rule.") in text.splitlines(), text
+    text = throughput.lesson(curve({32: 1000.0, 48: 500.0, 64: 4000.0, 80: 2000.0, 96: 5000.0}), "cpu")
+    assert ("So on cpu, batches 48 and 80, off the multiples of 32, fall more than 10% below the line between "
+            "their neighbours: this curve shows the slowdown the sources' tile rule predicts.") in text.splitlines()
 
 
 def test_lesson_knee_is_the_smallest_batch_within_ten_percent():
@@ -400,6 +419,7 @@ def test_lesson_knee_is_the_smallest_batch_within_ten_percent():
 def test_lesson_leaves_out_what_was_not_measured():
     text = throughput.lesson(curve({128: 900.0, 256: 1000.0, 512: 950.0}), "cpu")
     assert "Batches under" not in text and "At 64" not in text and "not a multiple" not in text, text
+    assert "tile rule" not in text, "no verdict on the rule without a batch off the grid to judge it by"
     assert text.splitlines() == [
         "On cpu, the best throughput is 1,000 samples/s, at batch size 256.",
         "The curve is within 10% of its best from batch size 128 on.",
@@ -568,3 +588,20 @@ def test_sweep_takes_numpy_batch_sizes():
     frame = throughput.sweep(lambda b: (lambda: 0.001 * b), 2 ** np.arange(3, 6), steps=1, warmup=0,
                              progress=False)
     assert frame["batch_size"].tolist() == [8, 16, 32]
+
+
+def test_mfu_curve_draws_the_utilisation_in_percent(ax):
+    frame = pd.DataFrame({"batch_size": [64, 8, 1024], "samples_per_s": [1.0, 1.0, 1.0],
+                          "mfu": [0.05, 0.01, 0.4]})
+    plots.mfu_curve(ax, frame, title="cpu", peak_label="the fp32 peak")
+    line = ax.get_lines()[0]
+    assert list(line.get_xdata()) == [8, 64, 1024], "sorted by batch size"
+    assert list(line.get_ydata()) == pytest.approx([1.0, 5.0, 40.0]), "percent of the peak"
+    assert line.get_label() == "MFU against the fp32 peak"
+    assert ax.get_xscale() == "log" and ax.get_ylim()[0] == 0 and ax.get_title() == "cpu"
+    assert list(ax.get_lines()[-1].get_xdata()) == [64, 64], "the dotted line at 64"
+
+
+def test_mfu_curve_refuses_a_frame_without_mfu(ax):
+    with pytest.raises(ValueError, match="course.mfu.with_mfu"):
+        plots.mfu_curve(ax, pd.DataFrame({"batch_size": [8], "samples_per_s": [1.0]}))

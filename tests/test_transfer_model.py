@@ -90,27 +90,128 @@ def test_pcie_3_is_about_three_times_as_fast_as_the_network():
                                                                        rel=0.1)
 
 
-def test_our_reading_of_the_blog_reproduces_its_multi_node_figures():
-    # With the blog's own 0.75 ms per transfer (and no latency), the serial
-    # network card gives its four-node figure exactly, and its two-node figure
-    # once the 4 PCIe transfers of 0.25 ms are added.
+def test_the_blogs_own_rule_gives_6_75_and_20_25_ms():
+    # Network-card time only, one GPU at a time per node, PCIe in parallel: 3 x 3 and 9 x 3 transfers.
+    assert timemodel.dettmers_transfers_in_a_row(2) == 3 * 3
+    assert timemodel.dettmers_transfers_in_a_row(4) == 9 * 3
+    assert timemodel.dettmers_rule_seconds(2) == pytest.approx(6.75 * MS)
+    assert timemodel.dettmers_rule_seconds(4) == pytest.approx(20.25 * MS) == DETTMERS_BLOG["four nodes"]
+    # The blog's two-node figure is 1 ms more than its own rule gives.
+    assert DETTMERS_BLOG["six GPUs, two nodes"] - timemodel.dettmers_rule_seconds(2) == pytest.approx(1 * MS)
+    # The rule, with a link that takes exactly the blog's 0.75 ms a transfer, is the same function.
     blog_network = Link("blog", beta=DETTMERS_GRADIENT_BYTES / 0.75e-3, alpha=0.0, source="the blog")
-    two = timemodel.dettmers_serial_network_seconds(2, network=blog_network)
-    four = timemodel.dettmers_serial_network_seconds(4, network=blog_network)
-    assert two + 4 * DETTMERS_BLOG["one transfer, PCIe 3.0"] == pytest.approx(DETTMERS_BLOG["six GPUs, two nodes"])
-    assert four == pytest.approx(DETTMERS_BLOG["four nodes"])
+    for nodes in (2, 4):
+        assert timemodel.dettmers_serial_network_seconds(nodes, network=blog_network) == pytest.approx(
+            timemodel.dettmers_rule_seconds(nodes))
 
 
 def test_the_models_own_figures_beside_the_blog():
-    # The same serial scheme with this model's 40 Gbit/s link (0.805 ms a transfer) ...
+    # The same rule with this model's 40 Gbit/s link (0.805 ms a transfer) ...
     assert timemodel.dettmers_serial_network_seconds(2) == pytest.approx(9 * 0.805 * MS)
     assert timemodel.dettmers_serial_network_seconds(4) == pytest.approx(27 * 0.805 * MS)
-    # ... and a ring all-reduce through all GPUs, which the blog did not consider: 5x and 14x faster.
-    ring2 = timemodel.hierarchical_ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, 2, 3, PCIE3_X16, NETWORK_40G)
-    ring4 = timemodel.hierarchical_ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, 4, 3, PCIE3_X16, NETWORK_40G)
+    # ... and one ring all-reduce through all GPUs, which the blog did not consider: 5x and 12x faster.
+    ring2 = timemodel.flat_ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, 2, 3, PCIE3_X16, NETWORK_40G)
+    ring4 = timemodel.flat_ring_all_reduce_seconds(DETTMERS_GRADIENT_BYTES, 4, 3, PCIE3_X16, NETWORK_40G)
     assert ring2 == pytest.approx(10 * (5e-6 + DETTMERS_GRADIENT_BYTES / 6 / 5e9))
     assert ring4 == pytest.approx(22 * (5e-6 + DETTMERS_GRADIENT_BYTES / 12 / 5e9))
     assert ring2 < DETTMERS_BLOG["six GPUs, two nodes"] / 5 and ring4 < DETTMERS_BLOG["four nodes"] / 12
+
+
+def test_the_part_1_table_holds_the_blog_its_rule_and_the_model():
+    rows = {row["figure"]: row for row in timemodel.dettmers_part_1()}
+    one = rows["one transfer of 4,000,000 bytes (ms)"]
+    assert (one["the blog"], one["the blog's rule"]) == (0.75, 0.75)
+    assert one["this model"] == pytest.approx(0.805)           # 4e6 B / 5e9 B/s + 5 us
+    two, four = rows["6 GPUs in 2 nodes (ms)"], rows["12 GPUs in 4 nodes (ms)"]
+    assert [two["the blog"], two["the blog's rule"], two["this model"]] == pytest.approx([7.75, 6.75, 9 * 0.805])
+    assert [four["the blog"], four["the blog's rule"], four["this model"]] == pytest.approx([20.25, 20.25, 27 * 0.805])
+    matmul = rows["forward of the layer, 100x1000 . 1000x1000 (ms)"]
+    # 2 x 100 x 1000 x 1000 flop on a TITAN at half its 4.5 TFLOPS: less than the blog's 0.2 ms
+    assert matmul["this model"] == pytest.approx(2e8 / 2.25e12 * 1e3) and matmul["this model"] < matmul["the blog"]
+    quoted = [(r["the blog"], r["the blog's rule"], r["this model"])
+              for what, r in rows.items() if "Krizhevsky" in what]
+    assert quoted == [(3.74, None, None), (6.25, None, None)]
+    faster = {r["figure"]: r for r in timemodel.dettmers_part_1(network=timemodel.INFINIBAND_NDR)}
+    assert faster["6 GPUs in 2 nodes (ms)"]["this model"] == pytest.approx(9 * (5e-6 + 4e6 / 50e9) * 1e3)
+
+
+def test_the_ring_time_is_a_flat_bandwidth_term_and_a_growing_latency_term():
+    nbytes = 8e6
+    for ranks in (1, 2, 4, 16):
+        terms = timemodel.ring_all_reduce_terms(nbytes, ranks, NETWORK_40G)
+        assert terms["latency"] == pytest.approx(2 * (ranks - 1) * 5e-6)
+        assert terms["bandwidth"] == pytest.approx(2 * (ranks - 1) / ranks * nbytes / 5e9)
+        assert sum(terms.values()) == pytest.approx(timemodel.ring_all_reduce_seconds(nbytes, ranks, NETWORK_40G))
+    # from 4 ranks to 64 the bandwidth term grows by a quarter at most; the latency term 21-fold
+    few, many = (timemodel.ring_all_reduce_terms(nbytes, n, NETWORK_40G) for n in (4, 64))
+    assert many["bandwidth"] / few["bandwidth"] == pytest.approx((63 / 64) / (3 / 4))
+    assert many["latency"] / few["latency"] == pytest.approx(21)
+
+
+def test_the_hierarchical_all_reduce_by_hand():
+    # 2 nodes of 4 GPUs, 8 MB: reduce-scatter and all-gather inside, 3 steps each of 2 MB over
+    # NVLink 4; then 4 rings of 2 nodes at once, each 2 steps of 1 MB over its own NDR card.
+    nvlink = 3 * (2e-6 + 2e6 / 450e9)
+    network = 2 * (5e-6 + 1e6 / 50e9)
+    seconds = timemodel.hierarchical_ring_all_reduce_seconds(8e6, 2, 4, timemodel.NVLINK4, timemodel.INFINIBAND_NDR)
+    assert seconds == pytest.approx(2 * nvlink + network)
+    # through one card per node, the 4 rings' messages go one after the other
+    one_card = timemodel.hierarchical_ring_all_reduce_seconds(8e6, 2, 4, timemodel.NVLINK4,
+                                                              timemodel.INFINIBAND_NDR, nics_per_node=1)
+    assert one_card == pytest.approx(2 * nvlink + 4 * network)
+    # one node: a ring over NVLink; one GPU per node: a ring over the network
+    assert timemodel.hierarchical_ring_all_reduce_seconds(8e6, 1, 4, timemodel.NVLINK4, NETWORK_40G) == \
+        pytest.approx(timemodel.ring_all_reduce_seconds(8e6, 4, timemodel.NVLINK4))
+    assert timemodel.hierarchical_ring_all_reduce_seconds(8e6, 4, 1, timemodel.NVLINK4, NETWORK_40G) == \
+        pytest.approx(timemodel.ring_all_reduce_seconds(8e6, 4, NETWORK_40G))
+
+
+@pytest.mark.parametrize("nodes, per_node, inside, between, nics", [
+    (2, 3, PCIE3_X16, NETWORK_40G, 3),                       # Dettmers' nodes, with a card per GPU
+    (4, 3, PCIE3_X16, NETWORK_40G, 3),
+    (2, 3, PCIE3_X16, NETWORK_40G, 1),                       # ... and with the one card they had
+    (2, 8, timemodel.NVLINK4, timemodel.INFINIBAND_NDR, 8),  # two DGX H100
+    (16, 8, timemodel.NVLINK5, timemodel.INFINIBAND_NDR, 8),
+])
+def test_the_hierarchical_all_reduce_beats_the_flat_ring_when_the_network_is_slow(nodes, per_node, inside, between,
+                                                                                   nics):
+    for nbytes in (1e6, 4e6, 1e9):
+        flat = timemodel.flat_ring_all_reduce_seconds(nbytes, nodes, per_node, inside, between)
+        two_level = timemodel.hierarchical_ring_all_reduce_seconds(nbytes, nodes, per_node, inside, between, nics)
+        assert two_level < flat, (nbytes, two_level, flat)
+
+
+def test_through_one_card_per_node_the_hierarchy_can_lose():
+    # The G rings then share one card: it carries 2(M-1)/M of the gradient, about what the flat
+    # ring puts through it, plus the steps inside the node. Four of Dettmers' nodes: slower.
+    flat = timemodel.flat_ring_all_reduce_seconds(1e9, 4, 3, PCIE3_X16, NETWORK_40G)
+    two_level = timemodel.hierarchical_ring_all_reduce_seconds(1e9, 4, 3, PCIE3_X16, NETWORK_40G, nics_per_node=1)
+    assert flat == pytest.approx(22 * (5e-6 + 1e9 / 12 / 5e9))
+    assert two_level == pytest.approx(4 * (10e-6 + 1e9 / 3 / 15.75e9) + 6 * 3 * (5e-6 + 1e9 / 12 / 5e9))
+    assert two_level > flat
+
+
+def test_the_hierarchical_all_reduce_refuses_a_node_without_a_network_card():
+    with pytest.raises(ValueError, match="network cards must be a whole number of at least 1, got nics_per_node=0"):
+        timemodel.hierarchical_ring_all_reduce_seconds(1e6, 2, 4, PCIE3_X16, NETWORK_40G, nics_per_node=0)
+
+
+def test_todays_presets_are_the_datasheets_dense_figures():
+    bf16 = {timemodel.A100_BF16: 312e12, timemodel.H100_BF16: 989e12, timemodel.H200_BF16: 989e12,
+            timemodel.B200_BF16: 2.25e15}
+    for processor, peak in bf16.items():
+        assert processor.flops == peak and processor.precision == "bfloat16", processor.name
+        assert "dense" in processor.source and "datasheet" in processor.source, processor.name
+        assert timemodel.processor_named(processor.name) is processor
+    for processor in (timemodel.TITAN, timemodel.A100, timemodel.H100):
+        assert processor.precision == "float32" and "float32" in processor.source
+    assert timemodel.NVLINK4.beta == 450e9 and timemodel.NVLINK5.beta == 900e9
+    assert timemodel.INFINIBAND_NDR.beta == 400e9 / 8
+    for link in (timemodel.NVLINK4, timemodel.NVLINK5, timemodel.INFINIBAND_NDR):
+        assert timemodel.link_named(link.name) is link and "datasheet" in link.source, link.name
+    for link in timemodel.PRESETS.values():     # every link says where its figures come from
+        assert "per direction" in link.source or "measured" in link.name, link.name
+        assert "latency assumed" in link.source or "alpha" in link.source, link.name
 
 
 @pytest.mark.parametrize("ranks", [2, 4, 8])
@@ -138,6 +239,7 @@ def test_dettmers_layer_compute_against_its_transfer():
     assert layer.training_flop(100) == 3 * 2 * 100 * 1000 * 1000
     forward = timemodel.TITAN.seconds(2 * 100 * 1000 * 1000)
     # The blog measured about 0.2 ms; this model's TITAN at half its peak says 0.09 ms.
+    assert timemodel.DETTMERS_BLOG_MATMUL_SECONDS == 0.2 * MS and timemodel.DETTMERS_MATMUL_BATCH == 100
     assert forward == pytest.approx(0.0889 * MS, rel=1e-3)
     # Either way communication dominates: one 40 Gbit/s transfer outlasts forward + backward.
     assert NETWORK_40G.seconds(DETTMERS_GRADIENT_BYTES) > 3 * 0.2 * MS > 3 * forward
@@ -239,6 +341,10 @@ RANK_ENTRY_POINTS = [
                  id="timemodel.naive_all_reduce_seconds"),
     pytest.param(lambda b, r: timemodel.hierarchical_ring_all_reduce_seconds(b, 2, r, PCIE3_X16, NETWORK_40G),
                  "ranks_per_node", "nbytes", id="timemodel.hierarchical_ring_all_reduce_seconds"),
+    pytest.param(lambda b, r: timemodel.flat_ring_all_reduce_seconds(b, 2, r, PCIE3_X16, NETWORK_40G),
+                 "ranks_per_node", "nbytes", id="timemodel.flat_ring_all_reduce_seconds"),
+    pytest.param(lambda b, r: timemodel.ring_all_reduce_terms(b, r, PCIE3_X16), "ranks", "nbytes",
+                 id="timemodel.ring_all_reduce_terms"),
     pytest.param(lambda b, r: timemodel.dettmers_serial_network_seconds(2, r, b), "ranks_per_node", "nbytes",
                  id="timemodel.dettmers_serial_network_seconds"),
     pytest.param(lambda b, r: grid_model.Grid(r, 1), "data", None, id="grid_model.Grid data"),
@@ -285,6 +391,8 @@ def test_numpy_integers_count_as_ranks(call, ranks_name, bytes_name):
 def test_nodes_are_checked_by_the_same_rule():
     message = "^the number of nodes must be a whole number of at least 1, got nodes={}$"
     for seconds in (lambda nodes: timemodel.dettmers_serial_network_seconds(nodes),
+                    lambda nodes: timemodel.dettmers_rule_seconds(nodes),
+                    lambda nodes: timemodel.flat_ring_all_reduce_seconds(1000, nodes, 3, PCIE3_X16, NETWORK_40G),
                     lambda nodes: timemodel.hierarchical_ring_all_reduce_seconds(1000, nodes, 3, PCIE3_X16,
                                                                                  NETWORK_40G)):
         with pytest.raises(ValueError, match=message.format(0)):

@@ -12,6 +12,12 @@ by the paper's speed-up, where the settings are the paper's (Krizhevsky's networ
 batch 256, a TITAN, the paper's scheme). A grid the model cannot run (the batch does
 not split over its ranks, a layer does not split over its model-parallel group) is
 said in words in its row.
+
+The processor menu holds, beside timemodel's presets, the TITAN without its full-batch
+assumption (`grid_model.TITAN_NO_FULL_BATCH`): switching between the two shows which
+bars that assumption sets. The backward of a gather is counted as the link's backend
+runs it (`backend_of`): gloo's all-reduce on the local gloo link, NCCL's reduce-scatter
+on every GPU link.
 """
 from __future__ import annotations
 
@@ -32,6 +38,19 @@ COLOURS = {"compute": "#6baed6", "communication": "#de2d26", "sent": "#fc9272"}
 PAPER_LABEL = "Yadan et al., Table 1"
 #: what a measured step and its bytes depend on, besides the grid (one dot per grid)
 RUN_SETTINGS = ("model", "batch", "dtype", "link", "processor", "scheme")
+#: the processors of the menu besides timemodel's presets
+EXTRA_PROCESSORS = {grid_model.TITAN_NO_FULL_BATCH.name: grid_model.TITAN_NO_FULL_BATCH}
+#: the processors whose bars the paper's crosses may sit beside
+TITANS = (timemodel.TITAN.name, grid_model.TITAN_NO_FULL_BATCH.name)
+
+
+def backend_of(link: str) -> str:
+    """The backend whose collectives a link's bars count: gloo on the local gloo link, else NCCL."""
+    return "gloo" if link == timemodel.LOCAL_GLOO.name else "nccl"
+
+
+def _processors(extra: Mapping[str, timemodel.Processor] | None) -> dict:
+    return {**timemodel.PROCESSORS, **EXTRA_PROCESSORS, **(extra or {})}
 
 
 def configurations(gpus: int) -> list[Grid]:
@@ -53,7 +72,8 @@ def _predict(layers, grids, batch, processor, link, scheme, dtype) -> dict:
     predicted = {}
     for grid in grids:
         try:
-            predicted[grid] = grid_model.step(layers, grid, batch, processor, link, scheme, dtype)
+            predicted[grid] = grid_model.step(layers, grid, batch, processor, link, scheme, dtype,
+                                              backend_of(link.name))
         except ValueError as error:
             predicted[grid] = str(error)
     return predicted
@@ -70,7 +90,7 @@ def draw(*, model: str = LAB_CONVNET, batch: int = 256, gpus: int = 4, dtype: st
     layers = _named("model", model, MODELS)
     _named("scheme", scheme, dict.fromkeys(grid_model.SCHEMES))
     sizes.nbytes(0, dtype)                                       # an unknown dtype: ValueError here
-    gpu = _named("processor", processor, {**timemodel.PROCESSORS, **(processors or {})})
+    gpu = _named("processor", processor, _processors(processors))
     interconnect = timemodel.link_named(link)
     grids = configurations(gpus)
     predicted = _predict(layers, grids, batch, gpu, interconnect, scheme, dtype)
@@ -104,7 +124,7 @@ def draw(*, model: str = LAB_CONVNET, batch: int = 256, gpus: int = 4, dtype: st
         rows = [y for y, _ in dots]
         time_ax.plot([v["step"] * 1e3 for _, v in dots], rows, "o", color="black", zorder=3, label="measured")
         sent_ax.plot([v["sent"] / 1e6 for _, v in dots], rows, "o", color="black", zorder=3, label="measured")
-    paper = (model == KRIZHEVSKY_2012 and batch == grid_model.PAPER_BATCH and processor == timemodel.TITAN.name
+    paper = (model == KRIZHEVSKY_2012 and batch == grid_model.PAPER_BATCH and processor in TITANS
              and scheme == "paper")
     table = [row for row in grid_model.TABLE_1 if row.grid in grids]
     if paper and one and table:
@@ -118,7 +138,7 @@ def draw(*, model: str = LAB_CONVNET, batch: int = 256, gpus: int = 4, dtype: st
     longest = max([p["step"] for p in runs.values()] + [v["step"] for _, v in dots], default=0) * 1e3
     time_ax.set_xlim(0, 1.1 * longest or 1)
     sent_ax.set_xlabel("MB sent per rank per step")
-    sent_ax.set_title(f"{dtype} tensors, ring collectives", fontsize="medium")
+    sent_ax.set_title(f"{dtype} tensors, ring collectives as {backend_of(link)} runs them", fontsize="medium")
     sent_ax.margins(x=0.3)
     sent_ax.set_xlim(left=0)
     fig.suptitle(f"{model}, batch {batch}, on {processor} over {link}; scheme {scheme!r}", fontsize="medium",
@@ -131,7 +151,7 @@ def draw(*, model: str = LAB_CONVNET, batch: int = 256, gpus: int = 4, dtype: st
 def describe(*, model: str, batch: int, gpus: int, dtype: str, link: str, processor: str, scheme: str,
              processors: Mapping[str, timemodel.Processor] | None = None) -> str:
     """The figure's headline numbers, in a line of markdown: one GPU's step, and the fastest grid's."""
-    gpu = _named("processor", processor, {**timemodel.PROCESSORS, **(processors or {})})
+    gpu = _named("processor", processor, _processors(processors))
     predicted = _predict(_named("model", model, MODELS), configurations(gpus), batch, gpu, timemodel.link_named(link),
                          scheme, dtype)
     runs = {grid: p for grid, p in predicted.items() if isinstance(p, dict)}
@@ -157,6 +177,7 @@ def show(measured: Mapping[Grid, Mapping[str, float]] | None = None,
     """
     import ipywidgets as w
 
+    processors = {**EXTRA_PROCESSORS, **(processors or {})}
     values = {"model": LAB_CONVNET, "scheme": "lab", "batch": 256, "gpus": 4, "dtype": "float32",
               "link": timemodel.PCIE3_X16.name, "processor": timemodel.TITAN.name, **start}
     controls = {

@@ -58,8 +58,8 @@ def test_bars_are_the_time_models_step_and_bytes():
     times, sent = _rows(time_ax), _rows(sent_ax)
     assert sorted(times) == sorted(sent) == list(range(len(grids)))
     one = grid_model.step(layers, Grid(1, 1), 128, timemodel.TITAN, timemodel.NVLINK2, "lab", "float16")["step"]
-    for y, grid in enumerate(grids):
-        step = grid_model.step(layers, grid, 128, timemodel.TITAN, timemodel.NVLINK2, "lab", "float16")
+    for y, grid in enumerate(grids):       # NVLink: NCCL's reduce-scatter for the hand-over's backward
+        step = grid_model.step(layers, grid, 128, timemodel.TITAN, timemodel.NVLINK2, "lab", "float16", "nccl")
         (c_left, compute), (m_left, communication) = times[y]          # two bars per grid: stacked
         assert (c_left, compute) == pytest.approx((0, step["compute"] * 1e3))
         assert (m_left, communication) == pytest.approx((step["compute"] * 1e3, step["communication"] * 1e3))
@@ -71,7 +71,42 @@ def test_bars_are_the_time_models_step_and_bytes():
     title = fig._suptitle.get_text()
     for words in (hybrid_view.LAB_CONVNET, "batch 128", timemodel.TITAN.name, timemodel.NVLINK2.name, "lab"):
         assert words in title
+    assert "as nccl runs them" in sent_ax.get_title()
     plt.close(fig)
+
+
+def test_on_local_gloo_the_hand_over_backward_is_an_all_reduce():
+    fig = hybrid_view.draw(batch=256, gpus=4, link=timemodel.LOCAL_GLOO.name)
+    layers, grids = grid_model.convnet_layers(), hybrid_view.configurations(4)
+    sent = _rows(fig.axes[1])
+    y = grids.index(Grid(2, 2))
+    gloo = grid_model.step(layers, Grid(2, 2), 256, timemodel.TITAN, timemodel.LOCAL_GLOO, backend="gloo")
+    assert gloo["sent"] == 561_064                  # tests/test_grid_model.py counts it by hand
+    assert sent[y] == [(0, pytest.approx(gloo["sent"] / 1e6))]
+    assert "as gloo runs them" in fig.axes[1].get_title()
+    assert hybrid_view.backend_of(timemodel.LOCAL_GLOO.name) == "gloo"
+    assert hybrid_view.backend_of(timemodel.PCIE3_X16.name) == "nccl"
+    plt.close(fig)
+
+
+def test_the_titan_without_its_full_batch_is_a_processor_of_the_menu():
+    eager = grid_model.TITAN_NO_FULL_BATCH
+    settings = {**PAPER, "processor": eager.name}
+    fig = hybrid_view.draw(gpus=4, **settings)
+    grids = hybrid_view.configurations(4)
+    times = _rows(fig.axes[0])
+    for grid in (Grid(4, 1), Grid(2, 1)):
+        step = grid_model.step(grid_model.KRIZHEVSKY, grid, 256, eager, timemodel.PCIE3_X16, "paper")
+        assert times[grids.index(grid)][0][1] == pytest.approx(step["compute"] * 1e3)
+    # 4 data-parallel TITANs: half of 2's compute without the assumption, the same with it
+    dp2, dp4 = times[grids.index(Grid(2, 1))][0][1], times[grids.index(Grid(4, 1))][0][1]
+    assert dp4 == pytest.approx(dp2 / 2)
+    assumed = _rows(hybrid_view.draw(gpus=4, **PAPER).axes[0])
+    assert assumed[grids.index(Grid(4, 1))][0][1] == pytest.approx(assumed[grids.index(Grid(2, 1))][0][1])
+    assert _line(fig.axes[0], hybrid_view.PAPER_LABEL)           # the paper's crosses: both TITANs
+    assert "no full batch" in hybrid_view.describe(gpus=4, dtype="float32", link=timemodel.PCIE3_X16.name,
+                                                  **settings)
+    plt.close("all")
 
 
 def test_a_grid_the_model_cannot_run_is_a_note_in_its_row():
@@ -183,6 +218,7 @@ def test_measured_only_beside_the_settings_they_were_measured_at(monkeypatch):
     assert list(controls) == ["model", "scheme", "batch", "gpus", "dtype", "link", "processor"]
     assert list(controls["gpus"].options) == [1, 2, 4, 8, 16]
     assert cpu.name in controls["processor"].options and timemodel.TITAN.name in controls["processor"].options
+    assert grid_model.TITAN_NO_FULL_BATCH.name in controls["processor"].options
     run = {k: c.value for k, c in controls.items()}
     assert run["processor"] == cpu.name and run["batch"] == 64 and run["gpus"] == 2
     built["draw"](**run)
@@ -191,5 +227,5 @@ def test_measured_only_beside_the_settings_they_were_measured_at(monkeypatch):
     built["draw"](**{**run, "scheme": "paper"})
     built["draw"](**{**run, "batch": 128})
     assert [m for m, _ in seen] == [measured, measured, None, None, None]
-    assert all(v["processors"] == {cpu.name: cpu} for _, v in seen)
+    assert all(v["processors"] == {**hybrid_view.EXTRA_PROCESSORS, cpu.name: cpu} for _, v in seen)
     plt.close("all")

@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 #: multiple of TILE, waste the GPU. Today's libraries pick among many tile shapes; `lesson`
 #: says whether the measured curve shows the rule, and never assumes it.
 SMALL_BATCH, TILE = 64, 32
-#: An off-grid batch counts as slower than its neighbours when it falls this far below the
-#: straight line between them: less is within a sweep's step-to-step noise.
+#: An off-grid batch counts as slower than its neighbours when its median falls this far below
+#: the straight line between them, and its fastest step below the line too: less is noise.
 OFF_GRID_TOLERANCE = 0.10
 
 
@@ -100,18 +100,19 @@ def lesson(frame: pd.DataFrame, device: str) -> str:
         lines.append(f"Batch {int(row.batch_size)} (not a multiple of {TILE}) is {abs(change):.0%} {verdict} "
                      f"the line between {int(lo_row.batch_size)} and {int(hi_row.batch_size)}.")
         compared.append(int(row.batch_size))
-        if change < -OFF_GRID_TOLERANCE:
+        # Slower only if even its fastest step is under the line: a noisy sweep is not a tile effect.
+        if change < -OFF_GRID_TOLERANCE and row.samples_per_s_max < line:
             slower.append(int(row.batch_size))
     if slower:
         one = len(slower) == 1
         lines.append(f"So on {device}, {'batch' if one else 'batches'} {_listed(slower)}, off the multiples of "
-                     f"{TILE}, {'falls' if one else 'fall'} more than {OFF_GRID_TOLERANCE:.0%} below the line "
-                     f"between {'its' if one else 'their'} neighbours: this curve shows the slowdown the sources' tile "
-                     "rule predicts.")
+                     f"{TILE}, {'is' if one else 'are'} slower than {'its' if one else 'their'} neighbours (more than "
+                     f"{OFF_GRID_TOLERANCE:.0%} below the line between them, fastest step included): this curve "
+                     "shows the slowdown the sources' tile rule predicts.")
     elif compared:
-        lines.append(f"So on {device}, no batch off the multiples of {TILE} falls more than "
-                     f"{OFF_GRID_TOLERANCE:.0%} below the line between its neighbours: this curve does not show "
-                     "the sources' tile rule.")
+        lines.append(f"So on {device}, no batch off the multiples of {TILE} is slower than its neighbours (more than "
+                     f"{OFF_GRID_TOLERANCE:.0%} below the line between them, fastest step included): this curve "
+                     "does not show the sources' tile rule.")
     # Where the curve flattens: the smallest batch within 10 % of the best.
     knee = frame[share >= 0.9].batch_size.min()
     lines.append(f"The curve is within 10% of its best from batch size {int(knee)} on.")

@@ -5,13 +5,22 @@
 
 Left: bytes one rank sends per step to average an MLP's gradients, by layer,
 for a ring all-reduce (every rank alike) and the naive one (rank 0 against
-the others), with the measured bytes of a real run as dots. Right: the time
+the others), with the measured bytes of a real run as dots. Middle: the time
 model's estimate of that communication over the chosen interconnect, against
 the compute time of one rank's share of the batch (course.timemodel, whose
-docstring states the assumptions).
+docstring states the assumptions). Right: the ring's time against the number
+of GPUs, in its two terms: the bandwidth term, 2(N-1)/N of the gradients over
+beta, nearly flat in N; the latency term, 2(N-1) alpha per all-reduce, growing.
+
+The model's GPU computes while the gradients move, at no cost to either: on
+real GPUs, NCCL's collectives are kernels that take SMs and memory bandwidth
+from the computation they overlap, so overlap is never quite free.
+
+    transfer_view.show(links={"here": link_probe.measure()})   # a measured link in the menu
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
@@ -22,6 +31,8 @@ from course.sizes import Dense
 from course.widgets import STYLE, run_controls, show_view
 
 SCHEMES = ("ring", "naive, rank 0", "naive, other ranks")
+#: The GPU counts of the ring's-terms panel (and the chosen count, if not among them).
+TERM_GPUS = (2, 4, 8, 16, 32, 64)
 BYTES_DEPEND_ON = ("width", "depth", "gpus", "dtype")
 
 
@@ -56,17 +67,49 @@ def estimate(layers, batch: int, gpus: int, dtype: str, link: timemodel.Link,
     }
 
 
+def ring_terms(layers, gpus: int, dtype: str, link: timemodel.Link) -> dict[str, float]:
+    """Seconds per step of the ring all-reduces of every layer's gradient, in the two
+    terms of timemodel.ring_all_reduce_terms, summed over the layers."""
+    terms = [timemodel.ring_all_reduce_terms(sizes.nbytes(layer.weights, dtype), gpus, link) for layer in layers]
+    return {term: sum(t[term] for t in terms) for term in ("bandwidth", "latency")}
+
+
+def _link(name: str, links: Mapping[str, timemodel.Link] | None) -> timemodel.Link:
+    """A preset, or one of `links` (a measured link, say)."""
+    if links and name in links:
+        return links[name]
+    if name not in timemodel.PRESETS:
+        raise ValueError(f"link must be one of {[*timemodel.PRESETS, *(links or {})]}, got {name!r}")
+    return timemodel.PRESETS[name]
+
+
+def _draw_ring_terms(ax, layers, gpus: int, dtype: str, link: timemodel.Link) -> None:
+    counts = sorted({*TERM_GPUS, gpus})
+    terms = [ring_terms(layers, n, dtype, link) for n in counts]
+    x = range(len(counts))
+    bandwidth = [t["bandwidth"] * 1e3 for t in terms]
+    ax.bar(x, bandwidth, color="#3182bd", label="bandwidth: 2(N-1)/N · bytes / β")
+    ax.bar(x, [t["latency"] * 1e3 for t in terms], bottom=bandwidth, color="#fdae6b",
+           label=f"latency: 2(N-1) α × {len(layers)} all-reduces")
+    ax.set_xticks(x, [f"[{n}]" if n == gpus else str(n) for n in counts])   # [N]: the chosen number of GPUs
+    ax.set_xlabel("GPUs (N)")
+    ax.set_ylabel("ms per step, ring (time model)")
+    ax.set_title(f"the ring's two terms, {link.name}", fontsize="medium", loc="right")
+    ax.legend(fontsize="small", frameon=False, loc="upper left")
+
+
 def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, dtype: str = "float32",
          link: str = timemodel.NETWORK_40G.name, processor: str = timemodel.TITAN.name,
-         measured: Mapping[str, float] | None = None):
-    """The view as a matplotlib Figure (see the module docstring)."""
-    interconnect, gpu = timemodel.link_named(link), timemodel.processor_named(processor)
+         measured: Mapping[str, float] | None = None, links: Mapping[str, timemodel.Link] | None = None):
+    """The view as a matplotlib Figure (see the module docstring); `links` adds
+    interconnects (a measured one) to the presets `link` may name."""
+    interconnect, gpu = _link(link, links), timemodel.processor_named(processor)
     layers = mlp_layers(width, depth)
     sent = sent_by_scheme(layers, gpus, dtype)
     colours = phase_colours([f"all-reduce {layer.name}" for layer in layers])
     # the bytes get more room: three labelled bars and the legend beside them
-    fig, (bytes_ax, time_ax) = plt.subplots(1, 2, figsize=(12, 4.2), width_ratios=(1.5, 1),
-                                           layout="constrained")   # makes room for the legend outside
+    fig, (bytes_ax, time_ax, terms_ax) = plt.subplots(1, 3, figsize=(17, 4.2), width_ratios=(1.5, 1, 1),
+                                                      layout="constrained")   # room for the legend outside
 
     bottoms = [0.0] * len(SCHEMES)
     for i, layer in enumerate(layers):
@@ -95,26 +138,32 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
     # right-aligned: a long title reaches left over the free space, not off the figure
     time_ax.set_title(f"batch {batch} over {gpus} GPUs:\n{processor}, {link}", fontsize="medium", loc="right")
     time_ax.margins(x=0.45)
+    _draw_ring_terms(terms_ax, layers, gpus, dtype, interconnect)
     return fig
 
 
-def describe(*, width: int, depth: int, batch: int, gpus: int, dtype: str, link: str, processor: str) -> str:
+def describe(*, width: int, depth: int, batch: int, gpus: int, dtype: str, link: str, processor: str,
+             links: Mapping[str, timemodel.Link] | None = None) -> str:
     """The figure's headline numbers, in a line of markdown: bytes per rank and the time model's ms."""
     layers = mlp_layers(width, depth)
+    interconnect = _link(link, links)
     sent = {scheme: sum(per_layer) / 1e6 for scheme, per_layer in sent_by_scheme(layers, gpus, dtype).items()}
-    ms = {what: s * 1e3 for what, s in estimate(layers, batch, gpus, dtype, timemodel.link_named(link),
+    ms = {what: s * 1e3 for what, s in estimate(layers, batch, gpus, dtype, interconnect,
                                                   timemodel.processor_named(processor)).items()}
+    terms = {term: s * 1e3 for term, s in ring_terms(layers, gpus, dtype, interconnect).items()}
     return (f"**{gpus} GPUs, {dtype}:** per step each rank sends **{sent['ring']:.3g} MB** with a ring all-reduce; "
             f"with the naive one rank 0 sends {sent['naive, rank 0']:.3g} MB and every other rank "
-            f"{sent['naive, other ranks']:.3g} MB. Over {link}: ring {ms['ring all-reduce']:.3g} ms, naive "
+            f"{sent['naive, other ranks']:.3g} MB. Over {link}: ring {ms['ring all-reduce']:.3g} ms "
+            f"({terms['bandwidth']:.3g} ms bandwidth term, {terms['latency']:.3g} ms latency term), naive "
             f"{ms['naive all-reduce']:.3g} ms, against {ms['compute (one rank)']:.3g} ms of compute per rank.")
 
 
-def show(measured: Mapping[str, float] | None = None, **start):
+def show(measured: Mapping[str, float] | None = None, links: Mapping[str, timemodel.Link] | None = None, **start):
     """The view with sliders and menus (a static figure under grading or headless).
 
     measured: bytes a real run sent per rank, by scheme; `start` gives that
     run's settings (width, depth, gpus, dtype), which the sliders start at.
+    links: interconnects to offer beside the presets (a link measured here).
     """
     import ipywidgets as w
 
@@ -123,8 +172,14 @@ def show(measured: Mapping[str, float] | None = None, **start):
     controls = {
         "width": w.IntSlider(values["width"], min=100, max=8000, step=100, description="layer width", style=STYLE),
         "depth": w.IntSlider(values["depth"], min=1, max=6, description="hidden layers", style=STYLE),
-        **run_controls(values),
+        # a measured link is not a preset yet: the menu gets it below
+        **run_controls({**values, "link": values["link"] if values["link"] in timemodel.PRESETS
+                        else timemodel.NETWORK_40G.name}),
     }
+    if links:
+        controls["link"].options = [*timemodel.PRESETS, *links]
+        controls["link"].value = values["link"]
     # Measured bytes belong to the run's settings: shown only while the
     # settings that decide the bytes are the run's.
-    return show_view(draw, describe, controls, measured, {k: values[k] for k in BYTES_DEPEND_ON})
+    return show_view(functools.partial(draw, links=links), functools.partial(describe, links=links), controls,
+                     measured, {k: values[k] for k in BYTES_DEPEND_ON})

@@ -161,3 +161,43 @@ def test_measured_bytes_only_beside_the_settings_they_were_measured_at(shown, mo
     controls["GPUs"].value = 2        # back to the run's
     controls["interconnect"].value = timemodel.NVLINK4.name  # does not change the bytes
     assert seen == [{"ring": 1.0}, None, {"ring": 1.0}, {"ring": 1.0}]
+
+
+def test_the_ring_panel_shows_a_flat_bandwidth_term_and_a_growing_latency_term():
+    layers = transfer_view.mlp_layers(256, 2)
+    fig = transfer_view.draw(width=256, depth=2, gpus=4, link=timemodel.NETWORK_40G.name)
+    terms_ax = fig.axes[2]
+    counts = list(transfer_view.TERM_GPUS)                 # 4 is among them
+    bandwidth, latency = terms_ax.containers
+    gradients = [4 * layer.weights for layer in layers]
+    for n, bw, lat in zip(counts, bandwidth.patches, latency.patches):
+        assert bw.get_height() == pytest.approx(sum(2 * (n - 1) / n * g / 5e9 for g in gradients) * 1e3)
+        assert lat.get_height() == pytest.approx(len(layers) * 2 * (n - 1) * 5e-6 * 1e3)
+        assert lat.get_y() == pytest.approx(bw.get_height())      # stacked on the bandwidth term
+    heights = [b.get_height() for b in bandwidth.patches]
+    assert heights[-1] / heights[0] == pytest.approx((63 / 64) / (1 / 2))     # flat: at most 2x from 2 GPUs to 64
+    lat = [b.get_height() for b in latency.patches]
+    assert lat[-1] / lat[0] == pytest.approx(63)
+    assert [t.get_text() for t in terms_ax.get_xticklabels()] == ["2", "[4]", "8", "16", "32", "64"]
+    plt.close(fig)
+
+
+def test_the_chosen_gpu_count_joins_the_ring_panel():
+    fig = transfer_view.draw(gpus=6)
+    assert [t.get_text() for t in fig.axes[2].get_xticklabels()] == ["2", "4", "[6]", "8", "16", "32", "64"]
+    plt.close(fig)
+
+
+def test_a_measured_link_is_offered_beside_the_presets(shown):
+    here = timemodel.Link("gloo here, measured now", 2e9, 1e-4, "a ping-pong")
+    text = transfer_view.describe(width=256, depth=2, batch=64, gpus=4, dtype="float32", link=here.name,
+                                  processor=timemodel.A100.name, links={here.name: here})
+    terms = transfer_view.ring_terms(transfer_view.mlp_layers(256, 2), 4, "float32", here)
+    assert f"{terms['latency'] * 1e3:.3g} ms latency term" in text and here.name in text
+    _, box = transfer_view.show(links={here.name: here}, link=here.name)
+    menu = {c.description: c for c in box.children}["interconnect"]
+    assert menu.value == here.name and set(timemodel.PRESETS) < set(menu.options)
+    menu.value = timemodel.NVLINK5.name                     # the student switches
+    with pytest.raises(ValueError, match="gloo here, measured now"):
+        transfer_view.draw(link="carrier pigeon", links={here.name: here})
+    plt.close("all")

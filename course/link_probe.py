@@ -48,6 +48,8 @@ def round_trip_seconds(sizes: tuple[int, ...], repeats: tuple[int, ...]) -> list
                 else:
                     dist.recv(message, src=0)
                     dist.send(message, dst=0)
+                if message.is_cuda:      # NCCL returns before the GPU is done: wait for it
+                    torch.cuda.synchronize(message.device)
                 seconds.append(time.perf_counter() - started)
             medians.append(statistics.median(seconds[1:]))
     return medians if rank == 0 else None

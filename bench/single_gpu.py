@@ -9,7 +9,12 @@ loaded from solutions/01_single_gpu with grader.solution.load) on course.device(
    steps after a warm-up, with the slowest and fastest. `course.throughput.lesson` says
    what the curve shows: the sources' claim is that per-GPU batches under 64, or not a
    multiple of 32, waste a GPU.
-2. The phases of one step (read, to device, forward, loss, backward, optimizer step,
+2. Model FLOPs utilisation along that curve (course.mfu): the device's matmul peak, measured
+   (one large matmul, FP32, and TF32 and BF16 on a GPU that has them), the model FLOPs of a
+   step (2·in·out per dense layer per sample forward, the backward twice that), and
+   MFU = achieved / peak. The sweep runs in FP32 and is set against the FP32 peak; on a GPU
+   with BF16 it runs again under torch.autocast(bfloat16), set against the BF16 peak.
+3. The phases of one step (read, to device, forward, loss, backward, optimizer step,
    weight update) at a small and a large batch: medians over --steps steps.
 
 Prints markdown; --json writes the figures, with the machine they came from, for the report
@@ -29,7 +34,7 @@ from _machine import describe, text
 from _results import emit, headline_row
 
 import course
-from course import data, models, throughput
+from course import data, mfu, models, throughput
 from grader.solution import load
 
 LAB = load("01_single_gpu")
@@ -44,14 +49,19 @@ PHASE_BATCHES = (32, 1024)
 GROUPS = ("read", "to device", "forward", "loss", "backward", "optimizer step", "weight update")
 
 
-def make_step_factory(device, shape, x, y):
-    """`make_step(batch_size)` for throughput.sweep: lab 1's train_step, returning the step's seconds."""
+def make_step_factory(device, shape, x, y, autocast: torch.dtype | None = None):
+    """`make_step(batch_size)` for throughput.sweep: lab 1's train_step, returning the step's seconds;
+    under torch.autocast(`autocast`) if given (the weights and the optimizer stay in FP32)."""
     def make_step(batch_size):
         model = models.mlp(**shape).to(device)
         optimizer = LAB.MomentumSGD(model.parameters(), LAB.LEARNING_RATE, LAB.MOMENTUM)
         batches = data.forever(data.batches(x, y, batch_size, pin_memory=device.type == "cuda"))
         timer = LAB.PhaseTimer(device)
-        return lambda: sum(LAB.train_step(model, batches, F.cross_entropy, optimizer, device, timer)[1].values())
+
+        def step():
+            with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+                return sum(LAB.train_step(model, batches, F.cross_entropy, optimizer, device, timer)[1].values())
+        return step
     return make_step
 
 
@@ -76,29 +86,53 @@ def device_name(device: torch.device) -> str:
 def run(steps: int) -> dict:
     device = course.device()
     batches = GPU_BATCHES if device.type == "cuda" else CPU_BATCHES
-    report = {"machine": describe(), "device": device_name(device), "steps": steps, "models": {}}
+    peaks = mfu.matmul_peaks(device)
+    report = {"machine": describe(), "device": device_name(device), "steps": steps,
+              "peak_flop_per_s": peaks, "peak_matrix_side": mfu.DEFAULT_SIZE.get(device.type, mfu.DEFAULT_SIZE["cpu"]),
+              "models": {}}
+    # FP32 as lab 1 runs it (TF32 off: PyTorch's default); BF16 through autocast where the device has a BF16 peak.
+    precisions = {"fp32": None} | ({"bf16": torch.bfloat16} if "bf16" in peaks else {})
     for name, (shape, on_cpu) in MODELS.items():
         if device.type != "cuda" and not on_cpu:
             continue
         x, y = data.synthetic(max(batches), shape["in_features"])
-        curve = throughput.sweep(make_step_factory(device, shape, x, y), batches, steps=steps, progress=False)
-        report["models"][name] = {
-            "sweep": curve.round(2).to_dict(orient="records"),
-            "lesson": throughput.lesson(curve, report["device"]),
-            "phases_ms": {b: phase_medians(device, shape, x, y, b, steps) for b in PHASE_BATCHES},
-        }
+        flops_per_sample = mfu.training_flops_per_sample(models.mlp(**shape), (shape["in_features"],))
+        figures = {"flops_per_sample": flops_per_sample}
+        for precision, autocast in precisions.items():
+            curve = throughput.sweep(make_step_factory(device, shape, x, y, autocast), batches, steps=steps,
+                                     progress=False)
+            curve = mfu.with_mfu(curve, flops_per_sample, peaks[precision])
+            suffix = "" if precision == "fp32" else f"_{precision}"
+            figures[f"sweep{suffix}"] = curve.round({c: 2 for c in curve} | {"mfu": 4}).to_dict(orient="records")
+            figures[f"lesson{suffix}"] = throughput.lesson(curve, report["device"] + suffix.replace("_", ", "))
+        figures["phases_ms"] = {b: phase_medians(device, shape, x, y, b, steps) for b in PHASE_BATCHES}
+        report["models"][name] = figures
     return report
 
 
+def sweep_table(rows: list[dict], precision: str) -> list[str]:
+    lines = [f"| batch | ms per step | samples/s (min-max) | model GFLOP/s | MFU ({precision} peak) |",
+             "|---|---|---|---|---|"]
+    return lines + [f"| {r['batch_size']} | {r['ms_per_step']:.2f} | {r['samples_per_s']:,.0f} "
+                    f"({r['samples_per_s_min']:,.0f}-{r['samples_per_s_max']:,.0f}) | {r['flop_per_s'] / 1e9:,.1f} "
+                    f"| {r['mfu']:.1%} |" for r in rows]
+
+
 def markdown(report: dict) -> str:
+    peaks = ", ".join(f"{p} {flops / 1e9:,.0f} GFLOP/s" for p, flops in report["peak_flop_per_s"].items())
     lines = [f"Lab 1's reference step on {report['device']} ({text(report['machine'])}); medians of "
-             f"{report['steps']} steps.", ""]
+             f"{report['steps']} steps.", "",
+             f"Measured matmul peak (course.mfu.matmul_peak: one {report['peak_matrix_side']}-square matmul, "
+             f"median of 5): {peaks}. Model FLOPs per sample of a step: 3 × the forward's "
+             "2·in·out per dense layer (biases, activations and the optimizer left out).", ""]
     for name, figures in report["models"].items():
-        lines += [f"**{name}**", "", "| batch | ms per step | samples/s (min-max) |", "|---|---|---|"]
-        lines += [f"| {r['batch_size']} | {r['ms_per_step']:.2f} | {r['samples_per_s']:,.0f} "
-                  f"({r['samples_per_s_min']:,.0f}-{r['samples_per_s_max']:,.0f}) |" for r in figures["sweep"]]
-        lines += ["", figures["lesson"], "", "| batch | " + " | ".join(GROUPS) + " | total ms |",
-                  "|---|" + "---|" * (len(GROUPS) + 1)]
+        lines += [f"**{name}**: {figures['flops_per_sample']:,} model FLOPs per sample per step", ""]
+        lines += sweep_table(figures["sweep"], "fp32")
+        lines += ["", figures["lesson"], ""]
+        if "sweep_bf16" in figures:
+            lines += ["Under torch.autocast(bfloat16):", ""] + sweep_table(figures["sweep_bf16"], "bf16")
+            lines += ["", figures["lesson_bf16"], ""]
+        lines += ["| batch | " + " | ".join(GROUPS) + " | total ms |", "|---|" + "---|" * (len(GROUPS) + 1)]
         for batch, phases in figures["phases_ms"].items():
             total = sum(phases.values())
             lines.append(f"| {batch} | " + " | ".join(f"{phases[g] / total:.0%}" for g in GROUPS) + f" | {total:.2f} |")
@@ -107,14 +141,16 @@ def markdown(report: dict) -> str:
 
 
 def headline(report: dict) -> list[dict]:
-    """Per network: its best throughput, and what a batch of 32 reaches of it."""
+    """Per network: its best throughput, what a batch of 32 reaches of it, and the MFU at both."""
     rows = []
     for name, figures in report["models"].items():
-        sweep = {r["batch_size"]: r["samples_per_s"] for r in figures["sweep"]}
-        best = max(sweep, key=sweep.get)
+        sweep = {r["batch_size"]: r for r in figures["sweep"]}
+        best = max(sweep, key=lambda b: sweep[b]["samples_per_s"])
         rows.append(headline_row(f"lab 1's step on {report['device']}, {name.split(' (')[0]}",
-                                 f"best {sweep[best]:,.0f} samples/s at batch {best}; batch 32 reaches "
-                                 f"{sweep[32] / sweep[best]:.0%} of it", f"{report['steps']} steps a batch size"))
+                                 f"best {sweep[best]['samples_per_s']:,.0f} samples/s at batch {best} "
+                                 f"(MFU {sweep[best]['mfu']:.1%} of the measured fp32 peak); batch 32 reaches "
+                                 f"{sweep[32]['samples_per_s'] / sweep[best]['samples_per_s']:.0%} of it "
+                                 f"(MFU {sweep[32]['mfu']:.1%})", f"{report['steps']} steps a batch size"))
     return rows
 
 

@@ -93,6 +93,7 @@ class Run:
 
     def result(self) -> tuple[dict, comm.CommLog, dict]:
         """(values, communication log, timeline, seconds), each by rank; raises what failed."""
+        __tracebackhide__ = True  # noqa: F841 - IPython's debugger steps over the launcher
         store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=60))
         try:

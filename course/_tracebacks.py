@@ -1,12 +1,15 @@
 """Where code is, in words a student recognises: notebook cells as
-'Cell In[5]', source lines from this process (where the cells live), and
-faulthandler's stack dumps turned into where a rank waits."""
+'Cell In[5]', source lines from this process (where the cells live),
+faulthandler's stack dumps turned into where a rank waits, and a launch's
+failure shown in a notebook without the launcher's own frames."""
 from __future__ import annotations
 
 import linecache
 import os
 import re
 import sys
+import traceback
+import types
 
 COURSE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,6 +47,38 @@ def relabel_cells(text: str) -> str:
         label = cell_label(match.group(1))
         return f"{label}, line {match.group(2)}" if label else match.group(0)
     return re.sub(r'File "([^"]+)", line (\d+)', replace, text)
+
+
+# --- a launch's failure, as IPython shows it -------------------------------------------
+
+def without_course_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback `tb` with the entries of the course's own files left out."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(COURSE_DIR):
+            kept.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
+
+
+def ipython_traceback(exception: BaseException) -> list[str]:
+    """What a notebook shows for a launch's failure: the rank's own traceback
+    (the chained RemoteTraceback) or where each rank waits (the message), under
+    the student's cell, and no frame of launch.py or _processes.py.
+
+    IPython draws an exception with its `_render_traceback_` when it has one
+    (the hook ipyparallel uses for its engines' errors); course.errors gives
+    a launch's failures this one. `__tracebackhide__` is not enough: IPython
+    never hides the frame that raised, and that frame is the launcher's.
+    """
+    tb = without_course_frames(exception.__traceback__)
+    shell = _ipython_shell()
+    if shell is None or not hasattr(shell, "InteractiveTB"):
+        return traceback.format_exception(type(exception), exception, tb)
+    return shell.InteractiveTB.structured_traceback(type(exception), exception, tb)
 
 
 # --- faulthandler's stack dumps -----------------------------------------------------

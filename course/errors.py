@@ -5,14 +5,22 @@ A rank's own exception is raised again in the cell, chained to a
 lines, so the real cause comes first. When the exception cannot travel, or
 the failure is the launcher's to report (a rank that died, ranks that hang),
 a `RankError` says which ranks and what happened.
+
+In a notebook, all of them show the student's cell and the rank's own lines,
+not the launcher's frames (`_render_traceback_`, IPython's hook; see
+course._tracebacks.ipython_traceback).
 """
 from __future__ import annotations
 
+import functools
 import signal
 
 import cloudpickle
 
 from course import _tracebacks
+
+#: The variable that sets how long course.launch waits for its ranks (seconds); RankTimeout names it.
+TIMEOUT_VARIABLE = "COURSE_RANK_TIMEOUT"
 
 _PARTNER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe",
                  "connection refused", "communicator was aborted", "socket closed")
@@ -24,6 +32,10 @@ class RankError(RuntimeError):
     def __init__(self, message: str, ranks=()):
         super().__init__(message)
         self.ranks = tuple(ranks)
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython's traceback of it, without the launcher's frames."""
+        return _tracebacks.ipython_traceback(self)
 
 
 class RankExited(RankError):
@@ -75,6 +87,7 @@ def rank_exception(rank: int, report: dict, others: dict, world_size: int) -> Ba
             exception = cloudpickle.loads(report["exception"])
             exception.add_note(note)
             exception.rank = rank
+            exception._render_traceback_ = functools.partial(_tracebacks.ipython_traceback, exception)
         except Exception:  # noqa: BLE001 - fall back to a RankError
             exception = None
     if exception is None:
@@ -119,4 +132,7 @@ def timeout_error(timeout: float, fn_name: str, returned_after: dict, stack_dump
         else:
             lines.append(f"rank {rank} is waiting here:")
         lines.append(_tracebacks.format_waiting(frames).rstrip("\n"))
+    lines.append(f"If the ranks were only slow, not stuck, give them longer: launch(..., timeout=120), or "
+                 f"{TIMEOUT_VARIABLE}=120 in the environment (os.environ[{TIMEOUT_VARIABLE!r}] = '120' in the "
+                 "notebook) for every launch.")
     return RankTimeout("\n".join(lines), waiting)

@@ -13,10 +13,18 @@ cloudpickle, so functions and classes defined in the notebook work.
 
 Under torchrun the process already is a rank: `launch` runs the function
 in-process and returns this rank's result only.
+
+Ranks that hang (a collective one rank never calls) are stopped after
+DEFAULT_TIMEOUT_S, so that a deadlock is reported in half a minute, not two.
+Every launch of the labs and the demo took at most 5 s on a busy 2-core
+machine (4 ranks, a kernel's first launch included): 30 s leaves a machine six
+times slower room. A slow machine raises it for every launch with one
+variable, COURSE_RANK_TIMEOUT=120 (seconds), or for one launch with timeout=.
 """
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -25,7 +33,37 @@ import torch
 import torch.distributed as dist
 
 from course import _pickling, _processes, placement, recorder
+from course.errors import TIMEOUT_VARIABLE
 from course.timeline import Timeline
+
+#: Seconds a launch waits for its ranks unless told otherwise ($COURSE_RANK_TIMEOUT changes it).
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class _FromEnvironment:
+    """launch's default timeout: $COURSE_RANK_TIMEOUT, else DEFAULT_TIMEOUT_S (read at each call)."""
+
+    def __repr__(self):
+        return f"${TIMEOUT_VARIABLE} or {DEFAULT_TIMEOUT_S:g} s"
+
+
+FROM_ENVIRONMENT = _FromEnvironment()
+
+
+def default_timeout() -> float:
+    """Seconds a launch waits when not given `timeout`: $COURSE_RANK_TIMEOUT if set, else DEFAULT_TIMEOUT_S."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds: set it to a positive "
+                         f"number, such as {TIMEOUT_VARIABLE}=120 on a slow machine, or unset it for the "
+                         f"default {DEFAULT_TIMEOUT_S:g} s")
+    return seconds
 
 
 class RankResults(Sequence):
@@ -63,25 +101,32 @@ class RankResults(Sequence):
 
 
 def launch(fn, world_size: int | None, args=(), kwargs=None, *, backend: str | None = None,
-           device: str | None = None, timeout: float | None = 120.0,
+           device: str | None = None, timeout: float | None = FROM_ENVIRONMENT,
            num_threads: int = 1) -> RankResults:
     """Run `fn(*args, **kwargs)` on `world_size` ranks; return their results by rank.
 
     backend, device: see course.placement.choose (default: NCCL with a GPU per
         rank where there are enough GPUs, gloo otherwise).
     timeout: seconds until the ranks must have returned; then each rank's
-        stack is reported and every rank is stopped. None waits forever.
+        stack is reported and every rank is stopped (course.RankTimeout).
+        None waits forever. Default: $COURSE_RANK_TIMEOUT if set, else 30 s,
+        which every launch of the labs fits in with a wide margin; on a slow
+        machine, set COURSE_RANK_TIMEOUT=120 (seconds) before starting Jupyter
+        or in the notebook's os.environ, and every launch waits that long.
     num_threads: torch threads per rank. One per rank on a CPU machine: more
         threads than cores makes every measurement lie.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython's debugger steps over the launcher
     kwargs = dict(kwargs or {})
+    if timeout is FROM_ENVIRONMENT:
+        timeout = default_timeout()
     if not callable(fn):
         raise TypeError(f"launch needs a function to run on the ranks, got {type(fn).__name__}")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple of arguments for {_name(fn)}, got "
                         f"{type(args).__name__}; write args=(x,) for a single one")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout}")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None (wait forever), got {timeout!r}")
     if not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive whole number, got {num_threads!r}")
     if placement.under_torchrun():

@@ -1,4 +1,6 @@
 """course.launch from a plain Python process: results, errors, hangs, leaks."""
+import importlib
+import inspect
 import json
 import os
 import signal
@@ -16,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import course
-from course import placement
+from course import _tracebacks, placement
 from helpers import REPO
 
 # --- functions the ranks run (module level: importable, like a notebook's) --------
@@ -246,6 +248,67 @@ def test_a_rank_stuck_in_python_shows_its_line():
     with pytest.raises(course.RankTimeout, match="rank 1 is waiting here") as caught:
         course.launch(rank_1_loops_forever, 2, timeout=1)
     assert "while True:" in str(caught.value) or "pass" in str(caught.value)
+
+
+def test_the_default_timeout_comes_from_the_environment(monkeypatch):
+    launching = importlib.import_module("course.launch")   # the module; course.launch is the function
+    monkeypatch.delenv("COURSE_RANK_TIMEOUT", raising=False)
+    assert launching.default_timeout() == launching.DEFAULT_TIMEOUT_S == 30.0
+    # help(course.launch) says where the default comes from
+    default = inspect.signature(course.launch).parameters["timeout"].default
+    assert repr(default) == "$COURSE_RANK_TIMEOUT or 30 s"
+    monkeypatch.setenv("COURSE_RANK_TIMEOUT", " 120 ")
+    assert launching.default_timeout() == 120.0
+    monkeypatch.setenv("COURSE_RANK_TIMEOUT", "1")
+    started = time.monotonic()
+    with pytest.raises(course.RankTimeout, match="within 1 s") as caught:
+        course.launch(rank_0_skips_nothing_rank_1_skips_all_reduce, 2)
+    assert time.monotonic() - started < 15
+    # the report says how to wait longer, for one launch or for all
+    assert "timeout=120" in str(caught.value) and "COURSE_RANK_TIMEOUT=120" in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["thirty", "0", "-5", "inf", "nan"])
+def test_a_bad_timeout_variable_is_refused_before_anything_starts(monkeypatch, value):
+    monkeypatch.setenv("COURSE_RANK_TIMEOUT", value)
+    with pytest.raises(ValueError, match=f"COURSE_RANK_TIMEOUT='{value}' is not a number of seconds: "
+                                         "set it to a positive number"):
+        course.launch(threads_per_rank, 2)
+    assert list(course.launch(threads_per_rank, 2, timeout=60)) == [1, 1]  # an explicit one is used as is
+
+
+# --- what a notebook shows when a launch fails ------------------------------------------
+
+def _frames(tb):
+    return [(entry.tb_frame.f_code.co_filename, entry.tb_frame.f_code.co_name) for entry in traceback_walk(tb)]
+
+
+def traceback_walk(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+@pytest.mark.parametrize("fn, args, raised", [
+    (raises_on_rank_1, (), ValueError),
+    (exits_on_rank_1, (3,), course.RankExited),
+    (rank_0_skips_nothing_rank_1_skips_all_reduce, (), course.RankTimeout),
+])
+def test_a_failures_rendered_traceback_leaves_the_launchers_frames_out(fn, args, raised):
+    with pytest.raises(raised) as caught:
+        course.launch(fn, 2, args=args, timeout=2)
+    error = caught.value
+    files = [filename for filename, _ in _frames(error.__traceback__)]
+    assert any(f.endswith("launch.py") for f in files) and any(f.endswith("_processes.py") for f in files)
+    # what IPython draws (outside IPython: the standard format), from the caller's frame down
+    shown = _frames(_tracebacks.without_course_frames(error.__traceback__))
+    assert shown[-1] == (__file__, "test_a_failures_rendered_traceback_leaves_the_launchers_frames_out")
+    assert not [f for f, _ in shown if f.startswith(_tracebacks.COURSE_DIR)]
+    text = "".join(error._render_traceback_())
+    assert "course/launch.py" not in text and "_processes.py" not in text
+    assert "course.launch(fn, 2, args=args, timeout=2)" in text and raised.__name__ in text
+    if raised is ValueError:   # the rank's own traceback, chained above
+        assert 'raise ValueError("rank 1 found a bad shape")' in text
 
 
 # --- nothing outlives a call ------------------------------------------------------------

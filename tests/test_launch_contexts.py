@@ -2,6 +2,7 @@
 plain script, and torchrun."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -32,6 +33,76 @@ def test_in_a_jupyter_kernel_results_tracebacks_output_and_interrupt(tmp_path):
     # the stop button ends every rank within 2 s, and the cell reports the interrupt
     assert report["ranks_alive"] == [] and report["ranks_gone_after_s"] < 2, report
     assert "KeyboardInterrupt" in (report["last_cell_error"] or "")
+
+
+# Cells of a notebook whose launches fail three ways; the driver prints each error output.
+FAILING_CELLS = [
+    "import os, torch, torch.distributed as dist, course",
+    """
+    def fails():
+        if dist.get_rank() == 1:
+            raise KeyError("missing on rank 1")
+        dist.barrier()
+
+    course.launch(fails, 2)
+    """,
+    """
+    def skips():
+        t = torch.ones(2)
+        if dist.get_rank() == 0:
+            dist.all_reduce(t)            # rank 1 never calls it
+
+    os.environ["COURSE_RANK_TIMEOUT"] = "2"
+    course.launch(skips, 2)
+    """,
+    """
+    def exits():
+        if dist.get_rank() == 1:
+            os._exit(3)
+        dist.barrier()
+
+    course.launch(exits, 2)
+    """,
+]
+
+KERNEL_DRIVER = """
+import json, sys
+import nbformat
+from nbclient import NotebookClient
+from grader.execute import this_interpreters_kernel
+
+cells = json.loads(sys.argv[1])
+notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+client = NotebookClient(notebook, km=this_interpreters_kernel(), timeout=120, allow_errors=True)
+with client.setup_kernel():
+    for index in range(len(cells)):
+        client.execute_cell(notebook.cells[index], index)
+print(json.dumps([[o.ename, "\\n".join(o.traceback)] for c in notebook.cells for o in c.outputs
+                  if o.output_type == "error"]))
+"""
+
+
+def test_in_a_jupyter_kernel_a_failed_launch_shows_the_cell_and_the_ranks_line_not_the_launcher(tmp_path):
+    driver = tmp_path / "driver.py"
+    driver.write_text(KERNEL_DRIVER)
+    cells = [textwrap.dedent(c).strip() for c in FAILING_CELLS]
+    done = subprocess.run([sys.executable, str(driver), json.dumps(cells)], env=ENV, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    plain = [(name, re.sub(r"\x1b\[[0-9;]*m", "", text)) for name, text in errors]  # without colours
+    assert [name for name, _ in plain] == ["KeyError", "RankTimeout", "RankExited"]
+    (_, raised), (_, hung), (_, exited) = plain
+    for text, call in ((raised, "course.launch(fails, 2)"), (hung, "course.launch(skips, 2)"),
+                       (exited, "course.launch(exits, 2)")):
+        assert "Cell In[" in text and call in text, text            # the student's cell and line
+        assert "course/launch.py" not in text and "_processes.py" not in text, text
+        assert "skipping hidden" not in text, text
+    # the rank's own line: the raise, and the collective it waits in
+    assert "Traceback on rank 1" in raised and 'raise KeyError("missing on rank 1")' in raised
+    assert "rank 0 is waiting here:" in hung and "dist.all_reduce(t)" in hung
+    assert "within 2 s" in hung and "COURSE_RANK_TIMEOUT=120" in hung   # the variable, read at the call
+    assert "rank 1 exited with code 3 before exits returned" in exited
 
 
 def test_in_a_plain_script_without_a_main_guard(tmp_path):

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.grading
 
 LAB = "04_hybrid"
 
-# The same exercises, answered in other correct ways than the reference's.
+# The same exercises, answered in other correct ways than the reference's. The hand-over's backward
+# here is an all-reduce and the own rows kept, where the reference reduce-scatters: both are correct.
 DIFFERENT = {
     "choose_parallelism": '''
 def choose_parallelism(layer, batch, gpus):
@@ -116,12 +117,16 @@ MISTAKES = {
         {"grid": [("return divmod(rank, grid.model)", "return divmod(rank, grid.model)[::-1]")]},
         "test_grid"),
     "the hand-over keeps its partial error, unsummed": (
-        {"hand_over": [("        dist.all_reduce(grad, group=ctx.group)       "
-                        "# every rank's partial error of every image, summed\n", "")]},
+        {"hand_over": [("        reduce_scatter(own, whole, group=ctx.group)\n",
+                        "        own.copy_(whole.chunk(ctx.size)[ctx.index])\n")]},
         "test_hand_over"),
+    # the reference reduce-scatters, which picks the rows by place in the group; the mistake is the
+    # all-reduce way's (an all-reduce, then the rows of the global rank)
     "the hand-over keeps the rows of its global rank, not of its place in the group": (
-        {"hand_over": [("ctx.group, ctx.size, ctx.index = group, dist.get_world_size(group), dist.get_rank(group)",
-                        "ctx.group, ctx.size, ctx.index = group, dist.get_world_size(group), dist.get_rank()")]},
+        {"hand_over": [("        own = torch.empty_like(whole.chunk(ctx.size)[ctx.index])\n"
+                        "        reduce_scatter(own, whole, group=ctx.group)\n",
+                        "        dist.all_reduce(whole, group=ctx.group)\n"
+                        "        own = whole.chunk(ctx.size)[dist.get_rank()]\n")]},
         "test_hand_over"),
     "the dense shards of the global rank, not of the place in the group": (
         {"hybrid_convnet": [("size, m = dist.get_world_size(model_group), dist.get_rank(model_group)",

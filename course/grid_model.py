@@ -70,7 +70,7 @@ class PaperRow:
     speedup: float   # as the paper gives it
 
 
-#: Yadan et al., Table 1: Krizhevsky's network, batch 256, NVIDIA TITAN 6 GB, one server.
+#: Yadan et al., Table 1: Krizhevsky's network, batch 256, NVIDIA GTX TITAN (6 GiB), one server.
 TABLE_1 = (
     PaperRow("1 GPU", Grid(1, 1), 10.5, 1.0),
     PaperRow("2 GPUs, model parallelism", Grid(1, 2), 6.6, 1.6),

@@ -100,6 +100,16 @@ def train_step(model, batches, loss_fn, optimizer, device, timer):
     timer.lap("weight update")
     return loss.detach(), timer.stop()
 ''',  # noqa: E501
+    # The weights counted from the weight tensors, the layers found by recursion over children;
+    # the step written as forward + backward.
+    "step_flops": '''
+def step_flops(model):
+    def forward(module):
+        if isinstance(module, torch.nn.Linear):
+            return 2 * module.weight.numel()
+        return sum(forward(child) for child in module.children())
+    return forward(model) + 2 * forward(model)
+''',
 }
 
 # The classic mistakes, each in one exercise, and the test cell that must catch it.
@@ -148,6 +158,22 @@ MISTAKES = {
     "the loss returned still attached to the graph": (
         {"train_step": [("return loss.detach(), timer.stop()", "return loss, timer.stop()")]},
         "test_train_step"),
+    "the backward forgotten: the forward's FLOPs only": (
+        {"step_flops": [("return 3 * forward", "return forward")]},
+        "test_step_flops"),
+    "the backward counted as large as the forward": (
+        {"step_flops": [("return 3 * forward", "return 2 * forward")]},
+        "test_step_flops"),
+    "a multiply-add counted as one FLOP": (
+        {"step_flops": [("2 * layer.in_features * layer.out_features", "layer.in_features * layer.out_features")]},
+        "test_step_flops"),
+    "only the model's direct children looked at: the Linears nested in Sequentials missed": (
+        {"step_flops": [("for layer in model.modules()", "for layer in model.children()")]},
+        "test_step_flops"),
+    "the biases counted too": (
+        {"step_flops": [("2 * layer.in_features * layer.out_features",
+                         "2 * layer.in_features * layer.out_features + layer.out_features")]},
+        "test_step_flops"),
 }
 
 

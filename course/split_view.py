@@ -8,8 +8,10 @@ parallelism (ring all-reduce of the gradient) and for the layer split by
 column and by row (`course.sizes.split_weight_transfers`), each labelled
 with the time model's estimate of that transfer over the chosen link
 (`course.timemodel`, whose docstring states the assumptions). Dots: bytes
-measured in a real run; crosses: the sources' figures, where the settings
-are the sources' (1000×500 weight, batch 128, 2 GPUs, float32).
+measured in a real run; crosses: the blog's figures, where the settings
+are the sources' (1000×500 weight, batch 128, 2 GPUs, float32), on the
+schemes the blog gives them to: its two split figures sit on the other
+split's bar.
 Right: the same bytes against the batch size. Data parallelism sends the
 gradient, whatever the batch: a flat line. A split sends activations, which
 grow with the batch. Where the lines cross, the schemes swap places.
@@ -29,9 +31,11 @@ SCHEMES = ("data parallel", "split by column", "split by row")
 COLOURS = {"data parallel": "#de2d26", "split by column": "#3182bd", "split by row": "#31a354"}
 BYTES_DEPEND_ON = ("inputs", "outputs", "batch", "gpus", "dtype")
 
-#: Dettmers' example (part 2), and the elements the post and its comments give per step.
+#: Dettmers' example (part 2), and the elements per step the blog gives for each scheme, attached to the
+#: schemes as the blog attaches them: 128,000 and 160,000 are what one rank sends on 2 GPUs with ring
+#: collectives, but the per-rank count (`sent`) gives 128,000 to the row split and 160,000 to the column split.
 DETTMERS = {"inputs": 1000, "outputs": 500, "batch": 128, "gpus": 2, "dtype": "float32"}
-DETTMERS_BLOG_ELEMENTS = {"data parallel": 500_000, "split by column": 160_000, "split by row": 128_000}
+DETTMERS_BLOG_ELEMENTS = {"data parallel": 500_000, "split by column": 128_000, "split by row": 160_000}
 
 _RING_SECONDS = {"all-gather": timemodel.ring_all_gather_seconds,
                  "all-reduce": timemodel.ring_all_reduce_seconds}

@@ -27,11 +27,23 @@ def test_bars_are_the_bytes_each_rank_sends():
     plt.close(fig)
 
 
+def test_the_blogs_two_numbers_are_the_per_rank_count_on_2_gpus_attached_the_other_way_round():
+    layer = Dense("Dettmers' layer", 1000, 500)
+    # per rank, ring collectives, 2 GPUs, by hand:
+    # column: all-gather of the 128×500 output sends half of it (32,000), all-reduce of the 128×1000 error
+    # sends all of it (128,000); row: all-reduce of the output (64,000), all-gather of the error (64,000)
+    count = {d: sizes.split_weight_sent(layer, 128, 2, d, "float32") / 4 for d in sizes.DIRECTIONS}
+    assert count == {"column": 32_000 + 128_000, "row": 64_000 + 64_000} == {"column": 160_000, "row": 128_000}
+    blog = split_view.DETTMERS_BLOG_ELEMENTS
+    assert {blog["split by column"], blog["split by row"]} == set(count.values())   # the same two numbers
+    assert blog["split by column"] == count["row"] and blog["split by row"] == count["column"]  # swapped
+
+
 def test_dettmers_settings_show_the_blogs_figures_beside_the_exact_counts():
     fig = split_view.draw()               # the defaults are Dettmers' example
     assert _heights(fig.axes[0]) == pytest.approx([2.002, 0.64, 0.512])
     (blog,) = [ln for ln in fig.axes[0].lines if ln.get_label() == "the blog's figure"]
-    assert list(blog.get_ydata()) == pytest.approx([2.0, 0.64, 0.512])
+    assert list(blog.get_ydata()) == pytest.approx([2.0, 0.512, 0.64])   # on the schemes the blog names
     plt.close(fig)
     fig = split_view.draw(batch=256)
     assert not [ln for ln in fig.axes[0].lines if ln.get_label() == "the blog's figure"]

@@ -59,6 +59,8 @@ JAIL_ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "NBGRA
                   "PYDEVD_DISABLE_FILE_VALIDATION", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                   "OPENBLAS_NUM_THREADS", "JUPYTER_NO_CONFIG"}
 JAIL_ENV_PREFIXES = ("LC_", "COURSE_", "CUDA_", "NVIDIA_", "NCCL_", "GLOO_")
+#: Seconds a graded launch waits for its ranks (course.launch reads $COURSE_RANK_TIMEOUT).
+GRADED_RANK_TIMEOUT_S = "120"
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,9 @@ def jail_environment(spec: Spec, outside: dict[str, str]) -> dict[str, str]:
         if value == judge or value.startswith(judge + "/"):
             env[key] = JAIL_JUDGE + value[len(judge):]
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    # A launch's deadlock report comes at 30 s in a student's notebook; graded, two notebooks share
+    # the cores and nobody waits for it, so a correct but slowed solution never loses points to it.
+    env.setdefault("COURSE_RANK_TIMEOUT", GRADED_RANK_TIMEOUT_S)
     env.update(HOME=JAIL_HOME, TMPDIR="/tmp", PYTHONPATH=JAIL_COURSE, USER="student", LOGNAME="student")
     return env
 

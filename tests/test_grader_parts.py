@@ -445,3 +445,12 @@ def test_execute_leaves_no_kernel_or_rank_running(tmp_path, last_cell):
     gone, alive = psutil.wait_procs(left, timeout=5)
     assert not alive, f"still running after execute: {[p.cmdline()[:3] for p in alive]}"
     assert "RankResults([1, 1])" in nb.cells[0].outputs[-1]["data"]["text/plain"]
+
+
+def test_a_graded_kernel_waits_longer_for_its_ranks_unless_the_instructor_says_otherwise(tmp_path):
+    from grader import sandbox
+    spec = sandbox.Spec(root=str(tmp_path), uid=None)
+    env = sandbox.jail_environment(spec, {"PATH": "/usr/bin", "SECRET": "x"})
+    assert env["COURSE_RANK_TIMEOUT"] == sandbox.GRADED_RANK_TIMEOUT_S
+    assert float(env["COURSE_RANK_TIMEOUT"]) > 30 and "SECRET" not in env
+    assert sandbox.jail_environment(spec, {"COURSE_RANK_TIMEOUT": "300"})["COURSE_RANK_TIMEOUT"] == "300"

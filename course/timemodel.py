@@ -157,8 +157,8 @@ DETTMERS_GRADIENT_BYTES = 1000 * 1000 * 4
 #: the blog's own figures, in seconds
 DETTMERS_BLOG = {"one transfer, 40 Gbit/s": 0.75e-3, "one transfer, PCIe 3.0": 0.25e-3,
                  "six GPUs, two nodes": 7.75e-3, "four nodes": 20.25e-3}
-#: The matrix product the blog times at about 0.2 ms: the layer's forward pass. The post is
-#: not quoted in the course; the course reads it as a batch of 100 through the 1000 x 1000 layer.
+#: The matrix product the blog times at about 0.2 ms (twice that backward): the layer's forward
+#: pass on a batch of 100, 100x1000 . 1000x1000.
 DETTMERS_MATMUL_BATCH, DETTMERS_BLOG_MATMUL_SECONDS = 100, 0.2e-3
 #: Speed-ups the blog quotes from Krizhevsky (2014), measured on GPUs; by number of GPUs.
 #: Data parallel in the convolutional layers (and model parallel in the fully connected ones).

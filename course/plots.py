@@ -66,6 +66,21 @@ def phase_bars(ax, steps: Mapping[str, Mapping[str, float]], *, unit: str = "ms"
     return ax
 
 
+def _batch_size_axes(ax, batch_sizes, small: int, ylabel: str, title: str | None):
+    """The axes of a curve against batch size: log2 x ticked at each batch, `small` dotted, y from 0."""
+    ax.axvline(small, linestyle=":", color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(batch_sizes), [str(b) for b in batch_sizes], fontsize="small")
+    ax.minorticks_off()
+    ax.set_xlabel("batch size (samples per step)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize="small", frameon=False)
+    return ax
+
+
 def throughput_curve(ax, frame, *, title: str | None = None, tile: int = 32, small: int = 64):
     """Samples per second against batch size, with its min-max band.
 
@@ -86,17 +101,7 @@ def throughput_curve(ax, frame, *, title: str | None = None, tile: int = 32, sma
     if len(other):
         ax.plot(other["batch_size"], other["samples_per_s"], "o", mfc="white", color="#08519c",
                 label=f"not a multiple of {tile}")
-    ax.axvline(small, linestyle=":", color="grey")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(x), [str(b) for b in x], fontsize="small")
-    ax.minorticks_off()
-    ax.set_xlabel("batch size (samples per step)")
-    ax.set_ylabel("samples per second")
-    ax.set_ylim(bottom=0)
-    if title:
-        ax.set_title(title)
-    ax.legend(fontsize="small", frameon=False)
-    return ax
+    return _batch_size_axes(ax, x, small, "samples per second", title)
 
 
 def mfu_curve(ax, frame, *, title: str | None = None, peak_label: str = "the measured peak", small: int = 64):
@@ -107,17 +112,7 @@ def mfu_curve(ax, frame, *, title: str | None = None, peak_label: str = "the mea
     frame = frame.sort_values("batch_size")
     x = frame["batch_size"]
     ax.plot(x, frame["mfu"] * 100, "o-", color="#a63603", label=f"MFU against {peak_label}")
-    ax.axvline(small, linestyle=":", color="grey")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(x), [str(b) for b in x], fontsize="small")
-    ax.minorticks_off()
-    ax.set_xlabel("batch size (samples per step)")
-    ax.set_ylabel("model FLOPs utilisation (% of peak)")
-    ax.set_ylim(bottom=0)
-    if title:
-        ax.set_title(title)
-    ax.legend(fontsize="small", frameon=False)
-    return ax
+    return _batch_size_axes(ax, x, small, "model FLOPs utilisation (% of peak)", title)
 
 
 #: What `projector` changes: type readable from the back of a room, lines visible on a washed-out

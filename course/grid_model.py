@@ -119,11 +119,9 @@ def _split(layers) -> tuple[list, list]:
     return convs, dense
 
 
-def _check_settings(layers, grid: Grid, batch: int, scheme: str, dense: list, backend: str) -> None:
+def _check_settings(layers, grid: Grid, batch: int, scheme: str, dense: list) -> None:
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if batch < 1 or batch % grid.ranks:
         raise ValueError(f"the batch of {batch} must split evenly over the {grid.ranks} ranks of a {grid} grid")
     if scheme == "paper":   # every layer split by its outputs
@@ -163,7 +161,7 @@ def transfers(layers, grid: Grid, batch: int, scheme: str = "lab", dtype: str = 
     model), ranks in it, bytes of the full tensor, bytes one rank sends (ring). The backward
     of each gather is `gather_backward(backend)`."""
     convs, dense = _split(layers)
-    _check_settings(layers, grid, batch, scheme, dense, backend)
+    _check_settings(layers, grid, batch, scheme, dense)
     per_group, rows, adjoint = batch // grid.data, [], gather_backward(backend)
 
     def add(what, collective, group, elements):

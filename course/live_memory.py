@@ -116,16 +116,17 @@ class LiveMemory:
         """Count the storages of tensors made before the context: tensors, modules (parameters,
         buffers, .grad), optimizers (their state), and lists or dicts of these. On CUDA every
         tensor on the device counts already; track only checks what it is given."""
-        for tensor in _tensors_of(objects):
+        tensors = _tensors_of(objects)
+        if self._counter is None:  # CUDA; an optimizer's state may hold CPU tensors (Adam's step) there
+            return self
+        for tensor in tensors:
             if tensor.device != self.device:
                 raise ValueError(f"track was given a tensor of shape {tuple(tensor.shape)} on {tensor.device}, but "
                                  f"this LiveMemory measures {self.device}: measure on {tensor.device}, or move "
                                  f"the model there")
-            if self._counter is not None:
-                for storage in _storages(tensor, self.device):
-                    self._counter.storages.add(storage)
-        if self._counter is not None:
-            self._counter.live_bytes()
+            for storage in _storages(tensor, self.device):
+                self._counter.storages.add(storage)
+        self._counter.live_bytes()
         return self
 
     def now(self) -> int:

@@ -219,4 +219,10 @@ def test_on_cuda_it_reads_the_allocator():
         assert memory.now() - start == (1 << 20) * FLOAT
         del big
         assert memory.now() == start and memory.peak >= start + (1 << 20) * FLOAT
-        memory.track(torch.nn.Linear(2, 2).to(device))
+        model = torch.nn.Linear(2, 2).to(device)
+        optimizer = torch.optim.Adam(model.parameters())
+        model(torch.ones(1, 2, device=device)).sum().backward()
+        optimizer.step()
+        memory.track(model, optimizer)  # Adam's step tensors stay on the CPU: nothing to refuse
+        with pytest.raises(ValueError, match="got int"):
+            memory.track(3)

@@ -42,7 +42,8 @@ def _plain_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
     """The tensors holding memory: the tensor itself, or a subclass's (DTensor's) inner tensors."""
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
         names, _ = tensor.__tensor_flatten__()
-        return [t for name in names for t in _plain_tensors(getattr(tensor, name))]
+        inner = (getattr(tensor, name) for name in names)   # DTensor's include its DeviceMesh
+        return [t for value in inner if isinstance(value, torch.Tensor) for t in _plain_tensors(value)]
     return [tensor]
 
 

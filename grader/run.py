@@ -4,6 +4,7 @@
     torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d \\
              --rdzv-endpoint=HOST:29500 -m grader run 04_hybrid --grid 4x2
     python -m grader run 03_model_parallel --ranks 2      # no torchrun: 2 ranks on this machine
+    torchrun --nproc-per-node=4 -m grader run 05_sharded_data_parallel --stage 2
 
 It belongs with the instructor's tools, not in `course/`: it runs the answers.
 The training is the solution notebook's own function (loaded with
@@ -127,6 +128,27 @@ def _hybrid_arguments(lab, options, world_size):
                            seed=options.seed))
 
 
+# --- lab 5: sharded data parallel ---------------------------------------------------
+
+ZERO_STAGES = {0: "data parallel", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+
+
+def _sharded_options(parser):
+    parser.add_argument("--stage", type=int, choices=tuple(ZERO_STAGES), default=3,
+                        help="0 data parallel, 1 ZeRO-1 (the optimizer state sharded), 2 ZeRO-2 (the "
+                             "gradients too), 3 ZeRO-3 (the parameters too; default)")
+
+
+def _sharded_arguments(lab, options, world_size):
+    _check_batch(options.batch_size, len(lab.digits.train_x), world_size)
+    # the notebook's wide MLP, with the momentum SGD its training checks use
+    make_model = functools.partial(course.models.mlp, **lab.WIDE_MLP)
+    make_optimizer = functools.partial(torch.optim.SGD, lr=options.lr, momentum=0.9)
+    return ((make_model, lab.digits.train_x, lab.digits.train_y),
+            dict(stage=options.stage, steps=options.steps, batch_size=options.batch_size,
+                 make_optimizer=make_optimizer))
+
+
 def _check_batch(batch_size, samples, world_size=1):
     """Batches split into equal shards (unequal ones would weigh samples unequally), and
     at least one batch in the data."""
@@ -148,6 +170,9 @@ LABS = {
     "04_hybrid": Lab("hybrid_training", "a convnet on digits: convolutions data parallel, dense "
                      "layers split, on a grid", _hybrid_options, _hybrid_arguments,
                      lambda r: (r[0], r[1])),
+    "05_sharded_data_parallel": Lab("sharded_training", "the wide MLP on digits, data parallel, its "
+                                    "training state sharded by ZeRO stage 1, 2 or 3", _sharded_options, _sharded_arguments,
+                                    lambda r: (r["parameters"], r["losses"])),
 }
 
 

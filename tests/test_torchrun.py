@@ -59,6 +59,15 @@ def notebook_run(lab, ranks, grid=None):
                                   steps=STEPS, batch_size=nb.BATCH_SIZE, lr=nb.LEARNING_RATE)
         run = course.launch(train, ranks, args=("yours" if ranks > 1 else "whole",))
         return {rank: run[rank][:2] for rank in run.ranks}
+    if lab == "05_sharded_data_parallel":  # the notebook's wide MLP, ZeRO-3 on RANKS, one_process_training on 1
+        make_model = functools.partial(course.models.mlp, **nb.WIDE_MLP)
+        options = dict(steps=STEPS, batch_size=nb.BATCH_SIZE,
+                       make_optimizer=functools.partial(torch.optim.SGD, lr=nb.LEARNING_RATE, momentum=0.9))
+        if ranks == 1:
+            return {0: (nb.one_process_training(make_model, nb.digits.train_x, nb.digits.train_y, **options), None)}
+        run = course.launch(nb.sharded_training, ranks, args=(make_model, nb.digits.train_x, nb.digits.train_y),
+                            kwargs=dict(stage=3, **options))
+        return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
     train = functools.partial(nb.hybrid_training, steps=STEPS, batch_size=nb.BATCH_SIZE, lr=nb.LEARNING_RATE)
     grid = grid or Grid(1, 1)
     run = course.launch(train, grid.ranks, args=(grid,))
@@ -70,8 +79,8 @@ def assert_matches_notebook(saved, lab, grid=None):
     on the same ranks, and its parameters close to one process's (the notebook's check)."""
     assert saved["lab"] == lab and saved["world_size"] == 2 and saved["backend"] == "gloo"
     assert saved["options"]["steps"] == STEPS
-    assert saved["function"] == {"02_data_parallel": "data_parallel_training",
-                                 "03_model_parallel": "split_training", "04_hybrid": "hybrid_training"}[lab]
+    assert saved["function"] == {"02_data_parallel": "data_parallel_training", "03_model_parallel": "split_training",
+                                 "04_hybrid": "hybrid_training", "05_sharded_data_parallel": "sharded_training"}[lab]
     assert sorted(saved["ranks"]) == [0, 1]
     expected, (one_process, _) = notebook_run(lab, 2, grid), notebook_run(lab, 1)[0]
     for rank, report in saved["ranks"].items():
@@ -128,7 +137,7 @@ def assert_ran(outputs):
 
 # --- the labs under torchrun -----------------------------------------------------------
 
-LABS = ["02_data_parallel", "03_model_parallel", "04_hybrid"]
+LABS = ["02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel"]
 
 
 @pytest.mark.parametrize("lab", LABS)
@@ -140,6 +149,8 @@ def test_on_one_node_the_script_ends_as_the_notebook_does(lab, tmp_path):
     assert_matches_notebook(saved, lab, Grid(1, 2))  # lab 4: the notebook's grid on 2 ranks
     if lab == "04_hybrid":
         assert saved["options"]["grid"] == "1x2"
+    if lab == "05_sharded_data_parallel":
+        assert saved["options"]["stage"] == 3  # the default: ZeRO-3
 
 
 @pytest.mark.parametrize("lab", LABS)
@@ -171,8 +182,23 @@ def test_without_torchrun_ranks_starts_the_ranks_here(tmp_path, capsys):
     assert "[rank 0/2]" in printed and "[rank 1/2]" in printed
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_without_torchrun_each_zero_stage_runs_its_collectives_and_ends_as_one_process(stage):
+    saved = main(["05_sharded_data_parallel", "--ranks", "2", "--steps", str(STEPS), "--stage", str(stage)])
+    assert saved["options"]["stage"] == stage
+    # a hand count, per parameter tensor per step: stage 0 all-reduces its gradient; stage 1 also
+    # all-gathers the updated parameter; stage 2 reduce-scatters the gradient and all-gathers instead
+    tensors = 2 * (len(solution("05_sharded_data_parallel").WIDE_MLP["hidden"]) + 1)   # weight and bias a layer
+    one_process = notebook_run("05_sharded_data_parallel", 1)[0][0]
+    for rank, report in saved["ranks"].items():
+        assert report["messages"] == {0: 1, 1: 2, 2: 2}[stage] * tensors * STEPS, (stage, report["messages"])
+        check.assert_close(report["params"], one_process, f"ZeRO stage {stage}: parameters against one process",
+                           rank=rank)
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["05_unknown"], "invalid choice: '05_unknown' (choose from '02_data_parallel', '03_model_parallel', '04_hybrid')"),
+    (["05_unknown"], "invalid choice: '05_unknown' (choose from '02_data_parallel', '03_model_parallel', '04_hybrid', "
+                     "'05_sharded_data_parallel')"),
     (["02_data_parallel", "--steps", "0", "--ranks", "2"],
      "argument --steps: must be a positive whole number, got '0'"),
     (["02_data_parallel", "--lr", "-1", "--ranks", "2"], "argument --lr: must be a positive number, got '-1'"),
@@ -187,6 +213,9 @@ def test_without_torchrun_ranks_starts_the_ranks_here(tmp_path, capsys):
      "a 2x2 grid needs 4 ranks, but 2 run: use a --grid of 2 ranks, such as 1x2"),
     (["04_hybrid", "--ranks", "3", "--grid", "1x3", "--batch-size", "255"],
      "128 outputs do not split over 3 model-parallel ranks"),
+    (["05_sharded_data_parallel", "--stage", "4", "--ranks", "2"],
+     "argument --stage: invalid choice: 4 (choose from 0, 1, 2, 3)"),
+    (["05_sharded_data_parallel", "--ranks", "5"], "a batch of 48 samples does not split evenly over 5 ranks"),
 ])
 def test_what_cannot_run_is_refused_with_what_to_do(argv, message, capsys, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

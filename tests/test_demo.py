@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -85,8 +86,8 @@ def test_every_figure_is_projector_sized(demo):
     notebook, _ = demo
     widths = [_png_width(o["data"]["image/png"]) for c in notebook.cells if c.cell_type == "code"
               for o in c.outputs if "image/png" in o.get("data", {})]
-    # the three trainings, the timeline, the two bytes-and-time views, Table 1 and the grid view
-    assert len(widths) >= 6, f"the demo drew {len(widths)} figures"
+    # the three trainings, the timeline, the two bytes-and-time views, Table 1, the grid view and the memory view
+    assert len(widths) >= 7, f"the demo drew {len(widths)} figures"
     assert min(widths) >= MIN_FIGURE_WIDTH_PX, f"figure widths in pixels: {widths}"
 
 
@@ -94,7 +95,8 @@ def test_the_views_and_table_1_come_from_the_runs(demo):
     notebook, _ = demo
     code = [c for c in notebook.cells if c.cell_type == "code"]
     sources = "\n".join(c.source for c in code)
-    for view in ("transfer_view.show(measured=", "split_view.show(measured=", "hybrid_view.show(measured="):
+    for view in ("transfer_view.show(measured=", "split_view.show(measured=", "hybrid_view.show(measured=",
+                 "memory_view.show(measured="):
         assert view in sources, f"the demo shows no {view.split('(')[0]} with measured bytes"
     table = next(c for c in code if "table_1.styled(" in c.source)
     html = "".join(o.get("data", {}).get("text/html", "") for o in table.outputs)
@@ -103,3 +105,20 @@ def test_the_views_and_table_1_come_from_the_runs(demo):
     trained = next(c for c in code if "train_on(ranks)" in c.source)
     printed = "".join(o.get("text", "") for o in trained.outputs)
     assert "within float32's tolerance of one process's" in printed, printed
+
+
+def test_memory_per_rank_is_measured_and_matches_a_hand_count(demo):
+    """Section 5, rank 0 of 2 with Adam in float32: 4 bytes of parameter, 4 of gradient and 8 of optimizer
+    state a parameter; ZeRO-1 halves the 8, ZeRO-2 the gradient's 4 too, ZeRO-3 the parameter's 4 too.
+    A step's bytes against data parallelism's: a reduce-scatter and an all-gather (ZeRO-1, -2) are its
+    ring all-reduce; ZeRO-3 all-gathers twice."""
+    notebook, _ = demo
+    cell = next(c for c in notebook.cells if c.cell_type == "code" and "zero_run(stage, 2)" in c.source)
+    held, sent = "".join(o.get("text", "") for o in cell.outputs).splitlines()[:2]
+    for line, hand_count in ((held, {"data parallel": 16, "ZeRO-1": 12, "ZeRO-2": 10, "ZeRO-3": 8}),
+                             (sent, {"ZeRO-1": 1, "ZeRO-2": 1, "ZeRO-3": 1.5})):
+        for scheme, expected in hand_count.items():
+            found = re.search(rf"{scheme} ([\d.]+)", line)
+            assert found and abs(float(found[1]) - expected) <= 0.01, f"{scheme}: expected {expected} in {line!r}"
+    html = "".join(o.get("data", {}).get("text/html", "") for o in cell.outputs)
+    assert all(scheme in html for scheme in ("data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3")), html

@@ -186,8 +186,8 @@ def test_without_torchrun_ranks_starts_the_ranks_here(tmp_path, capsys):
 def test_without_torchrun_each_zero_stage_runs_its_collectives_and_ends_as_one_process(stage):
     saved = main(["05_sharded_data_parallel", "--ranks", "2", "--steps", str(STEPS), "--stage", str(stage)])
     assert saved["options"]["stage"] == stage
-    # a hand count, per parameter tensor per step: stage 0 all-reduces its gradient; stage 1 also
-    # all-gathers the updated parameter; stage 2 reduce-scatters the gradient and all-gathers instead
+    # a hand count, per parameter tensor per step: stage 0 all-reduces its gradient; stages 1 and 2
+    # reduce-scatter it and all-gather the updated parameter
     tensors = 2 * (len(solution("05_sharded_data_parallel").WIDE_MLP["hidden"]) + 1)   # weight and bias a layer
     one_process = notebook_run("05_sharded_data_parallel", 1)[0][0]
     for rank, report in saved["ranks"].items():

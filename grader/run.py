@@ -171,8 +171,8 @@ LABS = {
                      "layers split, on a grid", _hybrid_options, _hybrid_arguments,
                      lambda r: (r[0], r[1])),
     "05_sharded_data_parallel": Lab("sharded_training", "the wide MLP on digits, data parallel, its "
-                                    "training state sharded by ZeRO stage 1, 2 or 3", _sharded_options, _sharded_arguments,
-                                    lambda r: (r["parameters"], r["losses"])),
+                                    "training state sharded by ZeRO stage 1, 2 or 3", _sharded_options,
+                                    _sharded_arguments, lambda r: (r["parameters"], r["losses"])),
 }
 
 

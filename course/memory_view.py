@@ -112,7 +112,7 @@ def draw(*, parameters: int = memory.ZERO_FIGURE_1["parameters"], precision: str
 
     activations: bytes of activations per rank, stacked on every scheme's bar; layers and batch:
     the model's `sizes.Dense` layers and the samples per step, for split weights' bytes;
-    measured: [{"scheme", "ranks", "memory", "sent"}] of a real run at these settings."""
+    measured: [{"scheme", "ranks", "memory", "sent"}] of a real run at these settings ("sent" None: not measured)."""
     device = _gpu(gpu)
     holds = held(parameters, ranks, precision=precision, optimizer=optimizer, activations=activations)
     sends = sent(parameters, ranks, precision=precision, layers=layers, batch=batch)
@@ -150,7 +150,8 @@ def draw(*, parameters: int = memory.ZERO_FIGURE_1["parameters"], precision: str
     held_ax.legend(fontsize="small", frameon=False, loc="upper right", bbox_to_anchor=(1, 0.9))
 
     counted = {scheme: b for scheme, b in sends.items() if not isinstance(b, str)}
-    sent_size, sent_unit = unit_of(max([*counted.values(), *(run["sent"] for run in dots), 1]))
+    sent_dots = [run for run in dots if run["sent"] is not None]   # a run may have measured memory only
+    sent_size, sent_unit = unit_of(max([*counted.values(), *(run["sent"] for run in sent_dots), 1]))
     sent_ax.bar(list(counted), [b / sent_size for b in counted.values()],
                 color=[SCHEME_COLOURS[s] for s in counted])
     sent_ax.set_xticks(range(len(memory.SCHEMES)), memory.SCHEMES)
@@ -160,8 +161,8 @@ def draw(*, parameters: int = memory.ZERO_FIGURE_1["parameters"], precision: str
                          fontsize="small", wrap=True)
         else:
             sent_ax.text(x[scheme], b / sent_size, in_units(b), ha="center", va="bottom", fontsize="small")
-    if dots:
-        sent_ax.plot([x[run["scheme"]] for run in dots], [run["sent"] / sent_size for run in dots], "o",
+    if sent_dots:
+        sent_ax.plot([x[run["scheme"]] for run in sent_dots], [run["sent"] / sent_size for run in sent_dots], "o",
                      color="black", zorder=3, label="measured")
         sent_ax.legend(fontsize="small", frameon=False)
     sent_ax.set_ylabel(f"{sent_unit} sent per rank per step")

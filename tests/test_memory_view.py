@@ -108,6 +108,15 @@ def test_measured_dots_only_at_the_runs_number_of_ranks():
     plt.close(fig)
 
 
+def test_a_run_without_measured_bytes_is_a_dot_of_memory_only():
+    measured = [{"scheme": "ZeRO-2", "ranks": 4, "memory": 3_000_000, "sent": None}]
+    fig = memory_view.draw(**{**LAB, "ranks": 4}, measured=measured)
+    (held_dots,) = _line(fig.axes[0], "measured")
+    assert list(held_dots.get_ydata()) == pytest.approx([3.0])
+    assert not _line(fig.axes[1], "measured")
+    plt.close(fig)
+
+
 def test_the_views_numbers_are_memorys():
     text = memory_view.describe(parameters=7_500_000_000, precision="mixed", optimizer="adam", ranks=64, gpu=V100)
     assert text.startswith("**7.5 billion parameters, adam, mixed precision, 64 ranks, NVIDIA V100 (32 GB):**")

@@ -35,12 +35,13 @@ ARGUMENTS = {
     "gloo_link.py": ["--runs", "3"],
     "data_parallel.py": ["--rounds", "4"],
     "model_parallel.py": ["--rounds", "5"],
+    "sharded.py": ["--rounds", "10"],
     "labs.py": ["--ranks", "4"],
     "grading.py": ["--rounds", "1"],
 }
 # Run in this order (others after, by name): grading.py reuses labs.py's runs of the same notebooks.
 ORDER = ["launch_latency.py", "comm_bytes.py", "gloo_link.py", "data_parallel.py", "model_parallel.py",
-         "labs.py", "grading.py"]
+         "sharded.py", "labs.py", "grading.py"]
 TAIL_LINES = 15
 
 

@@ -209,6 +209,14 @@ def timed_ranks() -> list[int]:
     return [n for n in RANKS if n <= max(2, os.cpu_count() or 1)]
 
 
+def load_average() -> float | None:
+    """The 1-minute load average, where the system gives one: on a shared machine it says how busy it was."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="rounds of the timing")
@@ -220,9 +228,10 @@ def main(argv=None):
 
     timing = []
     for n in timed_ranks():
+        before = load_average()
         run = course.launch(time_steps, n, args=(make, inputs, targets, args.rounds, STEPS_PER_ROUND, BATCH),
                             timeout=600)
-        timing.append({"ranks": n, **compare(run, *CONTENDERS)})
+        timing.append({"ranks": n, **compare(run, *CONTENDERS), "load_average": [before, load_average()]})
     sent, totals = [], []
     for n in RANKS:
         rows = [row for name in CONTENDERS for row in sent_per_step(name, n, make, inputs, targets, BATCH)]
@@ -254,7 +263,7 @@ def headline(figures) -> list[dict]:
     ranks = " and ".join(str(n) for n in sorted({r["ranks"] for r in figures["memory"]}))
     worst = farthest(figures["memory"])
     rows.append(headline_row(f"memory held / formula, stages 0-3, {ranks} ranks, parameters, gradients, "
-                             "optimizer state", f"farthest {worst:.4f} (goal within 5 %)", "1 run each"))
+                             "optimizer state", f"farthest {worst:.5f} (goal within 5 %)", "1 run each"))
     return rows
 
 
@@ -274,6 +283,8 @@ def markdown(figures) -> str:
              "|---|---|---|---|"]
     for r in figures["timing"]:
         lines.append(f"| {r['ranks']} | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | {ratio_text(r)} |")
+    loads = [f"{r['ranks']} ranks {_load(r['load_average'])}" for r in figures["timing"]]
+    lines += ["", f"(1-minute load average before and after the timing, {os.cpu_count()} cores: {'; '.join(loads)})"]
     lines += ["", "Bytes each rank sends per step (the most of any rank; recorded: the backend's formula for each "
               "call; on sockets: what the rank wrote, gloo on Linux, headers included), against the ring formula "
               "of ZeRO-3 (`course.memory.sent_per_step`: two all-gathers and a reduce-scatter, what NCCL runs):", "",
@@ -308,6 +319,10 @@ def markdown(figures) -> str:
     lines += ["", "(the formula shards ceil(P/N) parameters a rank; Adam's `step` counters, 4 bytes a parameter "
               "tensor, are state the formula leaves out)"]
     return "\n".join(lines)
+
+
+def _load(pair) -> str:
+    return " and ".join("n/a" if x is None else f"{x:.1f}" for x in pair)
 
 
 def _number(value) -> str:

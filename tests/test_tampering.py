@@ -12,7 +12,7 @@ from grader.tampering import flags
 from helpers.submissions import released, solved
 
 LAB = "02_data_parallel"   # it imports torch.distributed as dist and has read-only helper cells
-GRADED_LABS = ["01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid"]
+GRADED_LABS = ["01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel"]
 
 # (the student's cell, the line flagged, words of its verdict line)
 ATTACKS = {
@@ -115,7 +115,8 @@ def test_the_solutions_are_not_flagged(lab):
     assert flags(solved(lab), released(lab)) == []
 
 
-@pytest.mark.parametrize("module", ["test_lab2_grading", "test_lab3_grading", "test_lab4_grading"])
+@pytest.mark.parametrize("module", ["test_lab2_grading", "test_lab3_grading", "test_lab4_grading",
+                                    "test_lab5_grading"])
 def test_answers_written_differently_are_not_flagged(module):
     lab_tests = importlib.import_module(module)
     assert flags(solved(lab_tests.LAB, answers=lab_tests.DIFFERENT), released(lab_tests.LAB)) == []

@@ -1,0 +1,281 @@
+"""Lab 5's tests grade fairly: each classic mistake of sharded data parallelism costs its
+own exercise and no other, and a correct answer written differently from the
+reference gets every point.
+
+As for labs 2 to 4: each submission runs as nbgrader scores it, minus the
+demonstrations; then one nbgrader round trip grades two students.
+"""
+from __future__ import annotations
+
+import pytest
+
+from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
+
+pytestmark = pytest.mark.grading
+
+LAB = "05_sharded_data_parallel"
+
+# The same exercises, answered in other correct ways than the reference's: storages deduplicated in
+# a dict of owners, rings of blocking send/recv ordered by parity or of irecv+isend, ZeRO-1 dividing
+# before the reduce-scatter and gathering by broadcasts, hooks as objects, FSDP's re-gather as a module's
+# backward pre-hook, and mixed precision through .float(), .data and .bfloat16().
+DIFFERENT = {
+    "memory_by_kind": '''
+def memory_by_kind(model, optimizer):
+    kinds = ("parameters", "gradients", "optimizer state")
+    owner, size = {}, {}                 # storage address -> the first kind that holds it, and its bytes
+    updated = [*model.parameters(), *(p for group in optimizer.param_groups for p in group["params"])]
+    held_by = {"parameters": updated,
+               "gradients": [p.grad for p in updated if p.grad is not None],
+               "optimizer state": [t for state in optimizer.state.values() for t in state.values()
+                                   if torch.is_tensor(t)]}
+    for kind in kinds:
+        for tensor in held_by[kind]:
+            storage = tensor.untyped_storage()
+            owner.setdefault(storage.data_ptr(), kind)
+            size[storage.data_ptr()] = storage.nbytes()
+    return {kind: sum(size[ptr] for ptr, first in owner.items() if first == kind) for kind in kinds}
+''',
+    "ring_reduce_scatter": '''
+def ring_reduce_scatter(tensor):
+    n, me = dist.get_world_size(), dist.get_rank()
+    pieces = tensor.detach().flatten().clone().tensor_split(n)
+    right, left = (me + 1) % n, (me - 1) % n
+    for step in range(n - 1):
+        outgoing, into = pieces[(me - 1 - step) % n], pieces[(me - 2 - step) % n]
+        incoming = torch.empty_like(into)
+        if me % 2 == 0:                  # even ranks send first, odd ranks receive first: no deadlock
+            dist.send(outgoing, dst=right)
+            dist.recv(incoming, src=left)
+        else:
+            dist.recv(incoming, src=left)
+            dist.send(outgoing, dst=right)
+        into.add_(incoming)
+    return pieces[me].clone()
+''',
+    "ring_all_gather": '''
+def ring_all_gather(chunk, length):
+    n, me = dist.get_world_size(), dist.get_rank()
+    out = torch.zeros(length, dtype=chunk.dtype, device=chunk.device)
+    bounds = [0]
+    for r in range(n):
+        bounds.append(bounds[-1] + length // n + (1 if r < length % n else 0))
+
+    def piece(i):
+        return out[bounds[i % n]:bounds[i % n + 1]]
+
+    piece(me).copy_(chunk.flatten())
+    for step in range(n - 1):
+        receiving = dist.irecv(piece(me - step - 1), src=(me - 1) % n)
+        sending = dist.isend(piece(me - step), dst=(me + 1) % n)
+        receiving.wait()
+        sending.wait()
+    return out
+''',
+    "zero1_step": '''
+@torch.no_grad()
+def zero1_step(model, shards, optimizer, reduce_scatter=sharding.reduce_scatter, all_gather=sharding.all_gather):
+    n = dist.get_world_size()
+    params = list(model.parameters())
+    for p, shard in zip(params, shards):
+        p.grad.div_(n)                   # divide first: the sum comes out averaged
+        shard.grad = reduce_scatter(p.grad)
+        p.grad = None
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    for p in params:                     # each chunk broadcast by its owner, into the parameter
+        for owner in range(n):
+            dist.broadcast(sharding.chunk_of(p.data, owner), src=owner)
+''',
+    "zero2_hooks": '''
+class ReduceOwnChunk:
+    """The hook of one parameter: its averaged gradient's chunk onto the shard, the whole one dropped."""
+
+    def __init__(self, shard, ranks, reduce_scatter):
+        self.shard, self.ranks, self.reduce_scatter = shard, ranks, reduce_scatter
+
+    def __call__(self, param):
+        param.grad.div_(self.ranks)      # divide first: the reduce-scatter's sum is the average
+        self.shard.grad = self.reduce_scatter(param.grad)
+        param.grad = None
+
+
+def zero2_hooks(model, shards, reduce_scatter=sharding.reduce_scatter):
+    ranks = dist.get_world_size()
+    return [p.register_post_accumulate_grad_hook(ReduceOwnChunk(shard, ranks, reduce_scatter))
+            for p, shard in zip(model.parameters(), shards)]
+''',
+    "fsdp_hooks": '''
+import warnings
+
+
+def release(params):
+    for p in params:
+        p.untyped_storage().resize_(0)
+
+
+def fill(params, chunks, all_gather):
+    for p, chunk in zip(params, chunks):
+        p.untyped_storage().resize_(p.numel() * p.element_size())
+        p.data.copy_(all_gather(chunk, p.numel()).view_as(p))
+
+
+def fsdp_hooks(model, shards, reduce_scatter=sharding.reduce_scatter, all_gather=sharding.all_gather):
+    ranks = dist.get_world_size()
+    # The first layer's input needs no gradient, so torch warns that its backward pre-hook fires on the
+    # gradient of its output: that is the moment wanted here (and nbgrader scores a cell that warns 0).
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    chunk_by_id = {id(p): shard for p, shard in zip(model.parameters(), shards)}
+    handles = []
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if not own:
+            continue
+        chunks = [chunk_by_id[id(p)] for p in own]
+        gather = lambda *args, own=own, chunks=chunks: fill(own, chunks, all_gather)  # noqa: E731
+        handles.append(module.register_forward_pre_hook(gather))
+        handles.append(module.register_forward_hook(lambda module, inputs, output, own=own: release(own)))
+        handles.append(module.register_full_backward_pre_hook(gather))     # before the module's backward
+
+        def averaged(p, chunk):
+            def hook(param):
+                chunk.grad = reduce_scatter(param.grad) / ranks
+                param.grad = None
+                release([param])
+            return hook
+        handles += [p.register_post_accumulate_grad_hook(averaged(p, c)) for p, c in zip(own, chunks)]
+    return handles
+''',
+    "mixed_precision": '''
+class MixedPrecision:
+    def __init__(self, model, make_optimizer):
+        self.model = model
+        self.master = [p.detach().float().clone() for p in model.parameters()]
+        self.model.bfloat16()
+        self.optimizer = make_optimizer(self.master)
+
+    @torch.no_grad()
+    def step(self):
+        params = list(self.model.parameters())
+        for p, master in zip(params, self.master):
+            master.grad = p.grad.float()
+            p.grad = None
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        for p, master in zip(params, self.master):
+            p.data.copy_(master)
+''',
+}
+
+# The reduce-scatter's loop, and each chunk sent straight to its owner: the same bytes as a ring, but
+# each rank talks to every other instead of to its neighbours.
+RING_LOOP = """    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    for step in range(world_size - 1):
+        partial = chunks[(rank - step - 2) % world_size]
+        incoming = torch.empty_like(partial)
+        sending = dist.isend(chunks[(rank - step - 1) % world_size], dst=right)
+        dist.recv(incoming, src=left)
+        sending.wait()
+        partial += incoming
+"""
+STRAIGHT_TO_EVERY_OWNER = """    others = [other for other in range(world_size) if other != rank]
+    sending = [dist.isend(chunks[other], dst=other) for other in others]
+    for other in others:
+        incoming = torch.empty_like(chunks[rank])
+        dist.recv(incoming, src=other)
+        chunks[rank].add_(incoming)
+    for request in sending:
+        request.wait()
+"""
+
+# Masters taken after the cast: copies of the bf16 parameters.
+MASTERS_AFTER_THE_CAST = (
+    "        self.master = [p.detach().to(torch.float32, copy=True) for p in model.parameters()]\n"
+    "        model.to(torch.bfloat16)\n",
+    "        model.to(torch.bfloat16)\n"
+    "        self.master = [p.detach().clone() for p in model.parameters()]\n")
+
+# The classic mistakes, each in one exercise, and the test cell that must catch it.
+MISTAKES = {
+    "a storage shared by two tensors counted twice": (
+        {"memory_by_kind": [("            storage = tensor.untyped_storage()\n"
+                             "            if storage.data_ptr() in seen:\n                continue\n"
+                             "            seen.add(storage.data_ptr())\n            total += storage.nbytes()\n",
+                             "            total += tensor.numel() * tensor.element_size()\n")]},
+        "test_memory_by_kind"),
+    "Adam's second buffer forgotten": (
+        {"memory_by_kind": [("for value in per_parameter.values()\n             if isinstance(value, torch.Tensor)]",
+                             "for key, value in per_parameter.items()\n"
+                             "             if isinstance(value, torch.Tensor) and key != \"exp_avg_sq\"]")]},
+        "test_memory_by_kind"),
+    "reduce-scatter with lab 2's indices: rank r ends with chunk (r + 1) % N": (
+        {"ring_reduce_scatter": [("partial = chunks[(rank - step - 2) % world_size]",
+                                  "partial = chunks[(rank - step - 1) % world_size]"),
+                                 ("dist.isend(chunks[(rank - step - 1) % world_size], dst=right)",
+                                  "dist.isend(chunks[(rank - step) % world_size], dst=right)"),
+                                 ("return chunks[rank].clone()", "return chunks[(rank + 1) % world_size].clone()")]},
+        "test_ring_reduce_scatter"),
+    "reduce-scatter adds into the input tensor": (
+        {"ring_reduce_scatter": [("tensor.detach().reshape(-1).clone().tensor_split(world_size)",
+                                  "tensor.detach().reshape(-1).tensor_split(world_size)")]},
+        "test_ring_reduce_scatter"),
+    "reduce-scatter sends each chunk straight to its owner, not round a ring": (
+        {"ring_reduce_scatter": [(RING_LOOP, STRAIGHT_TO_EVERY_OWNER)]},
+        "test_ring_reduce_scatter"),
+    "all-gather puts rank r's chunk at (r + 1) % N": (
+        {"ring_all_gather": [("chunks[rank].copy_(chunk.reshape(-1))",
+                              "chunks[(rank + 1) % world_size].copy_(chunk.reshape(-1))"),
+                             ("dist.isend(chunks[(rank - step) % world_size], dst=right)",
+                              "dist.isend(chunks[(rank + 1 - step) % world_size], dst=right)"),
+                             ("dist.recv(chunks[(rank - step - 1) % world_size], src=left)",
+                              "dist.recv(chunks[(rank - step) % world_size], src=left)")]},
+        "test_ring_all_gather"),
+    "ZeRO-1 sums the gradients, not averages them": (
+        {"zero1_step": [("shard.grad = reduce_scatter(p.grad).div_(world_size)",
+                         "shard.grad = reduce_scatter(p.grad)")]},
+        "test_zero1_step"),
+    "ZeRO-1 divides by N twice, behind a check rebound to a no-op": (
+        {"zero1_step": [("shard.grad = reduce_scatter(p.grad).div_(world_size)",
+                         "shard.grad = reduce_scatter(p.grad).div_(world_size * world_size)"),
+                        ("@torch.no_grad()\ndef zero1_step(", CHECK_REBOUND + "@torch.no_grad()\ndef zero1_step(")]},
+        "test_zero1_step"),
+    "ZeRO-1 never all-gathers the updated parameters": (
+        {"zero1_step": [("    for p, shard in zip(model.parameters(), shards):\n"
+                         "        p.copy_(all_gather(shard, p.numel()).view_as(p))", "")]},
+        "test_zero1_step"),
+    "ZeRO-2 keeps the whole gradients": (
+        {"zero2_hooks": [("            p.grad = None\n", "")]},
+        "test_zero2_hooks"),
+    "ZeRO-2 sums the gradients, not averages them": (
+        {"zero2_hooks": [("shard.grad = reduce_scatter(p.grad).div_(world_size)",
+                          "shard.grad = reduce_scatter(p.grad)")]},
+        "test_zero2_hooks"),
+    "ZeRO-3 frees a layer's parameters before its backward, never gathering them again": (
+        {"fsdp_hooks": [("        if output.requires_grad:\n"
+                         "            output.register_hook(lambda grad: gather(module))\n", "")]},
+        "test_fsdp_hooks"),
+    "ZeRO-3 never frees the gathered parameters": (
+        {"fsdp_hooks": [("    def free(p):\n        p.untyped_storage().resize_(0)\n",
+                         "    def free(p):\n        pass\n")]},
+        "test_fsdp_hooks"),
+    "ZeRO-3 sums the gradients, not averages them": (
+        {"fsdp_hooks": [("shard_of[p].grad = reduce_scatter(p.grad).div_(world_size)",
+                         "shard_of[p].grad = reduce_scatter(p.grad)")]},
+        "test_fsdp_hooks"),
+    "master weights copied after the cast, in bf16": (
+        {"mixed_precision": [MASTERS_AFTER_THE_CAST]},
+        "test_mixed_precision"),
+    "master weights and their gradients in bf16": (
+        {"mixed_precision": [MASTERS_AFTER_THE_CAST,
+                             ("master.grad = p.grad.to(torch.float32)", "master.grad = p.grad")]},
+        "test_mixed_precision"),
+}
+
+
+(test_every_exercise_is_graded, test_correct_answers_get_every_point,
+ test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)
+
+
+# The nbgrader round trip: the full notebooks, as an instructor grades them.
+test_grading_round_trip = round_trip_test(
+    LAB, DIFFERENT, MISTAKES, "ZeRO-1 divides by N twice, behind a check rebound to a no-op")

@@ -24,7 +24,7 @@ holds this, and that every module is in exactly one layer):
   What the notebooks and their test cells use: comparisons whose messages say
   what differs, the judged reference values, the digits, the two models, the
   link the ranks run on (measured, for the time model).
-- views: widgets, plots, transfer_view, split_view, hybrid_view, table_1, memory_view.
+- views: widgets, plots, transfer_view, split_view, hybrid_view, table_1, memory_view, schedule_view.
   Figures, tables and controls (matplotlib, pandas, ipywidgets); each view is a
   draw/describe/show module built on `widgets`.
 

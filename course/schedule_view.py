@@ -71,15 +71,20 @@ def measured_grid(spans, ranks: int | None = None, *, step: str = "step") -> lis
     `results.timeline`); those named "forward i" and "backward i" (i the micro-batch) become
     slots, the others are ignored. Times count from each rank's span named `step` where every
     rank has one (its step's start, after the barrier that lines the ranks up), else from the
-    earliest forward or backward of all ranks. ranks: the number of stages (None: one more than
-    the highest rank seen)."""
+    earliest forward or backward of all ranks, which reads the ranks' clocks as one (each counts
+    from its own function's start: off by as much as the ranks started apart). ranks: the number
+    of stages (None: one more than the highest rank seen). A run of several steps: each micro-batch's
+    latest forward and backward (the first step's are slowed by warming up)."""
     spans = list(spans)
-    found = []
+    latest: dict[tuple[int, str, int], tuple[float, float]] = {}     # a span timed again: a later step's
     for span in spans:
         match = SPAN_NAME.match(str(_field(span, "name")))
         if match:
-            found.append((int(_field(span, "rank")), "F" if match[1] == "forward" else "B", int(match[2]),
-                          float(_field(span, "start")), float(_field(span, "end"))))
+            key = (int(_field(span, "rank")), "F" if match[1] == "forward" else "B", int(match[2]))
+            start, end = float(_field(span, "start")), float(_field(span, "end"))
+            if key not in latest or start > latest[key][0]:
+                latest[key] = (start, end)
+    found = [(*key, start, end) for key, (start, end) in latest.items()]
     if not found:
         raise ValueError(f"none of the {len(spans)} spans is named 'forward i' or 'backward i' (i the micro-batch): "
                          "time each stage's forward and backward of micro-batch i under those names "
@@ -88,7 +93,10 @@ def measured_grid(spans, ranks: int | None = None, *, step: str = "step") -> lis
     if any(rank >= rows for rank, *_ in found):
         raise ValueError(f"a span of rank {max(rank for rank, *_ in found)} lies outside ranks={rows}: "
                          f"pass the run's number of stages, or ranks=None")
-    steps = {int(_field(s, "rank")): float(_field(s, "start")) for s in spans if _field(s, "name") == step}
+    steps: dict[int, float] = {}
+    for span in (s for s in spans if _field(s, "name") == step):
+        rank = int(_field(span, "rank"))
+        steps[rank] = max(steps.get(rank, float("-inf")), float(_field(span, "start")))
     ranks_seen = {rank for rank, *_ in found}
     earliest = min(start for *_, start, _ in found)
     origin = {rank: steps[rank] if ranks_seen <= set(steps) else earliest for rank in ranks_seen}

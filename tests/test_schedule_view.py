@@ -71,6 +71,13 @@ def test_measured_grid_counts_each_rank_from_its_own_step():
     assert schedule_view.measured_grid(spans) == [Slot(0, "F", 0, 0.25, 0.5), Slot(1, "F", 0, 0.5, 0.75)]
 
 
+def test_measured_grid_of_several_steps_is_the_last():
+    spans = [Span(0, "step", 0.0, 1.0), Span(0, "forward 0", 0.25, 0.5),
+             Span(0, "step", 2.0, 3.0), Span(0, "forward 0", 2.5, 2.75)]
+    assert schedule_view.measured_grid(spans) == [Slot(0, "F", 0, 0.5, 0.75)]
+    assert schedule_view.measured_grid(spans[1::2]) == [Slot(0, "F", 0, 0.0, 0.25)]   # no step spans
+
+
 @pytest.mark.parametrize("spans, ranks, words", [
     ([Span(0, "optimizer", 0, 1), Span(0, "forward", 0, 1)], None, "named 'forward i' or 'backward i'"),
     ([], None, "none of the 0 spans"),

@@ -1,0 +1,300 @@
+"""Choosing a parallel layout: every mix of data, sharded data, tensor and pipeline parallelism
+for a model, a batch and a cluster, with its memory, bytes and step time, by formula.
+
+    opts = options(MODELS["GPT-3 6.7B"], CLUSTERS[H100_CLUSTER], batch=1024, nodes=8)
+    best = fastest(opts)        # the fastest layout that fits in memory, or None
+
+A layout is (dp, zero, tp, pp, m) with dp·tp·pp = the GPUs (`layouts`): tp ranks split each weight
+(Megatron), within a node; pp stages of whole layers (pp divides the layers), 1F1B over m micro-batches;
+dp data-parallel copies, their state sharded by ZeRO stage `zero` (0: plain data parallelism). Ranks are
+placed tp innermost, then dp, then pp (Megatron's order): a group leaves its node when its span does.
+
+Memory per rank (`evaluate`): the training state of ceil(P/(tp·pp)) parameters under ZeRO over dp
+(`course.memory.per_rank`), plus activations on the first stage, which keeps the most: L/pp layers × the
+micro-batches alive (1F1B: min(pp, m); GPipe: m) × one layer's activations for one micro-batch of b samples:
+- a transformer layer, Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+  Models"), Eq. 2, no recomputation, no sequence parallelism: s·b·h·(10 + 24/tp + 5·a·s/(h·tp)) bytes with
+  16-bit activations (34·s·b·h + 5·a·s²·b at tp = 1); in fp32 twice that (its 1-byte dropout masks too:
+  an overcount of 2·s·b·h + a·s²·b); `recompute=True`: Korthikanti's selective recomputation (attention's
+  scores recomputed in backward, as FlashAttention does too) drops the 5·a·s/(h·tp) term; its few
+  percent of extra FLOPs are left out;
+- the labs' MLP, each Linear's input, as `course.memory.mlp_activation_bytes` counts it; tp splits
+  the inputs of the row-split layers (every second one, lab 3's pairing).
+Left out: embeddings and logits (their parameters are in P, spread evenly over the stages), buffers,
+fragmentation.
+
+Bytes each rank sends per step (the busiest rank): dp, `memory.sent_per_step` of its ceil(P/(tp·pp))
+gradients over dp ranks (ring all-reduce 2(dp−1)/dp; ZeRO-1, -2 the same; ZeRO-3 1.5×), once a step; tp,
+a transformer layer all-reduces b·s·h activations twice forward and twice backward (Megatron), per
+micro-batch, and the MLP sends lab 3's split-weight collectives (`memory.sent_per_step`); pp, a middle
+stage sends each micro-batch's boundary activations (b·s·h) forward and their gradients back, each tp rank
+the whole tensor. Activations travel in the parameters' dtype.
+
+Step time: compute 6·P·tokens / (GPUs · peak · efficiency) (Kaplan et al. 2020's 6 FLOPs per parameter
+per token; attention's s² FLOPs left out), the peak and the efficiency of the cluster's `timemodel.Processor`
+(half of the peak, assumed), stretched by the pipeline bubble: 1/(1 − (pp−1)/(m+pp−1)). Then communication
+by the alpha-beta model (`course.timemodel`): tp over the node's link; dp and pp over the node's link,
+or the network's when their group crosses nodes. Nothing overlaps: the parts add up (real runs hide
+much of dp behind backward, and pay for tp inside it). An upper bound to compare layouts by, not a forecast.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from course import memory, sizes, timemodel, transfer
+from course.memory import GpuMemory
+from course.timemodel import Link, Processor
+
+SCHEDULES = ("1f1b", "gpipe")
+ZERO_STAGES = (0, 1, 2, 3)
+#: micro-batches offered per layout: pp times these (pp = 1: gradient accumulation)
+MICRO_BATCH_FACTORS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    parameters: int
+    layers: int
+    hidden: int        # d_model; the MLP: its hidden width
+    heads: int         # attention heads (0: the MLP)
+    sequence: int      # tokens per sample (the MLP: 1)
+    batch: int         # the source's global batch, in samples
+    source: str
+    widths: tuple[int, ...] = ()   # the MLP only: (inputs, *hidden, classes)
+
+    @property
+    def is_mlp(self) -> bool:
+        return bool(self.widths)
+
+
+# GPT-3: Brown et al. 2020, Table 2.1 (n_params, n_layers, d_model, n_heads; context 2048; batch in tokens / 2048).
+# LLaMA 2: Touvron et al. 2023, Table 1 and section 2.2 (context 4096, 4M tokens a batch; 70B uses 8 KV heads).
+LAB_MLP = "the labs' MLP (64, 7 × 64, 10)"
+_WIDTHS = (64, *(64,) * 7, 10)       # lab 6's course.models.mlp(64, (64,) * 7, 10)
+MODELS = {m.name: m for m in (
+    Model("GPT-3 1.3B", 1_300_000_000, 24, 2048, 16, 2048, 512, "GPT-3 paper, Table 2.1: 1M tokens a batch"),
+    Model("GPT-3 6.7B", 6_700_000_000, 32, 4096, 32, 2048, 1024, "GPT-3 paper, Table 2.1: 2M tokens a batch"),
+    Model("GPT-3 175B", 175_000_000_000, 96, 12288, 96, 2048, 1536, "GPT-3 paper, Table 2.1: 3.2M tokens"),
+    Model("LLaMA-2 7B", 7_000_000_000, 32, 4096, 32, 4096, 1024, "LLaMA 2 paper: 4M tokens a batch"),
+    Model("LLaMA-2 70B", 70_000_000_000, 80, 8192, 64, 4096, 1024, "LLaMA 2 paper: 4M tokens a batch"),
+    Model(LAB_MLP, sum(a * b + b for a, b in zip(_WIDTHS, _WIDTHS[1:])), 8, 64, 0, 1, 64,
+          "lab 6's model, 8 Linear layers; the labs' batch of 64", widths=_WIDTHS),
+)}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    gpus_per_node: int
+    processor: Processor               # fp32
+    tensor_processor: Processor | None  # bf16 (mixed precision); None: none, mixed runs at the fp32 peak
+    memory: GpuMemory
+    inside: Link                       # between the GPUs of a node
+    between: Link                      # between nodes, per GPU
+
+    def processor_for(self, precision: str) -> Processor:
+        return self.tensor_processor if precision == "mixed" and self.tensor_processor else self.processor
+
+
+# Presets missing from course.memory and course.timemodel, with their sources.
+A100_40GB = GpuMemory("NVIDIA A100 (40 GB)", 40 * 10**9, "A100 40GB datasheet: 40 GB HBM2 (DGX A100 320GB)")
+INFINIBAND_HDR = Link("InfiniBand HDR (200 Gbit/s per GPU)", 25e9, 5e-6,
+                      "200 Gbit/s = 25 GB/s per direction, one ConnectX-6 per GPU (DGX A100 datasheet: 8 single-"
+                      "port HDR cards for the compute network); latency assumed 5 us")
+#: one CPU rank of the course's machine; bench/results/report.md: lab 1's sweep MLP (399,370 parameters) at
+#: batch 1024 reaches 48,725 samples/s on 2 threads: 6 × 399,370 × 48,725 = 117 GFLOP/s, half a thread each.
+LOCAL_CPU = Processor("this machine, one CPU rank (measured)", 6 * 399_370 * 48_725 / 2, 1.0,
+                      "bench/results/report.md, lab 1's step at batch 1024 on 2 threads, halved for one thread")
+LOCAL_MEMORY = GpuMemory("this machine's memory, a quarter per rank", int(25.3e9 / 4),
+                         "bench/results/report.md: 25.3 GB, shared by up to 4 ranks")
+H100_CLUSTER = "8 × H100 80 GB a node (NVLink 4, InfiniBand NDR)"
+LOCAL = "this machine: 2 CPU ranks a node, gloo"
+CLUSTERS = {c.name: c for c in (
+    # DGX H100: 8 H100 SXM, NVLink 4 inside, one 400 Gbit/s NDR card per GPU
+    Cluster(H100_CLUSTER, 8, timemodel.H100, timemodel.H100_BF16, memory.GPUS["NVIDIA H100 SXM (80 GB)"],
+            timemodel.NVLINK4, timemodel.INFINIBAND_NDR),
+    # DGX A100 320GB: 8 A100 40 GB, NVLink 3 inside, one 200 Gbit/s HDR card per GPU
+    Cluster("8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)", 8, timemodel.A100, timemodel.A100_BF16,
+            A100_40GB, timemodel.NVLINK3, INFINIBAND_HDR),
+    # The sources' 2013 setting (Yadan et al. 2013: 4 TITANs a server; Dettmers: PCIe 3.0, 40 Gbit/s): no bf16
+    Cluster("4 × GTX TITAN 6 GB a node, 2013 (PCIe 3.0, 40 Gbit/s)", 4, timemodel.TITAN, None,
+            memory.GPUS["NVIDIA GTX TITAN (6 GiB)"], timemodel.PCIE3_X16, timemodel.NETWORK_40G),
+    Cluster(LOCAL, 2, LOCAL_CPU, None, LOCAL_MEMORY, timemodel.LOCAL_GLOO, timemodel.LOCAL_GLOO),
+)}
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    dp: int
+    zero: int
+    tp: int
+    pp: int
+    m: int
+
+    @property
+    def scheme(self) -> str:
+        """course.memory's name for what dp does with the state."""
+        return "data parallel" if self.zero == 0 else f"ZeRO-{self.zero}"
+
+    @property
+    def uses(self) -> str:
+        """The parallelisms it uses: "dp+zero+tp+pp", ..., "none" on one GPU."""
+        used = [name for name, on in (("dp", self.dp > 1 and not self.zero), ("dp+zero", self.zero > 0),
+                                      ("tp", self.tp > 1), ("pp", self.pp > 1)) if on]
+        return "+".join(used) or "none"
+
+
+@dataclass(frozen=True)
+class Option:
+    layout: Layout
+    micro_batch: int
+    memory: dict[str, float]   # bytes per rank by kind, and "total"
+    sent: dict[str, float]     # bytes per rank per step: "dp", "tp", "pp", "total"
+    seconds: dict[str, float]  # "compute", "bubble", "tp", "dp", "pp", "total"
+    fits: bool
+
+
+def _whole(value, name: str) -> int:
+    transfer.check_ranks(value, name, counting=name.replace("_", " "))
+    return value
+
+
+def layouts(gpus: int, gpus_per_node: int, layers: int) -> list[Layout]:
+    """Every (dp, zero, tp, pp, m) with dp·tp·pp = gpus: tp divides gpus_per_node (a tp group stays
+    in its node), pp divides `layers`, zero 0-3 only when dp > 1, m = pp × MICRO_BATCH_FACTORS."""
+    gpus, per_node, layers = _whole(gpus, "gpus"), _whole(gpus_per_node, "gpus_per_node"), _whole(layers, "layers")
+    found = []
+    for tp in (t for t in range(1, gpus + 1) if gpus % t == 0 and per_node % t == 0):
+        for pp in (p for p in range(1, gpus // tp + 1) if (gpus // tp) % p == 0 and layers % p == 0):
+            dp = gpus // (tp * pp)
+            found += [Layout(dp, zero, tp, pp, pp * k) for zero in (ZERO_STAGES if dp > 1 else (0,))
+                      for k in MICRO_BATCH_FACTORS]
+    return sorted(found)
+
+
+def why_not(model: Model, batch: int, layout: Layout) -> str | None:
+    """Why `model` cannot run `layout` with a global batch of `batch` samples, or None."""
+    if batch % (layout.dp * layout.m):
+        return f"the batch of {batch} does not split into {layout.dp} × {layout.m} micro-batches"
+    if model.layers % layout.pp:
+        return f"{model.layers} layers do not split into {layout.pp} stages"
+    split = model.widths if model.is_mlp else (model.heads,)
+    if any(width % layout.tp for width in split):
+        return f"{'widths' if model.is_mlp else 'heads'} {split} do not split over {layout.tp} tp ranks"
+    return None
+
+
+def _stage_dense(model: Model, layout: Layout) -> list[sizes.Dense]:
+    per_stage = model.layers // layout.pp
+    w = model.widths[:per_stage + 1]
+    return [sizes.Dense(f"layer{i + 1}", a, b) for i, (a, b) in enumerate(zip(w, w[1:]))]
+
+
+def activation_bytes(model: Model, layout: Layout, micro_batch: int, *, precision: str,
+                     schedule: str = "1f1b", recompute: bool = False) -> float:
+    """Activations the first stage keeps at its peak (see the module docstring)."""
+    alive = min(layout.pp, layout.m) if schedule == "1f1b" else layout.m
+    per_stage, tp = model.layers // layout.pp, layout.tp
+    if model.is_mlp:
+        dtype = memory.PRECISIONS[precision].parameters
+        inputs = [w / tp if i % 2 else w for i, w in enumerate(model.widths[:per_stage])]   # row layers split
+        return alive * sizes.nbytes(micro_batch * sum(inputs), dtype)
+    s, h, a = model.sequence, model.hidden, model.heads
+    attention = 0 if recompute else 5 * a * s / (h * tp)
+    layer = s * micro_batch * h * (10 + 24 / tp + attention)                               # Korthikanti, Eq. 2
+    return alive * per_stage * layer * (2 if precision == "fp32" else 1)
+
+
+def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, precision: str = "mixed",
+             optimizer: str = "adam", schedule: str = "1f1b", recompute: bool = False) -> Option:
+    """One layout's memory per rank, bytes per rank per step and step time (the module docstring's model)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if precision not in memory.PRECISIONS:
+        raise ValueError(f"precision must be one of {list(memory.PRECISIONS)}, got {precision!r}")
+    if layout.tp > cluster.gpus_per_node:
+        raise ValueError(f"tp={layout.tp} would cross nodes of {cluster.gpus_per_node} GPUs: tensor parallelism "
+                         f"stays within a node; pick tp <= {cluster.gpus_per_node}")
+    if not isinstance(layout, Layout) or layout.zero not in ZERO_STAGES or (layout.zero and layout.dp == 1):
+        raise ValueError(f"layout must be a choosing.Layout(dp, zero, tp, pp, m) with zero in {ZERO_STAGES} "
+                         f"(0 when dp = 1: one rank has nothing to shard), got {layout!r}")
+    for name in ("dp", "tp", "pp", "m"):
+        _whole(getattr(layout, name), name)
+    reason = why_not(model, _whole(batch, "batch"), layout)
+    if reason:
+        raise ValueError(f"{model.name} cannot run {layout}: {reason}")
+    dp, tp, pp, m = layout.dp, layout.tp, layout.pp, layout.m
+    gpus, b = dp * tp * pp, batch // (dp * m)
+    dtype = memory.PRECISIONS[precision].parameters
+    held = math.ceil(model.parameters / (tp * pp))
+    activations = activation_bytes(model, layout, b, precision=precision, schedule=schedule, recompute=recompute)
+    state = memory.per_rank(held, dp, layout.scheme, optimizer=optimizer, precision=precision, activations=activations)
+
+    per_node = cluster.gpus_per_node
+    dp_link = cluster.inside if tp * dp <= per_node else cluster.between      # dp spans tp·dp ranks
+    pp_link = cluster.inside if gpus <= per_node else cluster.between          # pp spans them all
+    sent = {"dp": memory.sent_per_step(held, dp, layout.scheme, dtype=dtype), "tp": 0.0, "pp": 0.0}
+    seconds = {"dp": _dp_seconds(held, dp, layout.zero, dtype, dp_link), "tp": 0.0, "pp": 0.0}
+    if tp > 1 and model.is_mlp:
+        stage = _stage_dense(model, layout)
+        per_micro = memory.sent_per_step(sum(d.weights for d in stage), tp, "split weights", dtype=dtype,
+                                         layers=stage, batch=b)
+        sent["tp"] = m * per_micro
+        # a ring collective's time is alpha per message plus its bytes over beta: messages counted as lab 3 pairs
+        # (every layer but the first all-reduces once; a last column layer all-gathers its output)
+        messages = 2 * (tp - 1) * (len(stage) - 1) + (tp - 1) * (len(stage) % 2)
+        seconds["tp"] = m * (messages * cluster.inside.alpha + per_micro / cluster.inside.beta)
+    elif tp > 1:
+        activation = sizes.nbytes(b * model.sequence * model.hidden, dtype)
+        collectives = 4 * (model.layers // pp) * m                               # Megatron: 2 forward, 2 backward
+        sent["tp"] = collectives * transfer.ring_all_reduce(activation, tp)
+        seconds["tp"] = collectives * timemodel.ring_all_reduce_seconds(activation, tp, cluster.inside)
+    if pp > 1:
+        boundary = sizes.nbytes(b * model.sequence * model.hidden, dtype)
+        sends = m * (2 if pp > 2 else 1)         # a middle stage sends forward and back; with 2, each one way
+        sent["pp"] = sends * boundary
+        seconds["pp"] = sends * pp_link.seconds(boundary)
+    flop = 6 * model.parameters * batch * model.sequence
+    compute = cluster.processor_for(precision).seconds(flop / gpus)
+    bubble = (pp - 1) / (m + pp - 1)
+    seconds = {"compute": compute, "bubble": compute / (1 - bubble) - compute, **seconds}
+    return Option(layout, b, state, {**sent, "total": sum(sent.values())},
+                  {**seconds, "total": sum(seconds.values())}, state["total"] <= cluster.memory.nbytes)
+
+
+def _dp_seconds(held: int, dp: int, zero: int, dtype: str, link: Link) -> float:
+    if dp == 1:
+        return 0.0
+    if zero == 0:
+        return timemodel.ring_all_reduce_seconds(sizes.nbytes(held, dtype), dp, link)
+    padded = sizes.nbytes(dp * memory.shard(held, dp), dtype)
+    # a reduce-scatter takes an all-gather's N-1 steps; ZeRO-3 gathers twice
+    return (3 if zero == 3 else 2) * timemodel.ring_all_gather_seconds(padded, dp, link)
+
+
+def options(model: Model, cluster: Cluster, batch: int, *, nodes: int = 1, precision: str = "mixed",
+            optimizer: str = "adam", schedule: str = "1f1b", recompute: bool = False) -> list[Option]:
+    """Every layout of `nodes` nodes that `model` can run with `batch` samples a step, fastest first."""
+    if not isinstance(model, Model) or not isinstance(cluster, Cluster):
+        raise ValueError(f"model and cluster must be a choosing.Model and a choosing.Cluster (MODELS[name], "
+                         f"CLUSTERS[name]), got {model!r} and {cluster!r}")
+    gpus = _whole(nodes, "nodes") * cluster.gpus_per_node
+    runnable = [layout for layout in layouts(gpus, cluster.gpus_per_node, model.layers)
+                if not why_not(model, _whole(batch, "batch"), layout)]
+    found = [evaluate(model, cluster, batch, layout, precision=precision, optimizer=optimizer, schedule=schedule,
+                      recompute=recompute) for layout in runnable]
+    # ties (to 9 digits: ZeRO-1's ring takes data parallelism's time) go to fewer bytes, then less memory
+    return sorted(found, key=lambda o: (_digits(o.seconds["total"]), o.sent["total"], o.memory["total"], o.layout))
+
+
+def _digits(seconds: float) -> float:
+    return float(f"{seconds:.9g}")
+
+
+def fastest(found: list[Option]) -> Option | None:
+    """The fastest option that fits in memory; None when none fits."""
+    fitting = [option for option in found if option.fits]
+    return min(fitting, key=lambda o: (_digits(o.seconds["total"]), o.sent["total"], o.memory["total"],
+                                       o.layout)) if fitting else None

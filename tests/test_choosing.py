@@ -1,0 +1,163 @@
+"""course.choosing: every layout of a model on a cluster, by hand count.
+
+Layouts listed by hand; memory by hand and equal to course.memory.per_rank; Korthikanti's
+activations by hand; bytes and the bubble's stretch by hand; what never fits, never runs,
+never crosses a node; the fastest is fitting and minimal; bad arguments refused in words.
+"""
+from __future__ import annotations
+
+import pytest
+
+from course import choosing, memory, timemodel
+from course.choosing import CLUSTERS, LAB_MLP, LOCAL, MODELS, Layout
+
+MLP = MODELS[LAB_MLP]
+H100 = CLUSTERS[choosing.H100_CLUSTER]
+LOCAL_MACHINE = CLUSTERS[LOCAL]
+
+
+def test_two_gpus_layouts_by_hand():
+    expected = [(1, 0, 1, 2, 2), (1, 0, 1, 2, 4), (1, 0, 1, 2, 8), (1, 0, 1, 2, 16),     # pipeline, 2 stages
+                (1, 0, 2, 1, 1), (1, 0, 2, 1, 2), (1, 0, 2, 1, 4), (1, 0, 2, 1, 8),      # split weights
+                (2, 0, 1, 1, 1), (2, 0, 1, 1, 2), (2, 0, 1, 1, 4), (2, 0, 1, 1, 8),      # data parallel
+                (2, 1, 1, 1, 1), (2, 1, 1, 1, 2), (2, 1, 1, 1, 4), (2, 1, 1, 1, 8),      # ZeRO-1
+                (2, 2, 1, 1, 1), (2, 2, 1, 1, 2), (2, 2, 1, 1, 4), (2, 2, 1, 1, 8),
+                (2, 3, 1, 1, 1), (2, 3, 1, 1, 2), (2, 3, 1, 1, 4), (2, 3, 1, 1, 8)]
+    assert choosing.layouts(2, 2, 2) == [Layout(*t) for t in expected]
+    # one GPU a node: tp would cross nodes; 3 layers: 2 stages do not divide them
+    assert {(x.tp, x.pp) for x in choosing.layouts(2, 1, 2)} == {(1, 1), (1, 2)}
+    assert {(x.tp, x.pp) for x in choosing.layouts(2, 2, 3)} == {(1, 1), (2, 1)}
+    assert choosing.layouts(1, 8, 8) == [Layout(1, 0, 1, 1, m) for m in (1, 2, 4, 8)]
+
+
+def test_pp_divides_the_layers_and_tp_stays_in_its_node():
+    for layout in choosing.layouts(64, 8, 6):
+        assert 6 % layout.pp == 0 and 8 % layout.tp == 0 and layout.dp * layout.tp * layout.pp == 64
+    assert {x.pp for x in choosing.layouts(64, 8, 6)} == {1, 2}
+    assert {x.tp for x in choosing.layouts(64, 8, 96)} == {1, 2, 4, 8}
+    assert {x.tp for x in choosing.layouts(16, 4, 96)} == {1, 2, 4}
+    found = choosing.options(MODELS["GPT-3 1.3B"], H100, 512, nodes=8)
+    assert found and max(o.layout.tp for o in found) == 8 and all(24 % o.layout.pp == 0 for o in found)
+    with pytest.raises(ValueError, match="tp=16 would cross nodes of 8 GPUs"):
+        choosing.evaluate(MODELS["GPT-3 1.3B"], H100, 512, Layout(1, 0, 16, 1, 1))
+    with pytest.raises(ValueError, match="24 layers do not split into 16 stages"):
+        choosing.evaluate(MODELS["GPT-3 1.3B"], H100, 512, Layout(1, 0, 1, 16, 16))
+
+
+def test_memory_of_the_labs_mlp_by_hand():
+    assert MLP.parameters == 7 * (64 * 64 + 64) + 64 * 10 + 10 == 29_770
+    option = choosing.evaluate(MLP, LOCAL_MACHINE, 64, Layout(dp=2, zero=1, tp=1, pp=2, m=2), precision="fp32")
+    # a stage holds 29,770 / 2 = 14,885 parameters: fp32 parameters and gradients 4 bytes each,
+    # Adam's two moments 8 bytes on ceil(14,885 / 2) = 7,443 of them (ZeRO-1 over dp = 2)
+    assert option.micro_batch == 64 // (2 * 2) == 16
+    # the first stage's 4 Linears keep 16 × 64 inputs each, fp32, for min(pp, m) = 2 micro-batches
+    activations = 2 * 16 * 4 * 64 * 4
+    assert option.memory == {"parameters": 59_540, "gradients": 59_540, "optimizer state": 59_544,
+                             "activations": activations, "total": 59_540 * 2 + 59_544 + 32_768}
+    assert option.memory == memory.per_rank(14_885, 2, "ZeRO-1", precision="fp32", activations=activations)
+    gpipe = choosing.evaluate(MLP, LOCAL_MACHINE, 64, Layout(2, 1, 1, 2, 4), precision="fp32", schedule="gpipe")
+    assert gpipe.memory["activations"] == 4 * 8 * 4 * 64 * 4                  # GPipe keeps all m = 4 alive
+    # tp = 2 splits the inputs of the row layers (the 2nd and 4th of the stage)
+    split = choosing.evaluate(MLP, LOCAL_MACHINE, 64, Layout(1, 0, 2, 2, 2), precision="fp32")
+    assert split.memory["activations"] == 2 * 32 * (64 + 32 + 64 + 32) * 4
+
+
+def test_transformer_activations_are_korthikantis():
+    gpt = MODELS["GPT-3 1.3B"]                      # s = 2048, h = 2048, a = 16, 24 layers
+    whole = choosing.activation_bytes(gpt, Layout(1, 0, 1, 1, 1), 1, precision="mixed")
+    assert whole == 24 * (34 * 2048 * 2048 + 5 * 16 * 2048**2)               # 34sbh + 5as²b a layer
+    split = choosing.activation_bytes(gpt, Layout(1, 0, 2, 4, 8), 2, precision="mixed")
+    assert split == pytest.approx(4 * 6 * 2048 * 2 * 2048 * (10 + 24 / 2 + 5 * 16 * 2048 / (2048 * 2)))
+    recomputed = choosing.activation_bytes(gpt, Layout(1, 0, 1, 1, 1), 1, precision="fp32", recompute=True)
+    assert recomputed == 2 * 24 * 34 * 2048 * 2048
+
+
+def test_bytes_by_hand():
+    gpt = MODELS["GPT-3 1.3B"]
+    option = choosing.evaluate(gpt, H100, 512, Layout(dp=4, zero=0, tp=2, pp=4, m=16))
+    b = 512 // (4 * 16)                                                     # 8 samples a micro-batch
+    held = 1_300_000_000 // 8                                               # a stage's half of the weights
+    assert option.sent["dp"] == 2 * 3 / 4 * held * 2                        # ring all-reduce, bf16
+    activation = b * 2048 * 2048 * 2
+    assert option.sent["tp"] == 4 * 6 * 16 * (2 * 1 / 2 * activation)       # 4 all-reduces a layer, 6 layers
+    assert option.sent["pp"] == 2 * 16 * activation                         # a middle stage: forward and back
+    assert option.sent["total"] == sum(option.sent[k] for k in ("dp", "tp", "pp"))
+    zero3 = choosing.evaluate(gpt, H100, 512, Layout(4, 3, 2, 4, 16))
+    assert zero3.sent["dp"] == pytest.approx(1.5 * option.sent["dp"])
+    two_stages = choosing.evaluate(gpt, H100, 512, Layout(4, 0, 2, 2, 16))
+    assert two_stages.sent["pp"] == 16 * 8 * 2048 * 2048 * 2                # each stage sends one way only
+
+
+def test_the_bubble_stretches_compute_by_hand():
+    layout = Layout(dp=1, zero=0, tp=1, pp=4, m=4)
+    option = choosing.evaluate(MLP, LOCAL_MACHINE, 64, layout, precision="fp32")
+    compute = 6 * 29_770 * 64 / 4 / choosing.LOCAL_CPU.flops                  # efficiency 1: a measured rate
+    assert option.seconds["compute"] == pytest.approx(compute)
+    # bubble (N-1)/(m+N-1) = 3/7 of the stretched time: compute / (1 - 3/7) = compute × 7/4
+    assert option.seconds["bubble"] == pytest.approx(compute * 3 / 4)
+    boundary = 16 * 64 * 4
+    assert option.seconds["pp"] == pytest.approx(2 * 4 * (timemodel.LOCAL_GLOO.alpha
+                                                          + boundary / timemodel.LOCAL_GLOO.beta))
+    assert option.seconds["total"] == pytest.approx(compute * 7 / 4 + option.seconds["pp"])
+    assert option.seconds["dp"] == option.seconds["tp"] == 0
+
+
+def test_compute_by_hand_on_h100s():
+    gpt = MODELS["GPT-3 6.7B"]
+    option = choosing.evaluate(gpt, H100, 1024, Layout(64, 1, 1, 1, 8))
+    flop = 6 * 6.7e9 * 1024 * 2048
+    assert option.seconds["compute"] == pytest.approx(flop / (64 * 989e12 * 0.5))
+    fp32 = choosing.evaluate(gpt, H100, 1024, Layout(64, 1, 1, 1, 8), precision="fp32")
+    assert fp32.seconds["compute"] == pytest.approx(flop / (64 * 67e12 * 0.5))
+    # dp = 64 leaves the node: its ring runs over InfiniBand, a reduce-scatter and an all-gather
+    shard = 2 * memory.shard(6_700_000_000, 64)
+    assert option.seconds["dp"] == pytest.approx(2 * 63 * (5e-6 + shard / 50e9))
+
+
+def test_gpt3_175b_fits_on_no_single_gpu():
+    gpt = MODELS["GPT-3 175B"]
+    for cluster in CLUSTERS.values():
+        for m in (1, 2, 4, 8):
+            assert not choosing.evaluate(gpt, cluster, 1536, Layout(1, 0, 1, 1, m)).fits
+        found = choosing.options(gpt, cluster, 1536, nodes=1)
+        assert found and not any(o.fits for o in found)
+        assert choosing.fastest(found) is None
+
+
+def test_the_fastest_fits_and_is_minimal():
+    found = choosing.options(MODELS["GPT-3 6.7B"], H100, 1024, nodes=8)
+    best = choosing.fastest(found)
+    assert best.fits and best.memory["total"] <= 80e9
+    assert all(best.seconds["total"] <= o.seconds["total"] * (1 + 1e-9) for o in found if o.fits)
+    assert [o.seconds["total"] for o in found] == sorted(o.seconds["total"] for o in found)
+    assert all(o.layout.dp * o.layout.tp * o.layout.pp == 64 for o in found)
+    # on A100s of 40 GB, the fastest layout of all does not fit: one micro-batch's activations
+    found = choosing.options(MODELS["GPT-3 1.3B"], CLUSTERS["8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)"],
+                             512, nodes=4)
+    best = choosing.fastest(found)
+    assert not found[0].fits and found[0].seconds["total"] < best.seconds["total"]
+    assert found[0].layout == Layout(16, 2, 2, 1, 1) and best.layout == Layout(16, 2, 2, 1, 8)
+    assert found[0].memory["total"] > 40e9 >= best.memory["total"]
+
+
+def test_only_layouts_the_batch_splits_into():
+    found = choosing.options(MLP, LOCAL_MACHINE, 8, nodes=2)                    # 4 ranks, 8 samples
+    assert found and all(8 % (o.layout.dp * o.layout.m) == 0 and o.micro_batch >= 1 for o in found)
+    assert choosing.options(MLP, H100, 64, nodes=128) == []                    # 1024 ranks for 64 samples
+    assert "does not split into 4 × 4" in choosing.why_not(MLP, 8, Layout(4, 0, 1, 1, 4))
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: choosing.layouts(0, 8, 8), "number of gpus must be a whole number of at least 1, got gpus=0"),
+    (lambda: choosing.options(MLP, H100, 64, nodes=0), "got nodes=0"),
+    (lambda: choosing.options("GPT-3", H100, 64), "must be a choosing.Model and a choosing.Cluster"),
+    (lambda: choosing.evaluate(MLP, H100, 64, Layout(1, 2, 1, 1, 1)), "0 when dp = 1"),
+    (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), precision="fp8"), "precision must be one of"),
+    (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), schedule="zb"), "schedule must be one of"),
+    (lambda: choosing.evaluate(MLP, H100, 60, Layout(8, 0, 1, 1, 1)), "batch of 60 does not split into 8 × 1"),
+    (lambda: choosing.evaluate(MODELS["GPT-3 1.3B"], CLUSTERS["8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)"],
+                               512, Layout(1, 0, 1, 1, 1), optimizer="lion"), "optimizer must be one of"),
+])
+def test_bad_arguments_are_refused_in_words(call, words):
+    with pytest.raises((ValueError, TypeError), match=words):
+        call()

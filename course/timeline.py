@@ -51,6 +51,12 @@ def _wait_for_device() -> None:
         torch.cuda.current_stream().synchronize()
 
 
+def now() -> float | None:
+    """Seconds since this rank's function started, on the clock spans use; None outside a rank."""
+    calls = recorder.active()
+    return None if calls is None else calls.now()
+
+
 @contextlib.contextmanager
 def span(name: str):
     """Record the time the body takes as a compute span of this rank."""

@@ -1,0 +1,139 @@
+"""The choosing view: one marker per layout, read back from the figure against course.choosing.options;
+hollow where a layout does not fit; the star on the fastest that fits; the measured runs only on the
+labs' MLP on this machine; describe's numbers are options()'; no controls under nbgrader.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.collections import PathCollection
+
+from course import choosing, choosing_view, widgets
+from course.memory_view import in_units
+
+RUNS = [{"lab": 2, "scheme": "ring all-reduce", "ranks": 2, "sent": 119_080, "seconds": 0.002},
+        {"lab": 5, "scheme": "ZeRO-3", "ranks": 2, "sent": 178_620}]
+LOCAL = {"model": choosing.LAB_MLP, "cluster": choosing.LOCAL, "nodes": 1}
+
+
+def _markers(ax) -> list[tuple[float, float, bool]]:
+    """(x, y, filled) of every layout's marker."""
+    found = []
+    for collection in ax.collections:
+        if isinstance(collection, PathCollection) and len(collection.get_offsets()):
+            filled = len(collection.get_facecolors()) > 0
+            found += [(x, y, filled) for x, y in collection.get_offsets()]
+    return found
+
+
+def _line(ax, label):
+    return [line for line in ax.lines if line.get_label() == label]
+
+
+def test_one_marker_per_layout_at_its_bytes_and_time():
+    fig = choosing_view.draw(model="GPT-3 6.7B", cluster=choosing.H100_CLUSTER, nodes=8)
+    found = choosing.options(choosing.MODELS["GPT-3 6.7B"], choosing.CLUSTERS[choosing.H100_CLUSTER], 1024, nodes=8)
+    markers = _markers(fig.axes[0])
+    assert len(markers) == len(found) == 300
+    assert sorted(markers) == sorted((o.sent["total"], o.seconds["total"], o.fits) for o in found)
+    assert sum(filled for *_, filled in markers) == sum(o.fits for o in found) == 46        # hollow: too big
+    assert fig.axes[0].get_xscale() == fig.axes[0].get_yscale() == "log"
+    plt.close(fig)
+
+
+def test_the_star_is_the_fastest_that_fits_and_the_table_its_five():
+    fig = choosing_view.draw(model="GPT-3 1.3B", cluster="8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)", nodes=4)
+    found = choosing.options(choosing.MODELS["GPT-3 1.3B"],
+                             choosing.CLUSTERS["8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)"], 512, nodes=4)
+    best = choosing.fastest(found)
+    (star,) = _line(fig.axes[0], "the fastest that fits")
+    assert (star.get_xdata()[0], star.get_ydata()[0]) == (best.sent["total"], best.seconds["total"])
+    assert min(y for _, y, filled in _markers(fig.axes[0]) if filled) == best.seconds["total"]
+    assert any(t.get_text() == "dp 16 (ZeRO-2) × tp 2 × pp 1, m 8" for t in fig.axes[0].texts)
+    (table,) = fig.axes[1].tables
+    cells = table.get_celld()
+    rows = [cells[r, 0].get_text().get_text() for r in range(1, 6)]
+    assert rows == [choosing_view.layout_words(o.layout) for o in found if o.fits][:5]
+    assert cells[1, 3].get_text().get_text() == f"{best.seconds['total']:.3g} s"
+    plt.close(fig)
+
+
+def test_nothing_fits_is_said_and_nothing_is_starred():
+    fig = choosing_view.draw(model="GPT-3 175B", nodes=1)
+    assert not _line(fig.axes[0], "the fastest that fits")
+    assert not any(filled for *_, filled in _markers(fig.axes[0]))
+    assert not fig.axes[1].tables and "no layout fits" in fig.axes[1].texts[0].get_text()
+    plt.close(fig)
+
+
+def test_measured_runs_only_on_the_labs_mlp_on_this_machine():
+    fig = choosing_view.draw(**LOCAL, measured=RUNS)
+    (dots,) = _line(fig.axes[0], "measured (the labs' runs)")
+    assert list(dots.get_xdata()) == [119_080] and list(dots.get_ydata()) == [0.002]       # a time: a dot
+    ticks = [line for line in fig.axes[0].lines if line.get_label().startswith("_") and
+             list(line.get_xdata()) == [178_620, 178_620]]
+    assert len(ticks) == 1                                                               # no time: a tick
+    assert len(_markers(fig.axes[0])) == len(choosing.options(choosing.MODELS[choosing.LAB_MLP],
+                                                              choosing.CLUSTERS[choosing.LOCAL], 64))
+    plt.close(fig)
+    for elsewhere in ({**LOCAL, "cluster": choosing.H100_CLUSTER}, {**LOCAL, "model": "GPT-3 1.3B", "nodes": 8}):
+        fig = choosing_view.draw(**elsewhere, measured=RUNS)
+        assert not _line(fig.axes[0], "measured (the labs' runs)")
+        assert not [line for line in fig.axes[0].lines if 178_620 in np.asarray(line.get_xdata())]
+        plt.close(fig)
+
+
+def test_describes_numbers_are_options():
+    text = choosing_view.describe(model="GPT-3 6.7B", cluster=choosing.H100_CLUSTER, nodes=8)
+    found = choosing.options(choosing.MODELS["GPT-3 6.7B"], choosing.CLUSTERS[choosing.H100_CLUSTER], 1024, nodes=8)
+    best = choosing.fastest(found)
+    assert text.startswith("**GPT-3 6.7B, batch 1024, mixed precision, activations kept, on 8 nodes of "
+                           f"{choosing.H100_CLUSTER}: 64 ranks:** 300 layouts run this batch, 46 fit in 80 GB")
+    assert (f"The fastest that fits: {choosing_view.layout_words(best.layout)}, {in_units(best.memory['total'])} "
+            f"a rank, {in_units(best.sent['total'])} sent a rank a step, {best.seconds['total']:.3g} s a step") in text
+    table = [line for line in text.splitlines() if line.startswith("| dp")]
+    assert len(table) == 5 and table[0].startswith(f"| {choosing_view.layout_words(best.layout)} |")
+    assert "None fits" in choosing_view.describe(model="GPT-3 175B", nodes=1)
+    assert "None runs" in choosing_view.describe(model=choosing.LAB_MLP, nodes=128)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"model": "GPT-5"}, "model must be one of"),
+    ({"cluster": "abacus"}, "cluster must be one of"),
+    ({"precision": "fp8"}, "precision must be one of"),
+    ({"nodes": 0}, "got nodes=0"),
+    ({**LOCAL, "measured": [{"lab": 2, "ranks": 2, "sent": 1}]}, "keys lab, scheme, ranks, sent"),
+])
+def test_bad_settings_say_what_is_allowed(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        choosing_view.draw(**kwargs)
+    plt.close("all")
+
+
+def test_show_is_static_under_nbgrader(monkeypatch):
+    shown = []
+    monkeypatch.setattr(widgets, "display", lambda obj, display_id=False: shown.append(obj) or "handle")
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    assert choosing_view.show(measured=RUNS, **LOCAL) == ("handle", None)
+    fig, numbers = shown                     # the figure and its numbers, and no box of controls
+    assert "the labs' MLP" in numbers.data and _line(fig.axes[0], "measured (the labs' runs)")
+    plt.close("all")
+
+
+def test_show_builds_its_menus_and_keeps_the_runs_to_their_setting(monkeypatch):
+    seen, built = [], {}
+    monkeypatch.setattr(choosing_view, "draw", lambda measured=None, **v: seen.append(measured) or plt.figure())
+    monkeypatch.setattr(widgets, "interactive_figure",
+                        lambda draw, controls, describe: built.update(draw=draw, controls=controls))
+    choosing_view.show(measured=RUNS, **LOCAL)
+    controls = built["controls"]
+    assert list(controls) == ["model", "cluster", "nodes", "batch", "precision", "recompute"]
+    run = {k: c.value for k, c in controls.items()}
+    assert run == {**LOCAL, "batch": 64, "precision": "mixed", "recompute": False}
+    assert 1024 in controls["batch"].options and 128 in controls["nodes"].options
+    built["draw"](**run)
+    built["draw"](**{**run, "nodes": 2})
+    built["draw"](**{**run, "cluster": choosing.H100_CLUSTER})
+    assert seen == [RUNS, RUNS, None]
+    plt.close("all")

@@ -24,7 +24,10 @@ Left out: embeddings and logits (their parameters are in P, spread evenly over t
 fragmentation.
 
 Bytes each rank sends per step (the busiest rank): dp, `memory.sent_per_step` of its ceil(P/(tp·pp))
-gradients over dp ranks (ring all-reduce 2(dp−1)/dp; ZeRO-1, -2 the same; ZeRO-3 1.5×), once a step; tp,
+gradients over dp ranks (ring all-reduce 2(dp−1)/dp; ZeRO-1, -2 the same; ZeRO-3 1.5×) with one micro-batch;
+with m, plain data parallelism and ZeRO-1 still send once a step (gradients accumulate whole), but ZeRO-2
+reduce-scatters each micro-batch's gradients (it keeps only its shard) and ZeRO-3 also gathers the
+parameters again for each micro-batch's forward and backward: m·RS + AG and m·(2·AG + RS); tp,
 a transformer layer all-reduces b·s·h activations twice forward and twice backward (Megatron), per
 micro-batch, and the MLP sends lab 3's split-weight collectives (`memory.sent_per_step`); pp, a middle
 stage sends each micro-batch's boundary activations (b·s·h) forward and their gradients back, each tp rank
@@ -235,8 +238,8 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
     per_node = cluster.gpus_per_node
     dp_link = cluster.inside if tp * dp <= per_node else cluster.between      # dp spans tp·dp ranks
     pp_link = cluster.inside if gpus <= per_node else cluster.between          # pp spans them all
-    sent = {"dp": memory.sent_per_step(held, dp, layout.scheme, dtype=dtype), "tp": 0.0, "pp": 0.0}
-    seconds = {"dp": _dp_seconds(held, dp, layout.zero, dtype, dp_link), "tp": 0.0, "pp": 0.0}
+    sent = {"dp": _dp_sent(held, layout, dtype), "tp": 0.0, "pp": 0.0}
+    seconds = {"dp": _dp_seconds(held, layout, dtype, dp_link), "tp": 0.0, "pp": 0.0}
     if tp > 1 and model.is_mlp:
         stage = _stage_dense(model, layout)
         per_micro = memory.sent_per_step(sum(d.weights for d in stage), tp, "split weights", dtype=dtype,
@@ -264,14 +267,26 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
                   {**seconds, "total": sum(seconds.values())}, state["total"] <= cluster.memory.nbytes)
 
 
-def _dp_seconds(held: int, dp: int, zero: int, dtype: str, link: Link) -> float:
-    if dp == 1:
+def _dp_collectives(layout: Layout) -> int:
+    """How many reduce-scatters and all-gathers (each N-1 ring steps) ZeRO runs a step, m micro-batches."""
+    return {1: 2, 2: layout.m + 1, 3: 3 * layout.m}[layout.zero]
+
+
+def _dp_sent(held: int, layout: Layout, dtype: str) -> float:
+    if layout.zero < 2 or layout.m == 1:
+        return memory.sent_per_step(held, layout.dp, layout.scheme, dtype=dtype)
+    padded = sizes.nbytes(layout.dp * memory.shard(held, layout.dp), dtype)
+    return _dp_collectives(layout) * transfer.ring_all_gather(padded, layout.dp)   # a reduce-scatter sends as much
+
+
+def _dp_seconds(held: int, layout: Layout, dtype: str, link: Link) -> float:
+    if layout.dp == 1:
         return 0.0
-    if zero == 0:
-        return timemodel.ring_all_reduce_seconds(sizes.nbytes(held, dtype), dp, link)
-    padded = sizes.nbytes(dp * memory.shard(held, dp), dtype)
-    # a reduce-scatter takes an all-gather's N-1 steps; ZeRO-3 gathers twice
-    return (3 if zero == 3 else 2) * timemodel.ring_all_gather_seconds(padded, dp, link)
+    if layout.zero == 0:
+        return timemodel.ring_all_reduce_seconds(sizes.nbytes(held, dtype), layout.dp, link)
+    padded = sizes.nbytes(layout.dp * memory.shard(held, layout.dp), dtype)
+    # a reduce-scatter takes an all-gather's N-1 steps of the same chunks
+    return _dp_collectives(layout) * timemodel.ring_all_gather_seconds(padded, layout.dp, link)
 
 
 def options(model: Model, cluster: Cluster, batch: int, *, nodes: int = 1, precision: str = "mixed",

@@ -82,8 +82,14 @@ def test_bytes_by_hand():
     assert option.sent["tp"] == 4 * 6 * 16 * (2 * 1 / 2 * activation)       # 4 all-reduces a layer, 6 layers
     assert option.sent["pp"] == 2 * 16 * activation                         # a middle stage: forward and back
     assert option.sent["total"] == sum(option.sent[k] for k in ("dp", "tp", "pp"))
-    zero3 = choosing.evaluate(gpt, H100, 512, Layout(4, 3, 2, 4, 16))
-    assert zero3.sent["dp"] == pytest.approx(1.5 * option.sent["dp"])
+    zero1 = choosing.evaluate(gpt, H100, 512, Layout(4, 1, 2, 4, 16))
+    assert zero1.sent["dp"] == option.sent["dp"]                            # reduce-scatter + all-gather, once
+    # ZeRO-2 reduce-scatters every micro-batch's gradients, ZeRO-3 also gathers twice a micro-batch
+    shard = 3 / 4 * held * 2                                                # (N-1)/N of the gradients, bf16
+    assert choosing.evaluate(gpt, H100, 512, Layout(4, 2, 2, 4, 16)).sent["dp"] == (16 + 1) * shard
+    assert choosing.evaluate(gpt, H100, 512, Layout(4, 3, 2, 4, 16)).sent["dp"] == 3 * 16 * shard
+    one_micro_batch = [choosing.evaluate(gpt, H100, 512, Layout(4, zero, 2, 1, 1)).sent["dp"] for zero in (0, 3)]
+    assert one_micro_batch[1] == pytest.approx(1.5 * one_micro_batch[0])    # ZeRO-3: 1.5 × data parallelism
     two_stages = choosing.evaluate(gpt, H100, 512, Layout(4, 0, 2, 2, 16))
     assert two_stages.sent["pp"] == 16 * 8 * 2048 * 2048 * 2                # each stage sends one way only
 
@@ -136,7 +142,7 @@ def test_the_fastest_fits_and_is_minimal():
                              512, nodes=4)
     best = choosing.fastest(found)
     assert not found[0].fits and found[0].seconds["total"] < best.seconds["total"]
-    assert found[0].layout == Layout(16, 2, 2, 1, 1) and best.layout == Layout(16, 2, 2, 1, 8)
+    assert found[0].layout == Layout(16, 2, 2, 1, 1) and best.layout == Layout(16, 1, 2, 1, 8)
     assert found[0].memory["total"] > 40e9 >= best.memory["total"]
 
 

@@ -50,7 +50,7 @@ def test_the_star_is_the_fastest_that_fits_and_the_table_its_five():
     (star,) = _line(fig.axes[0], "the fastest that fits")
     assert (star.get_xdata()[0], star.get_ydata()[0]) == (best.sent["total"], best.seconds["total"])
     assert min(y for _, y, filled in _markers(fig.axes[0]) if filled) == best.seconds["total"]
-    assert any(t.get_text() == "dp 16 (ZeRO-2) × tp 2 × pp 1, m 8" for t in fig.axes[0].texts)
+    assert any(t.get_text() == "dp 16 (ZeRO-1) × tp 2 × pp 1, m 8" for t in fig.axes[0].texts)
     (table,) = fig.axes[1].tables
     cells = table.get_celld()
     rows = [cells[r, 0].get_text().get_text() for r in range(1, 6)]

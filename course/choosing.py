@@ -5,7 +5,8 @@ for a model, a batch and a cluster, with its memory, bytes and step time, by for
     best = fastest(opts)        # the fastest layout that fits in memory, or None
 
 A layout is (dp, zero, tp, pp, m) with dp·tp·pp = the GPUs (`layouts`): tp ranks split each weight
-(Megatron), within a node; pp stages of whole layers (pp divides the layers), 1F1B over m micro-batches;
+(Megatron), within a node; pp stages of whole layers (pp divides the layers), 1F1B over m micro-batches
+(pp, 2pp, 4pp, 8pp, and `options` adds micro-batches of one sample);
 dp data-parallel copies, their state sharded by ZeRO stage `zero` (0: plain data parallelism). Ranks are
 placed tp innermost, then dp, then pp (Megatron's order): a group leaves its node when its span does.
 
@@ -15,9 +16,11 @@ micro-batches alive (1F1B: min(pp, m); GPipe: m) × one layer's activations for 
 - a transformer layer, Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
   Models"), Eq. 2, no recomputation, no sequence parallelism: s·b·h·(10 + 24/tp + 5·a·s/(h·tp)) bytes with
   16-bit activations (34·s·b·h + 5·a·s²·b at tp = 1); in fp32 twice that (its 1-byte dropout masks too:
-  an overcount of 2·s·b·h + a·s²·b); `recompute=True`: Korthikanti's selective recomputation (attention's
-  scores recomputed in backward, as FlashAttention does too) drops the 5·a·s/(h·tp) term; its few
-  percent of extra FLOPs are left out;
+  an overcount of 2·s·b·h + a·s²·b). `recompute="selective"`: Korthikanti's selective recomputation
+  (attention's scores recomputed in backward, as FlashAttention does too) drops the 5·a·s/(h·tp) term, its
+  few percent of extra FLOPs left out; `recompute="full"` (activation checkpointing, as Narayanan et al.
+  2021 train GPT-3 175B): each layer keeps only its input, 2·s·b·h bytes, and one layer at a time
+  rebuilds all of its own, at the cost of a second forward: 8·P FLOPs a token instead of 6;
 - the labs' MLP, each Linear's input, as `course.memory.mlp_activation_bytes` counts it; tp splits
   the inputs of the row-split layers (every second one, lab 3's pairing).
 Left out: embeddings and logits (their parameters are in P, spread evenly over the stages), buffers,
@@ -50,6 +53,7 @@ from course.memory import GpuMemory
 from course.timemodel import Link, Processor
 
 SCHEDULES = ("1f1b", "gpipe")
+RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 #: micro-batches offered per layout: pp times these (pp = 1: gradient accumulation)
 MICRO_BATCH_FACTORS = (1, 2, 4, 8)
@@ -196,7 +200,7 @@ def _stage_dense(model: Model, layout: Layout) -> list[sizes.Dense]:
 
 
 def activation_bytes(model: Model, layout: Layout, micro_batch: int, *, precision: str,
-                     schedule: str = "1f1b", recompute: bool = False) -> float:
+                     schedule: str = "1f1b", recompute: str = "none") -> float:
     """Activations the first stage keeps at its peak (see the module docstring)."""
     alive = min(layout.pp, layout.m) if schedule == "1f1b" else layout.m
     per_stage, tp = model.layers // layout.pp, layout.tp
@@ -205,16 +209,20 @@ def activation_bytes(model: Model, layout: Layout, micro_batch: int, *, precisio
         inputs = [w / tp if i % 2 else w for i, w in enumerate(model.widths[:per_stage])]   # row layers split
         return alive * sizes.nbytes(micro_batch * sum(inputs), dtype)
     s, h, a = model.sequence, model.hidden, model.heads
-    attention = 0 if recompute else 5 * a * s / (h * tp)
+    attention = 0 if recompute == "selective" else 5 * a * s / (h * tp)
     layer = s * micro_batch * h * (10 + 24 / tp + attention)                               # Korthikanti, Eq. 2
+    if recompute == "full":                     # the layers' inputs, and one layer rebuilt at a time
+        return (alive * per_stage * 2 * s * micro_batch * h + layer) * (2 if precision == "fp32" else 1)
     return alive * per_stage * layer * (2 if precision == "fp32" else 1)
 
 
 def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, precision: str = "mixed",
-             optimizer: str = "adam", schedule: str = "1f1b", recompute: bool = False) -> Option:
+             optimizer: str = "adam", schedule: str = "1f1b", recompute: str = "none") -> Option:
     """One layout's memory per rank, bytes per rank per step and step time (the module docstring's model)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     if precision not in memory.PRECISIONS:
         raise ValueError(f"precision must be one of {list(memory.PRECISIONS)}, got {precision!r}")
     if layout.tp > cluster.gpus_per_node:
@@ -259,7 +267,7 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         sends = m * (2 if pp > 2 else 1)         # a middle stage sends forward and back; with 2, each one way
         sent["pp"] = sends * boundary
         seconds["pp"] = sends * pp_link.seconds(boundary)
-    flop = 6 * model.parameters * batch * model.sequence
+    flop = (8 if recompute == "full" else 6) * model.parameters * batch * model.sequence
     compute = cluster.processor_for(precision).seconds(flop / gpus)
     bubble = (pp - 1) / (m + pp - 1)
     seconds = {"compute": compute, "bubble": compute / (1 - bubble) - compute, **seconds}
@@ -290,14 +298,18 @@ def _dp_seconds(held: int, layout: Layout, dtype: str, link: Link) -> float:
 
 
 def options(model: Model, cluster: Cluster, batch: int, *, nodes: int = 1, precision: str = "mixed",
-            optimizer: str = "adam", schedule: str = "1f1b", recompute: bool = False) -> list[Option]:
-    """Every layout of `nodes` nodes that `model` can run with `batch` samples a step, fastest first."""
+            optimizer: str = "adam", schedule: str = "1f1b", recompute: str = "none") -> list[Option]:
+    """Every layout of `nodes` nodes (`layouts`, and each with micro-batches of one sample) that `model`
+    can run with `batch` samples a step, fastest first."""
     if not isinstance(model, Model) or not isinstance(cluster, Cluster):
         raise ValueError(f"model and cluster must be a choosing.Model and a choosing.Cluster (MODELS[name], "
                          f"CLUSTERS[name]), got {model!r} and {cluster!r}")
-    gpus = _whole(nodes, "nodes") * cluster.gpus_per_node
-    runnable = [layout for layout in layouts(gpus, cluster.gpus_per_node, model.layers)
-                if not why_not(model, _whole(batch, "batch"), layout)]
+    gpus, batch = _whole(nodes, "nodes") * cluster.gpus_per_node, _whole(batch, "batch")
+    offered = layouts(gpus, cluster.gpus_per_node, model.layers)
+    # and micro-batches of one sample (m = batch/dp), as Narayanan et al. 2021 train GPT-3 175B
+    offered += sorted({Layout(x.dp, x.zero, x.tp, x.pp, batch // x.dp) for x in offered if batch % x.dp == 0}
+                      - set(offered))
+    runnable = [layout for layout in offered if not why_not(model, batch, layout)]
     found = [evaluate(model, cluster, batch, layout, precision=precision, optimizer=optimizer, schedule=schedule,
                       recompute=recompute) for layout in runnable]
     # ties (to 9 digits: ZeRO-1's ring takes data parallelism's time) go to fewer bytes, then less memory

@@ -58,7 +58,7 @@ def _check_measured(measured) -> list[dict]:
     return runs
 
 
-def _options(model: str, cluster: str, nodes: int, batch: int | None, precision: str, recompute: bool):
+def _options(model: str, cluster: str, nodes: int, batch: int | None, precision: str, recompute: str):
     chosen, where = _named("model", model, choosing.MODELS), _named("cluster", cluster, choosing.CLUSTERS)
     batch = chosen.batch if batch is None else batch
     return chosen, where, batch, choosing.options(chosen, where, batch, nodes=nodes, precision=precision,
@@ -66,13 +66,14 @@ def _options(model: str, cluster: str, nodes: int, batch: int | None, precision:
 
 
 def _headline(chosen, where, nodes, batch, precision, recompute) -> str:
-    kept = "attention recomputed" if recompute else "activations kept"
+    kept = {"none": "activations kept", "selective": "attention recomputed", "full": "layers recomputed"}.get(
+        recompute, recompute)
     return (f"{chosen.name}, batch {batch}, {precision} precision, {kept}, on {nodes} node{'s' * (nodes > 1)} "
             f"of {where.name}: {nodes * where.gpus_per_node} ranks")
 
 
 def draw(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER, nodes: int = 8,
-         batch: int | None = None, precision: str = "mixed", recompute: bool = False,
+         batch: int | None = None, precision: str = "mixed", recompute: str = "none",
          measured: Sequence[Mapping] | None = None):
     """The view as a matplotlib Figure (see the module docstring); batch None: the model's own."""
     chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, recompute)
@@ -137,7 +138,7 @@ def _table(ax, found, where) -> None:
 
 
 def describe(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER, nodes: int = 8,
-             batch: int | None = None, precision: str = "mixed", recompute: bool = False) -> str:
+             batch: int | None = None, precision: str = "mixed", recompute: str = "none") -> str:
     """The figure's numbers in markdown: how many layouts, how many fit, the fastest, the five fastest."""
     chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, recompute)
     gpus = nodes * where.gpus_per_node
@@ -164,7 +165,7 @@ def show(measured: Sequence[Mapping] | None = None, **start):
 
     _check_measured(measured)
     values = {"model": "GPT-3 6.7B", "cluster": choosing.H100_CLUSTER, "nodes": 8, "batch": None,
-              "precision": "mixed", "recompute": False, **start}
+              "precision": "mixed", "recompute": "none", **start}
     _named("model", values["model"], choosing.MODELS)
     if values["batch"] is None:
         values["batch"] = choosing.MODELS[values["model"]].batch
@@ -179,7 +180,8 @@ def show(measured: Sequence[Mapping] | None = None, **start):
                             value=values["batch"], description="global batch (samples)", style=STYLE),
         "precision": w.Dropdown(options=list(memory.PRECISIONS), value=values["precision"],
                                 description="precision", style=STYLE),
-        "recompute": w.Dropdown(options=[("kept", False), ("attention recomputed", True)],
+        "recompute": w.Dropdown(options=[("kept", "none"), ("attention recomputed", "selective"),
+                                         ("every layer recomputed", "full")],
                                 value=values["recompute"], description="activations", style=STYLE),
     }
     return show_view(draw, describe, controls, measured, RUN_SETTINGS)

@@ -68,8 +68,26 @@ def test_transformer_activations_are_korthikantis():
     assert whole == 24 * (34 * 2048 * 2048 + 5 * 16 * 2048**2)               # 34sbh + 5as²b a layer
     split = choosing.activation_bytes(gpt, Layout(1, 0, 2, 4, 8), 2, precision="mixed")
     assert split == pytest.approx(4 * 6 * 2048 * 2 * 2048 * (10 + 24 / 2 + 5 * 16 * 2048 / (2048 * 2)))
-    recomputed = choosing.activation_bytes(gpt, Layout(1, 0, 1, 1, 1), 1, precision="fp32", recompute=True)
+    recomputed = choosing.activation_bytes(gpt, Layout(1, 0, 1, 1, 1), 1, precision="fp32", recompute="selective")
     assert recomputed == 2 * 24 * 34 * 2048 * 2048
+    # full: 4 stages of 6 layers, 4 micro-batches of 2 alive, each layer's 16-bit input; one layer rebuilt
+    full = choosing.activation_bytes(gpt, Layout(1, 0, 1, 4, 8), 2, precision="mixed", recompute="full")
+    assert full == 4 * 6 * 2 * 2048 * 2 * 2048 + 2048 * 2 * 2048 * (34 + 5 * 16 * 2048 / 2048)
+
+
+def test_recomputation_trades_memory_for_a_second_forward():
+    gpt, layout = MODELS["GPT-3 175B"], Layout(dp=8, zero=1, tp=8, pp=16, m=96)     # 2 samples a micro-batch
+    kept, full = (choosing.evaluate(gpt, H100, 1536, layout, recompute=r) for r in ("none", "full"))
+    assert not kept.fits and full.fits and full.memory["activations"] < kept.memory["activations"] / 10
+    assert full.seconds["compute"] == pytest.approx(8 / 6 * kept.seconds["compute"])    # a second forward
+
+
+def test_narayanan_et_al_s_gpt3_layout_is_offered_and_fits():
+    # Narayanan et al. 2021, GPT-3 175B on 1,024 GPUs: tp 8, pp 16, batch 1536 in micro-batches of 1
+    found = choosing.options(MODELS["GPT-3 175B"], H100, 1536, nodes=128)
+    (theirs,) = [o for o in found if o.layout == Layout(dp=8, zero=1, tp=8, pp=16, m=192)]
+    assert theirs.micro_batch == 1 and theirs.fits
+    assert choosing.fastest(found).seconds["total"] <= theirs.seconds["total"]
 
 
 def test_bytes_by_hand():
@@ -137,19 +155,20 @@ def test_the_fastest_fits_and_is_minimal():
     assert all(best.seconds["total"] <= o.seconds["total"] * (1 + 1e-9) for o in found if o.fits)
     assert [o.seconds["total"] for o in found] == sorted(o.seconds["total"] for o in found)
     assert all(o.layout.dp * o.layout.tp * o.layout.pp == 64 for o in found)
-    # on A100s of 40 GB, the fastest layout of all does not fit: one micro-batch's activations
-    found = choosing.options(MODELS["GPT-3 1.3B"], CLUSTERS["8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)"],
-                             512, nodes=4)
+    # LLaMA-2 7B on A100s of 40 GB: the fastest layout of all does not fit (32 micro-batches' activations)
+    found = choosing.options(MODELS["LLaMA-2 7B"], CLUSTERS["8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)"],
+                             1024, nodes=4)
     best = choosing.fastest(found)
     assert not found[0].fits and found[0].seconds["total"] < best.seconds["total"]
-    assert found[0].layout == Layout(16, 2, 2, 1, 1) and best.layout == Layout(16, 1, 2, 1, 8)
+    assert found[0].layout == Layout(32, 1, 1, 1, 32) and best.layout == Layout(8, 1, 4, 1, 128)
     assert found[0].memory["total"] > 40e9 >= best.memory["total"]
 
 
 def test_only_layouts_the_batch_splits_into():
     found = choosing.options(MLP, LOCAL_MACHINE, 8, nodes=2)                    # 4 ranks, 8 samples
     assert found and all(8 % (o.layout.dp * o.layout.m) == 0 and o.micro_batch >= 1 for o in found)
-    assert choosing.options(MLP, H100, 64, nodes=128) == []                    # 1024 ranks for 64 samples
+    assert choosing.options(MLP, H100, 8, nodes=128) == []       # 1024 ranks: at least 16 dp ranks for 8 samples
+    assert all(o.layout.dp <= 8 for o in choosing.options(MLP, H100, 8, nodes=8))
     assert "does not split into 4 × 4" in choosing.why_not(MLP, 8, Layout(4, 0, 1, 1, 4))
 
 
@@ -160,6 +179,7 @@ def test_only_layouts_the_batch_splits_into():
     (lambda: choosing.evaluate(MLP, H100, 64, Layout(1, 2, 1, 1, 1)), "0 when dp = 1"),
     (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), precision="fp8"), "precision must be one of"),
     (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), schedule="zb"), "schedule must be one of"),
+    (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), recompute=True), "recompute must be one of"),
     (lambda: choosing.evaluate(MLP, H100, 60, Layout(8, 0, 1, 1, 1)), "batch of 60 does not split into 8 × 1"),
     (lambda: choosing.evaluate(MODELS["GPT-3 1.3B"], CLUSTERS["8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)"],
                                512, Layout(1, 0, 1, 1, 1), optimizer="lion"), "optimizer must be one of"),

@@ -35,9 +35,9 @@ def test_one_marker_per_layout_at_its_bytes_and_time():
     fig = choosing_view.draw(model="GPT-3 6.7B", cluster=choosing.H100_CLUSTER, nodes=8)
     found = choosing.options(choosing.MODELS["GPT-3 6.7B"], choosing.CLUSTERS[choosing.H100_CLUSTER], 1024, nodes=8)
     markers = _markers(fig.axes[0])
-    assert len(markers) == len(found) == 300
+    assert len(markers) == len(found) == 375
     assert sorted(markers) == sorted((o.sent["total"], o.seconds["total"], o.fits) for o in found)
-    assert sum(filled for *_, filled in markers) == sum(o.fits for o in found) == 46        # hollow: too big
+    assert sum(filled for *_, filled in markers) == sum(o.fits for o in found) == 119        # hollow: too big
     assert fig.axes[0].get_xscale() == fig.axes[0].get_yscale() == "log"
     plt.close(fig)
 
@@ -50,7 +50,7 @@ def test_the_star_is_the_fastest_that_fits_and_the_table_its_five():
     (star,) = _line(fig.axes[0], "the fastest that fits")
     assert (star.get_xdata()[0], star.get_ydata()[0]) == (best.sent["total"], best.seconds["total"])
     assert min(y for _, y, filled in _markers(fig.axes[0]) if filled) == best.seconds["total"]
-    assert any(t.get_text() == "dp 16 (ZeRO-1) × tp 2 × pp 1, m 8" for t in fig.axes[0].texts)
+    assert any(t.get_text() == "dp 8 (ZeRO-1) × tp 1 × pp 4, m 64" for t in fig.axes[0].texts)
     (table,) = fig.axes[1].tables
     cells = table.get_celld()
     rows = [cells[r, 0].get_text().get_text() for r in range(1, 6)]
@@ -89,13 +89,13 @@ def test_describes_numbers_are_options():
     found = choosing.options(choosing.MODELS["GPT-3 6.7B"], choosing.CLUSTERS[choosing.H100_CLUSTER], 1024, nodes=8)
     best = choosing.fastest(found)
     assert text.startswith("**GPT-3 6.7B, batch 1024, mixed precision, activations kept, on 8 nodes of "
-                           f"{choosing.H100_CLUSTER}: 64 ranks:** 300 layouts run this batch, 46 fit in 80 GB")
+                           f"{choosing.H100_CLUSTER}: 64 ranks:** 375 layouts run this batch, 119 fit in 80 GB")
     assert (f"The fastest that fits: {choosing_view.layout_words(best.layout)}, {in_units(best.memory['total'])} "
             f"a rank, {in_units(best.sent['total'])} sent a rank a step, {best.seconds['total']:.3g} s a step") in text
     table = [line for line in text.splitlines() if line.startswith("| dp")]
     assert len(table) == 5 and table[0].startswith(f"| {choosing_view.layout_words(best.layout)} |")
     assert "None fits" in choosing_view.describe(model="GPT-3 175B", nodes=1)
-    assert "None runs" in choosing_view.describe(model=choosing.LAB_MLP, nodes=128)
+    assert "None runs" in choosing_view.describe(model=choosing.LAB_MLP, nodes=128, batch=8)
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -130,7 +130,7 @@ def test_show_builds_its_menus_and_keeps_the_runs_to_their_setting(monkeypatch):
     controls = built["controls"]
     assert list(controls) == ["model", "cluster", "nodes", "batch", "precision", "recompute"]
     run = {k: c.value for k, c in controls.items()}
-    assert run == {**LOCAL, "batch": 64, "precision": "mixed", "recompute": False}
+    assert run == {**LOCAL, "batch": 64, "precision": "mixed", "recompute": "none"}
     assert 1024 in controls["batch"].options and 128 in controls["nodes"].options
     built["draw"](**run)
     built["draw"](**{**run, "nodes": 2})

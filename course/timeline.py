@@ -87,6 +87,25 @@ def _without(span: tuple[float, float], holes: list[tuple[float, float]]) -> lis
     return pieces
 
 
+def _blocking(results, rank: int) -> list[tuple[float, float]]:
+    """The intervals rank spent inside blocking collectives and receives (not barriers' alone: those too)."""
+    return [(r.start, r.end) for r in results.comm.rank(rank) if not r.async_op and r.end is not None]
+
+
+def compute_only(results) -> Timeline:
+    """The run's spans with the time each rank waited in a blocking collective or receive cut out.
+
+    A span around code that receives (a pipeline stage's step, say) covers the wait for the
+    message too; what remains is the rank's own work. A span cut in two gives two spans of its name.
+    """
+    kept = Timeline()
+    for rank in results.ranks:
+        holes = _blocking(results, rank)
+        kept.extend(Span(s.rank, s.name, a, b) for s in results.timeline.rank(rank)
+                    for a, b in _without((s.start, s.end), holes))
+    return kept
+
+
 def plot(ax, results, *, compute_colour: str = "#6baed6", comm_colour: str = "#de2d26",
          waits_in_spans: bool = False):
     """Draw each rank's compute spans and collectives on ax (time in ms).
@@ -101,8 +120,7 @@ def plot(ax, results, *, compute_colour: str = "#6baed6", comm_colour: str = "#d
         base = row * 3
         comm = [(r.start, r.end if r.end is not None else r.start) for r in results.comm.rank(rank)
                 if r.op != "barrier"]
-        blocking = [(r.start, r.end) for r in results.comm.rank(rank)
-                    if waits_in_spans and not r.async_op and r.end is not None]
+        blocking = _blocking(results, rank) if waits_in_spans else []
         compute = [piece for s in results.timeline.rank(rank) for piece in _without((s.start, s.end), blocking)]
         ax.broken_barh([(a * 1e3, (b - a) * 1e3) for a, b in compute], (base + 1.05, 0.9), color=compute_colour,
                        label="compute" if row == 0 else None)

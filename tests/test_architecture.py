@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-COST_MODELS = ("transfer", "sizes", "timemodel", "grid_model", "memory", "pipeline")
+COST_MODELS = ("transfer", "sizes", "timemodel", "grid_model", "memory", "pipeline", "choosing")
 NOT_IN_COST_MODELS = ("torch", "matplotlib", "ipywidgets", "IPython", "pandas")
 NOT_ON_IMPORT = ("matplotlib", "pandas", "ipywidgets", "sklearn")
 LAYER_LINE = re.compile(r"^- (?P<layer>[a-z ]+): (?P<modules>[\w, ]+)\.$", re.M)

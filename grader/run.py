@@ -5,6 +5,7 @@
              --rdzv-endpoint=HOST:29500 -m grader run 04_hybrid --grid 4x2
     python -m grader run 03_model_parallel --ranks 2      # no torchrun: 2 ranks on this machine
     torchrun --nproc-per-node=4 -m grader run 05_sharded_data_parallel --stage 2
+    torchrun --nproc-per-node=4 -m grader run 06_pipeline_parallel --schedule gpipe --micro-batches 4
 
 It belongs with the instructor's tools, not in `course/`: it runs the answers.
 The training is the solution notebook's own function (loaded with
@@ -14,6 +15,8 @@ Under torchrun each process runs it as its own rank; without torchrun, --ranks
 starts that many ranks here. Each rank prints a line; rank 0 gathers every
 rank's result, prints a summary, and with --out saves it all with `torch.save`
 (plain tensors, lists and numbers: `torch.load` reads it with weights_only=True).
+A rank's parameters are the whole model's, except in a pipeline (lab 6): there
+rank r holds stage r's, and only the last stage has a loss.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ class Lab:
     add_options: Callable[[argparse.ArgumentParser], None]
     arguments: Callable             # (notebook module, options, world_size) -> (args, kwargs)
     params_and_losses: Callable     # what the function returned -> (params, losses)
+    stage_per_rank: bool = False    # a pipeline: rank r returns stage r's parameters, the last rank the losses
 
 
 # --- lab 2: data parallel --------------------------------------------------------------
@@ -149,6 +153,36 @@ def _sharded_arguments(lab, options, world_size):
                  make_optimizer=make_optimizer))
 
 
+# --- lab 6: pipeline parallel ---------------------------------------------------------
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def _pipeline_options(parser):
+    parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                        help="gpipe (every forward, then every backward) or 1f1b (a backward as soon as one "
+                             "can run; default)")
+    parser.add_argument("--micro-batches", type=_positive(int), default=None,
+                        help="micro-batches a batch is cut into (default: the notebook's MICRO_BATCHES)")
+
+
+def _pipeline_arguments(lab, options, world_size):
+    layers = len(list(lab.pipe_mlp().children()))
+    if not 2 <= world_size <= layers:
+        raise UsageError(f"a pipeline of the lab's {layers}-layer MLP runs one stage of whole layers a rank, on "
+                         f"2 to {layers} ranks, but {world_size} would run: start 2 to {layers} ranks")
+    options.micro_batches = options.micro_batches or lab.MICRO_BATCHES
+    if options.batch_size % options.micro_batches:
+        raise UsageError(f"a batch of {options.batch_size} samples does not cut into {options.micro_batches} "
+                         f"equal micro-batches: use a --micro-batches that divides the --batch-size")
+    # as the notebook's training cells: the 8-layer MLP on synthetic data, a batch a step
+    inputs, targets = lab.data.synthetic(options.steps * options.batch_size, lab.PIPE_MLP["in_features"])
+    schedule = {"gpipe": lab.gpipe, "1f1b": lab.one_f_one_b}[options.schedule]
+    return ((schedule, lab.pipe_mlp, inputs, targets),
+            dict(steps=options.steps, batch_size=options.batch_size, micro_batches=options.micro_batches,
+                 learning_rate=options.lr))
+
+
 def _check_batch(batch_size, samples, world_size=1):
     """Batches split into equal shards (unequal ones would weigh samples unequally), and
     at least one batch in the data."""
@@ -173,6 +207,9 @@ LABS = {
     "05_sharded_data_parallel": Lab("sharded_training", "the wide MLP on digits, data parallel, its "
                                     "training state sharded by ZeRO stage 1, 2 or 3", _sharded_options,
                                     _sharded_arguments, lambda r: (r["parameters"], r["losses"])),
+    "06_pipeline_parallel": Lab("pipeline_training", "the 8-layer MLP cut into one stage of whole layers a rank, "
+                                "micro-batches in GPipe's or 1F1B's order", _pipeline_options, _pipeline_arguments,
+                                lambda r: (r["parameters"], r["losses"]), stage_per_rank=True),
 }
 
 
@@ -249,7 +286,7 @@ def _run(options) -> dict | None:
                             args, kwargs, timeout=options.timeout)
     reports = {rank: _report(lab, results, rank) for rank in results.ranks}
     for report in reports.values():
-        print(_rank_line(report, results.world_size, results.backend), flush=True)
+        print(_rank_line(report, results.world_size, results.backend, options.steps), flush=True)
     if torchrun:  # rank 0 collects the others' reports; across nodes, only it writes
         everyone = [None] * results.world_size if dist.get_rank() == 0 else None
         dist.gather_object(reports, everyone, dst=0)
@@ -260,7 +297,7 @@ def _run(options) -> dict | None:
     saved = {"lab": options.lab, "function": lab.function, "world_size": results.world_size,
              "backend": results.backend, "torchrun": torchrun, "torch": str(torch.__version__),
              "options": _plain(options), "ranks": reports}
-    print(_summary(saved), flush=True)
+    print(_summary(saved, lab), flush=True)
     if options.out:
         torch.save(saved, options.out)
         print(f"wrote {options.out}", flush=True)
@@ -286,28 +323,45 @@ def _report(lab, results, rank) -> dict:
     returned = results[rank]
     params, losses = lab.params_and_losses(returned)
     return {"rank": rank, "host": socket.gethostname(), "device": results.devices[results.ranks.index(rank)],
+            "stage": rank if lab.stage_per_rank else None,
             "params": [p.detach().cpu() for p in params], "losses": [float(x) for x in losses],
             "seconds": results.seconds[rank], "messages": len(results.comm.rank(rank)),
             "returned": returned}
 
 
-def _rank_line(report, world_size, backend) -> str:
-    losses = report["losses"]
+def _rank_line(report, world_size, backend, steps) -> str:
+    losses, stage = report["losses"], report["stage"]
+    trained = (f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps" if losses
+               else f"{steps} steps (the loss is on the last stage)")   # a pipeline's earlier stages
+    held = "" if stage is None else f", stage {stage} of {world_size}"
     return (f"[rank {report['rank']}/{world_size}] {report['host']} {report['device']} ({backend}): "
-            f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps, "
-            f"{report['messages']} collectives and messages, {report['seconds']:.2f} s")
+            f"{trained}{held}, {report['messages']} collectives and messages, {report['seconds']:.2f} s")
 
 
-def _summary(saved) -> str:
+def _summary(saved, lab) -> str:
     reports = saved["ranks"]
-    first = reports[min(reports)]["params"]
-    apart = max((a - b).abs().max().item() for r in reports.values() for a, b in zip(r["params"], first))
     hosts = sorted({r["host"] for r in reports.values()})
     options = saved["options"]
     return (f"{saved['lab']}: {saved['function']} on {saved['world_size']} ranks "
             f"({saved['backend']}, {len(hosts)} host{'s' * (len(hosts) > 1)}: {', '.join(hosts)}), "
             f"{options['steps']} steps of batch {options['batch_size']}, lr {options['lr']:g}; "
-            f"the ranks' final parameters differ by at most {apart:.2g}")
+            + (_stages_held(reports, options) if lab.stage_per_rank else _replicas_apart(reports)))
+
+
+def _replicas_apart(reports) -> str:
+    """Every rank holds the whole model: how far apart the copies ended."""
+    first = reports[min(reports)]["params"]
+    apart = max((a - b).abs().max().item() for r in reports.values() for a, b in zip(r["params"], first))
+    return f"the ranks' final parameters differ by at most {apart:.2g}"
+
+
+def _stages_held(reports, options) -> str:
+    """Each rank holds one stage: what each holds, and the loss, which only the last stage computes."""
+    held = ", ".join(f"stage {r['stage']} {sum(p.numel() for p in r['params']):,}"
+                     for r in sorted(reports.values(), key=lambda r: r["stage"]))
+    losses = reports[max(reports)]["losses"]
+    return (f"{options['schedule']}, {options['micro_batches']} micro-batches, one stage a rank holding "
+            f"({held} parameters); the last stage's loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
 def _plain(options) -> dict:

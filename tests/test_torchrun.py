@@ -17,7 +17,7 @@ import torch
 from test_launch_contexts import ENV, _free_port, _no_stray_processes  # noqa: F401 (autouse fixture)
 
 import course
-from course import _processes, check
+from course import _processes, check, stages
 from course.grid_model import Grid
 from grader.run import main
 from grader.solution import load
@@ -25,6 +25,7 @@ from grader.solution import load
 pytestmark = pytest.mark.torchrun
 
 STEPS = 3          # few steps, the notebooks' sizes otherwise: seconds on a 2-core machine
+PIPELINE = "06_pipeline_parallel"   # rank r holds stage r's parameters; the last rank has the losses
 TIMEOUT = 240      # seconds for one torchrun run, start to end
 LOOPBACK = {"GLOO_SOCKET_IFNAME": _processes._loopback_interface() or "lo"}  # gloo stays on 127.0.0.1
 
@@ -68,27 +69,47 @@ def notebook_run(lab, ranks, grid=None):
         run = course.launch(nb.sharded_training, ranks, args=(make_model, nb.digits.train_x, nb.digits.train_y),
                             kwargs=dict(stage=3, **options))
         return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
+    if lab == PIPELINE:                # the notebook's training cells: 1F1B on RANKS, one_process_training on 1
+        x, y = nb.data.synthetic(STEPS * nb.BATCH_SIZE, 64)
+        if ranks == 1:
+            model, losses = nb.one_process_training(nb.pipe_mlp, x, y, steps=STEPS, batch_size=nb.BATCH_SIZE)
+            return {0: ([p.detach() for p in model.parameters()], losses)}
+        run = course.launch(nb.pipeline_training, ranks, args=(nb.one_f_one_b, nb.pipe_mlp, x, y),
+                            kwargs=dict(steps=STEPS, batch_size=nb.BATCH_SIZE, micro_batches=nb.MICRO_BATCHES))
+        return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
     train = functools.partial(nb.hybrid_training, steps=STEPS, batch_size=nb.BATCH_SIZE, lr=nb.LEARNING_RATE)
     grid = grid or Grid(1, 1)
     run = course.launch(train, grid.ranks, args=(grid,))
     return {rank: run[rank][:2] for rank in run.ranks}
 
 
-def assert_matches_notebook(saved, lab, grid=None):
+def held_by(lab, params, rank, world_size):
+    """One process's parameters as rank `rank` of `world_size` holds them: all of them, or in a
+    pipeline stage `rank`'s, the model cut as the notebook's stages.split cuts it."""
+    if lab != PIPELINE:
+        return params
+    counts = [len(list(part.parameters())) for part in stages.split(solution(lab).pipe_mlp(), world_size)]
+    return params[sum(counts[:rank]):sum(counts[:rank + 1])]
+
+
+def assert_matches_notebook(saved, lab, grid=None, world_size=2):
     """The script's saved result: every rank's parameters and losses as the notebook's run
     on the same ranks, and its parameters close to one process's (the notebook's check)."""
-    assert saved["lab"] == lab and saved["world_size"] == 2 and saved["backend"] == "gloo"
+    assert saved["lab"] == lab and saved["world_size"] == world_size and saved["backend"] == "gloo"
     assert saved["options"]["steps"] == STEPS
     assert saved["function"] == {"02_data_parallel": "data_parallel_training", "03_model_parallel": "split_training",
-                                 "04_hybrid": "hybrid_training", "05_sharded_data_parallel": "sharded_training"}[lab]
-    assert sorted(saved["ranks"]) == [0, 1]
-    expected, (one_process, _) = notebook_run(lab, 2, grid), notebook_run(lab, 1)[0]
+                                 "04_hybrid": "hybrid_training", "05_sharded_data_parallel": "sharded_training",
+                                 PIPELINE: "pipeline_training"}[lab]
+    assert sorted(saved["ranks"]) == list(range(world_size))
+    expected, (one_process, _) = notebook_run(lab, world_size, grid), notebook_run(lab, 1)[0]
     for rank, report in saved["ranks"].items():
         params, losses = expected[rank]
-        assert len(report["params"]) == len(params) and len(report["losses"]) == STEPS
+        has_losses = lab != PIPELINE or rank == world_size - 1     # a pipeline's loss is its last stage's
+        assert len(report["params"]) == len(params) and len(report["losses"]) == STEPS * has_losses
         check.assert_close(report["params"], params, f"{lab} parameters after {STEPS} steps", rank=rank)
         check.assert_close(torch.tensor(report["losses"]), torch.tensor(losses), f"{lab} losses", rank=rank)
-        check.assert_close(report["params"], one_process, f"{lab} parameters against one process", rank=rank)
+        check.assert_close(report["params"], held_by(lab, one_process, rank, world_size),
+                           f"{lab} parameters against one process", rank=rank)
 
 
 # --- running torchrun ------------------------------------------------------------------
@@ -124,12 +145,16 @@ def two_nodes(*script_args):
                      "--local-addr", "127.0.0.1"], script_args, nodes=2)
 
 
-def assert_ran(outputs):
+def assert_ran(outputs, lab=None):
     for code, out, err in outputs:
         assert code == 0, f"torchrun exited with {code}:\n{out[-2000:]}\n{err[-3000:]}"
     printed = "".join(out for _, out, _ in outputs)
     for rank in (0, 1):  # each rank says what it did, wherever it ran
-        line = rf"\[rank {rank}/2\] \S+ \S+ \(gloo\): loss [\d.]+ -> [\d.]+ in {STEPS} steps"
+        trained = rf"loss [\d.]+ -> [\d.]+ in {STEPS} steps"
+        if lab == PIPELINE:   # stage r on rank r, the loss on the last
+            trained = (trained if rank == 1 else rf"{STEPS} steps \(the loss is on the last stage\)") \
+                + f", stage {rank} of 2"
+        line = rf"\[rank {rank}/2\] \S+ \S+ \(gloo\): {trained}"
         assert re.search(line, printed), printed
     assert printed.count(" on 2 ranks (gloo") == 1, printed  # rank 0's summary, once
     return printed
@@ -137,13 +162,13 @@ def assert_ran(outputs):
 
 # --- the labs under torchrun -----------------------------------------------------------
 
-LABS = ["02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel"]
+LABS = ["02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel", PIPELINE]
 
 
 @pytest.mark.parametrize("lab", LABS)
 def test_on_one_node_the_script_ends_as_the_notebook_does(lab, tmp_path):
     out = tmp_path / "result.pt"
-    printed = assert_ran(one_node(lab, "--steps", str(STEPS), "--out", str(out)))
+    printed = assert_ran(one_node(lab, "--steps", str(STEPS), "--out", str(out)), lab)
     assert f"wrote {out}" in printed
     saved = torch.load(out, weights_only=True)  # plain data: no pickled classes
     assert_matches_notebook(saved, lab, Grid(1, 2))  # lab 4: the notebook's grid on 2 ranks
@@ -151,6 +176,9 @@ def test_on_one_node_the_script_ends_as_the_notebook_does(lab, tmp_path):
         assert saved["options"]["grid"] == "1x2"
     if lab == "05_sharded_data_parallel":
         assert saved["options"]["stage"] == 3  # the default: ZeRO-3
+    if lab == PIPELINE:
+        assert (saved["options"]["schedule"], saved["options"]["micro_batches"]) == ("1f1b", 8)  # the defaults
+        assert "1f1b, 8 micro-batches, one stage a rank holding (stage 0 16,640, stage 1 13,130 parameters)" in printed
 
 
 @pytest.mark.parametrize("lab", LABS)
@@ -158,7 +186,7 @@ def test_on_two_nodes_the_script_ends_as_the_notebook_does(lab, tmp_path):
     out = tmp_path / "result.pt"
     grid = ["--grid", "2x1"] if lab == "04_hybrid" else []  # the replicas on different nodes
     outputs = two_nodes(lab, "--steps", str(STEPS), "--out", str(out), *grid)
-    assert_ran(outputs)
+    assert_ran(outputs, lab)
     assert sum(f"wrote {out}" in printed for _, printed, _ in outputs) == 1  # by rank 0's node only
     assert_matches_notebook(torch.load(out, weights_only=True), lab, Grid(2, 1))
 
@@ -196,9 +224,25 @@ def test_without_torchrun_each_zero_stage_runs_its_collectives_and_ends_as_one_p
                            rank=rank)
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_without_torchrun_a_pipeline_of_4_stages_sends_to_its_neighbours_and_ends_as_one_process(schedule):
+    saved = main([PIPELINE, "--ranks", "4", "--steps", str(STEPS), "--schedule", schedule, "--micro-batches", "4"])
+    assert (saved["options"]["schedule"], saved["options"]["micro_batches"]) == (schedule, 4)
+    one_process, losses = notebook_run(PIPELINE, 1)[0]
+    # a hand count, per step: 2 barriers; each of the 4 micro-batches' activations sent forward
+    # and its gradient sent back across each boundary: an end stage sends one way and receives
+    # the other (2 x 4), a middle stage both ways (4 x 4)
+    for rank, report in saved["ranks"].items():
+        assert report["messages"] == (2 + (16 if rank in (1, 2) else 8)) * STEPS, (rank, report["messages"])
+        check.assert_close(report["params"], held_by(PIPELINE, one_process, rank, 4),
+                           f"{schedule}: stage {rank}'s parameters against one process", rank=rank)
+        assert report["stage"] == rank and len(report["losses"]) == STEPS * (rank == 3)
+    check.assert_close(torch.tensor(saved["ranks"][3]["losses"]), torch.tensor(losses), f"{schedule}: the losses")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["05_unknown"], "invalid choice: '05_unknown' (choose from '02_data_parallel', '03_model_parallel', '04_hybrid', "
-                     "'05_sharded_data_parallel')"),
+                     "'05_sharded_data_parallel', '06_pipeline_parallel')"),
     (["02_data_parallel", "--steps", "0", "--ranks", "2"],
      "argument --steps: must be a positive whole number, got '0'"),
     (["02_data_parallel", "--lr", "-1", "--ranks", "2"], "argument --lr: must be a positive number, got '-1'"),
@@ -216,6 +260,11 @@ def test_without_torchrun_each_zero_stage_runs_its_collectives_and_ends_as_one_p
     (["05_sharded_data_parallel", "--stage", "4", "--ranks", "2"],
      "argument --stage: invalid choice: 4 (choose from 0, 1, 2, 3)"),
     (["05_sharded_data_parallel", "--ranks", "5"], "a batch of 48 samples does not split evenly over 5 ranks"),
+    ([PIPELINE, "--ranks", "1"], "8-layer MLP runs one stage of whole layers a rank, on 2 to 8 ranks, but 1 would run"),
+    ([PIPELINE, "--ranks", "9"], "on 2 to 8 ranks, but 9 would run: start 2 to 8 ranks"),
+    ([PIPELINE, "--ranks", "2", "--micro-batches", "5"], "a batch of 48 samples does not cut into 5 equal micro"),
+    ([PIPELINE, "--ranks", "2", "--schedule", "interleaved"], "argument --schedule: invalid choice: 'interleaved'"),
+    ([PIPELINE, "--ranks", "2", "--micro-batches", "0"], "argument --micro-batches: must be a positive whole number"),
 ])
 def test_what_cannot_run_is_refused_with_what_to_do(argv, message, capsys, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from _results import count, emit, headline_row
-from _rounds import compare, ratio_text, spread, spread_text, unrecorded
+from _rounds import compare, per_round, ratio_text, spread, spread_text, unrecorded
 
 import course
 from course import check, data, models
@@ -84,6 +84,14 @@ class _Run(dict):
         return sorted(self)
 
 
+def same_as_one_process(run, model) -> None:
+    """Both contenders' parameters (run[rank]["parameters"][contender]) against one process's, by the lab's
+    same_as_one_process: an AssertionError names the contender, the stage and the parameter that differ."""
+    for name in CONTENDERS:
+        LAB.same_as_one_process(_Run({r: {"parameters": run[r]["parameters"][name]} for r in run.ranks}),
+                                model, f"{name}, {len(run.ranks)} stages")
+
+
 def timing(stages, make, sizes, rounds) -> dict:
     """Step times side by side on `stages` ranks, both contenders' parameters checked against one process."""
     steps, batch = sizes["steps_per_round"] + 1, sizes["batch"]
@@ -93,10 +101,9 @@ def timing(stages, make, sizes, rounds) -> dict:
     run = course.launch(time_steps, stages, args=(make, inputs, targets, rounds, sizes["steps_per_round"], batch),
                         timeout=600)
     after = load_average()
-    for name in CONTENDERS:
-        LAB.same_as_one_process(_Run({r: {"parameters": run[r]["parameters"][name]} for r in run.ranks}),
-                                model, f"{name}, {stages} stages")
+    same_as_one_process(run, model)
     return {"stages": stages, **compare(run, *CONTENDERS), "parameters_match": True,
+            "per_round_ms": {name: [1e3 * s for s in per_round(run, name)] for name in CONTENDERS},
             "load_average": [before, after]}
 
 
@@ -177,13 +184,14 @@ def markdown(figures) -> str:
              f"micro-batches of {batch // m}, SGD" + ("; **--quick**: sizes for the tests, not figures" if
                                                        figures["quick"] else "") + ".", "",
              f"Step time: medians of {count(figures['rounds'], 'alternating round')} of "
-             f"{figures['steps_per_round']} steps "
-             "(each run's first step left out), slowest rank, barrier to barrier around the schedule (the "
-             "optimizer step outside); course recording off (the lab's run still notes its spans, a clock read "
-             "per forward and backward)"
+             f"{figures['steps_per_round']} steps (each run's first step left out), slowest rank, barrier to "
+             "barrier around the schedule (the optimizer step outside); course recording off (the lab's run still "
+             "notes its spans, a clock read per forward and backward)"
              + ("" if len(figures["timing"]) == len(STAGES) else
                 f"; timed on {' and '.join(str(r['stages']) for r in figures['timing'])} stages only "
-                f"({cores} cores, one per rank)") + ". Every run's parameters equal one process's.", "",
+                f"({cores} cores, one per rank)") + ". The ratio is taken round by round, so its median need not "
+             "be the ratio of the two medians; each round's times are in the .json. Every run's parameters equal "
+             "one process's.", "",
              "| stages | 1F1B (lab 6) step | `Schedule1F1B` step | 1F1B (lab 6) / `Schedule1F1B`, goal ≤ 1.1× (range) |"
              " parameters = one process |", "|---|---|---|---|---|"]
     for r in figures["timing"]:

@@ -244,14 +244,15 @@ def one_f_one_b(stage, inputs, targets, *, micro_batches, loss_fn, shape, forwar
     },
 }
 
-# The steps: the input's gradient goes back as the reference sends it, and the gradient that arrived
-# sent back on (its output's) instead; on 2 stages no stage is in the middle, on 3 one is.
+# The steps: the input's gradient goes back as the reference sends it (its answer's last line), and
+# the gradient that arrived sent back on (its output's) instead; on 2 stages no stage is in the middle,
+# on 3 one is.
 INPUT_GRADIENT_SENT = ("    if rank > 0:\n"
-                       "        sends.append(dist.isend(stage_input.grad.to(course.message_device()), dst=rank - 1))\n")
+                       "        sends.append(dist.isend(stage_input.grad.to(course.message_device()), dst=rank - 1))")
 OUTPUT_GRADIENT_SENT = (
     ("        loss.backward()\n", "        loss.backward()\n        gradient = stage_input.grad\n"),
     (INPUT_GRADIENT_SENT,
-     "    if rank > 0:\n        sends.append(dist.isend(gradient.to(course.message_device()), dst=rank - 1))\n"))
+     "    if rank > 0:\n        sends.append(dist.isend(gradient.to(course.message_device()), dst=rank - 1))"))
 
 # GPipe's and 1F1B's loops, as the reference writes them.
 GPIPE_LOOPS = """    for part, answer in zip(parts, answers):
@@ -281,8 +282,15 @@ ALL_FORWARDS_FIRST = """    for i in range(micro_batches):
 
 # The classic mistakes, each in one exercise, and the test cell that must catch it.
 MISTAKES = {
-    "the forward receives from rank + 1, not rank - 1: a deadlock, stopped by the launch's timeout": (
+    # On 2 ranks, rank 1 waits for a rank 2 that does not exist: gloo hangs (the launch's timeout) or
+    # its process dies of SIGSEGV; the cell fails either way.
+    "the forward receives from rank + 1, not rank - 1": (
         {"pipeline_steps": [("dist.recv(arrived, src=rank - 1)", "dist.recv(arrived, src=rank + 1)")]},
+        "test_pipeline_steps"),
+    # Right on 2 ranks by chance; on 3 each rank waits for the next, round the ring: a deadlock, stopped by
+    # the launch's timeout.
+    "the forward receives from (rank + 1) % N, not rank - 1: a deadlock on 3 stages": (
+        {"pipeline_steps": [("dist.recv(arrived, src=rank - 1)", "dist.recv(arrived, src=(rank + 1) % world_size)")]},
         "test_pipeline_steps"),
     "blocking dist.send in place of isend: two micro-batches crossing deadlock": (
         {"pipeline_steps": [("sends.append(dist.isend(stage_output.detach().to(course.message_device()), "

@@ -370,7 +370,8 @@ def test_unpack_refuses_paths_out_of_the_folder(tmp_path):
 # --------------------------------------------------------------------------
 
 def test_every_stored_reference_value_is_required_by_a_test_cell():
-    for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel"):
+    for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel",
+                "06_pipeline_parallel"):
         source = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
         required = {key for keys in required_checks(source).values() for key in keys}
         stored = set(grading.read(COURSE_ROOT / "grader" / "reference" / f"{lab}.json"))
@@ -379,7 +380,8 @@ def test_every_stored_reference_value_is_required_by_a_test_cell():
 
 def test_every_graded_test_cell_earns_its_points_through_the_judge():
     """Each graded test cell of every lab has a hidden check the judge holds, on inputs of the run's seed."""
-    for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel"):
+    for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel",
+                "06_pipeline_parallel"):
         source = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
         unjudged = set(graded_cells(source)) - set(required_checks(source))
         assert not unjudged, f"{lab}: test cells whose points no check outside the kernel decides: {sorted(unjudged)}"

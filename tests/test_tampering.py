@@ -12,7 +12,8 @@ from grader.tampering import flags
 from helpers.submissions import released, solved
 
 LAB = "02_data_parallel"   # it imports torch.distributed as dist and has read-only helper cells
-GRADED_LABS = ["01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel"]
+GRADED_LABS = ["01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel",
+               "06_pipeline_parallel"]
 
 # (the student's cell, the line flagged, words of its verdict line)
 ATTACKS = {
@@ -116,7 +117,7 @@ def test_the_solutions_are_not_flagged(lab):
 
 
 @pytest.mark.parametrize("module", ["test_lab2_grading", "test_lab3_grading", "test_lab4_grading",
-                                    "test_lab5_grading"])
+                                    "test_lab5_grading", "test_lab6_grading"])
 def test_answers_written_differently_are_not_flagged(module):
     lab_tests = importlib.import_module(module)
     assert flags(solved(lab_tests.LAB, answers=lab_tests.DIFFERENT), released(lab_tests.LAB)) == []

@@ -6,6 +6,10 @@ no labs/, no student folders, no grading work area. Every cell finishes within
 seconds; its figures are projector-sized; its numbers come from the runs it makes.
 That it is never released nor graded is tested in test_release.py; that it runs in
 JupyterLab, with its views live, in test_browser.py; `make demo` in test_lab_server.py.
+
+Its "break it live" cells are off as written (one line each, nothing run); the fixture runs
+each once more, switched on (`BREAK_IT = True`), at the end of the same kernel, and the tests
+read what each shows.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ CELL_BUDGET_S = 30
 MIN_FIGURE_WIDTH_PX = 1200
 # What the demo may use of the course; labs/ and students' folders are deliberately absent.
 NEEDED = ("course", "grader", "solutions")
+# The first line of every "break it live" cell, and the line that switches one on.
+SWITCH_OFF, SWITCH_ON = "BREAK_IT = False  # set True in front of the class", "BREAK_IT = True"
 
 
 def _png_width(data: str) -> int:
@@ -50,6 +56,20 @@ def _seconds(cell) -> float:
     return (end - start).total_seconds()
 
 
+def _beats(notebook) -> list:
+    """The demo's own "break it live" cells, as written (switched off)."""
+    return [c for c in notebook.cells if c.cell_type == "code" and c.source.startswith(SWITCH_OFF)
+            and "switched_on" not in c.metadata]
+
+
+def _switched_on(notebook, marker: str):
+    """The output of the one beat whose code holds `marker`, as run switched on."""
+    [cell] = [c for c in notebook.cells if "switched_on" in c.metadata and marker in c.source]
+    errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+    assert not errors, errors
+    return cell, "".join(o.get("text", "") for o in cell.outputs)
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """The demo, executed in a stripped copy of the course (its package and grader first on the path)."""
@@ -59,6 +79,10 @@ def demo(tmp_path_factory):
                         ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "work"))
     assert not (root / "labs").exists()
     notebook = nbformat.read(DEMO, as_version=4)
+    # then every "break it live" cell again, switched on, as an instructor runs it
+    for cell in _beats(notebook):
+        notebook.cells.append(nbformat.v4.new_code_cell(cell.source.replace(SWITCH_OFF, SWITCH_ON, 1),
+                                                        metadata={"switched_on": cell.id}))
     # last, a probe: where the kernel found the package and the solutions' loader
     notebook.cells.append(nbformat.v4.new_code_cell("import course, grader\nprint(course.__file__, grader.__file__)"))
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))   # the copy first
@@ -143,3 +167,93 @@ def test_the_pipeline_bubble_is_measured_from_runs_and_its_formula_matches_a_han
     for m, (formula, measured, step_ms) in rows.items():
         assert abs(formula - hand_count[m]) <= 0.05, f"m = {m}: the formula shows {formula}, not {hand_count[m]:.1f}"
         assert 0 <= measured <= 100 and step_ms > 0, (m, measured, step_ms)
+
+
+def test_the_break_it_live_cells_are_off_as_written_and_follow_the_section_they_break():
+    """Three beats, each right after the code of the section it breaks (section 1: the broadcast and the
+    mean; section 2: a collective one rank skips), each with the switch on its first line."""
+    notebook = nbformat.read(DEMO, as_version=4)
+    beats = _beats(notebook)
+    assert len(beats) == 3, f"{len(beats)} cells start with {SWITCH_OFF!r}"
+    headings = {}
+    heading = None
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown" and cell.source.startswith("## "):
+            heading = cell.source.split()[1]
+        headings[cell.id] = heading
+    where = {marker: headings[next(c.id for c in beats if marker in c.source)]
+             for marker in ("broadcast=False", "summed_training", "train_and_log")}
+    assert where == {"broadcast=False": "1.", "summed_training": "1.", "train_and_log": "2."}, where
+    switched_on = [c.id for c in notebook.cells if c.cell_type == "code"
+                   and re.search(rf"^{re.escape(SWITCH_ON)}\b", c.source, re.MULTILINE)]
+    assert not switched_on, f"beats switched on in the notebook as committed: {switched_on}"
+
+
+def test_switched_off_the_beats_print_one_line_and_run_nothing(demo):
+    notebook, _ = demo
+    for cell in _beats(notebook):
+        assert not any("image/png" in o.get("data", {}) for o in cell.outputs), cell.source[:200]
+        printed = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+        assert len(printed.strip().splitlines()) == 1 and printed.startswith("BREAK_IT = True "), printed
+        assert [o.get("output_type") for o in cell.outputs] == ["stream"], cell.outputs
+        # nothing launched: a launch of ranks alone takes longer than this
+        assert _seconds(cell) < 2.0, f"a switched-off beat took {_seconds(cell):.2f} s"
+
+
+def test_without_the_broadcast_the_ranks_weights_stay_as_far_apart_as_they_started(demo):
+    """Averaged gradients add the same update to both ranks' models: their difference after training is
+    the difference of their seeded initialisations (a hand check: models.mlp with seeds 0 and 1)."""
+    from course import models
+
+    notebook, _ = demo
+    _, printed = _switched_on(notebook, "broadcast=False")
+    found = re.search(r"differ by up to ([\d.]+) \(before the first step: ([\d.]+)\).*disagree on (\d+)%", printed)
+    assert found, printed
+    after, before, disagree = float(found[1]), float(found[2]), int(found[3])
+    seeded = max((p - q).abs().max().item()
+                 for p, q in zip(models.mlp(seed=0).parameters(), models.mlp(seed=1).parameters()))
+    assert abs(before - seeded) < 1e-4, (before, seeded)
+    assert after > 0.01 and abs(after - before) < 1e-3, printed
+    assert disagree > 0, printed
+
+
+def test_summed_gradients_make_each_step_n_times_one_process_s(demo):
+    notebook, _ = demo
+    cell, printed = _switched_on(notebook, "summed_training")
+    ratios = {int(n): float(r) for n, r in re.findall(r"(\d) ranks ([\d.]+) times as long", printed)}
+    assert ratios.keys() == {2, 4}, printed
+    for ranks, ratio in ratios.items():
+        assert abs(ratio - ranks) <= 0.01, f"{ranks} ranks: the first step {ratio} times one process's, not {ranks}"
+    assert any("image/png" in o.get("data", {}) for o in cell.outputs), "the summed beat drew no loss curves"
+    losses = dict(re.findall(r"(\d) ranks? (\d+\.\d+)", printed.split("The loss after")[1]))
+    assert len(losses) == 3 and len(set(losses.values())) == 3, f"the three runs should end apart: {printed}"
+
+
+def test_the_deadlocked_rank_is_named_where_it_waits(demo):
+    notebook, _ = demo
+    _, printed = _switched_on(notebook, "train_and_log")
+    assert printed.startswith("course.RankTimeout, ranks [0]:"), printed
+    assert "did not finish train_and_log within 5 s" in printed, printed
+    waiting = printed.split("rank 0 is waiting here:")[1]
+    assert "dist.all_reduce(last_loss)" in waiting.split("rank 1")[0], printed
+    assert re.search(r"rank 1 returned from train_and_log after [\d.]+ s", printed), printed
+
+
+def test_every_section_ends_with_speaker_notes_that_say_and_ask():
+    notebook = nbformat.read(DEMO, as_version=4)
+    sections, current = {}, None
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown" and cell.source.startswith("## "):
+            current = cell.source.split()[1].rstrip(".")
+            sections[current] = []
+        elif current:
+            sections[current].append(cell)
+    assert sorted(sections) == ["1", "2", "3", "4", "5", "6"], sorted(sections)
+    for number, cells in sections.items():
+        notes = [c for c in cells if c.cell_type == "markdown" and c.source.startswith("**Speaker notes")]
+        assert len(notes) == 1, f"section {number}: {len(notes)} speaker notes"
+        text = notes[0].source
+        assert f"section {number}." in text.split("\n")[0], text[:80]
+        assert "**Say:**" in text and "**Ask the class:**" in text and "(answer:" in text, text
+        assert cells[-1] is notes[0] or cells[-1].source.startswith("The labs build"), \
+            f"section {number}'s notes are not at its end"

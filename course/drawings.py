@@ -133,7 +133,8 @@ def draw_ring(ranks: int, ax=None):
         _ring_panel(panel, step, ranks)
         action = "add" if step.phase == "reduce-scatter" else "copy"
         panel.set_title(f"{step.phase} {step.step + 1}: {action}", fontsize="small")
-    fig.suptitle(describe_ring(ranks).replace("**", ""), fontsize="small", wrap=True)
+    fig.suptitle(f"Ring all-reduce on {ranks} ranks: reduce-scatter (top row), then all-gather (bottom row)",
+                 fontsize="medium")
     fig.tight_layout()
     return fig
 

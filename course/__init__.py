@@ -24,14 +24,15 @@ holds this, and that every module is in exactly one layer):
   What the notebooks and their test cells use: comparisons whose messages say
   what differs, the judged reference values, the digits, the two models, the
   link the ranks run on (measured, for the time model).
-- views: widgets, plots, transfer_view, split_view, hybrid_view, table_1, memory_view, schedule_view, choosing_view, drawings.
+- views: widgets, plots, transfer_view, split_view, hybrid_view, table_1, memory_view, schedule_view,
+  choosing_view, drawings.
   Figures, tables and controls (matplotlib, pandas, ipywidgets); each view is a
   draw/describe/show module built on `widgets`.
 
 `import course` loads the launcher, counting and the lab kit's light part;
 the views, `throughput` (pandas) and scikit-learn's digits are imported on
 demand: ranks start faster without them.
-"""  # noqa: E501 (a layer is one line: tests/test_architecture.py reads it so)
+"""
 from course import check, comm, data, grading, models, timeline, transfer
 from course.errors import RankError, RankExited, RankTimeout, RemoteTraceback
 from course.launch import RankResults, launch

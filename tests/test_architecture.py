@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 COST_MODELS = ("transfer", "sizes", "timemodel", "grid_model", "memory", "pipeline", "choosing")
 NOT_IN_COST_MODELS = ("torch", "matplotlib", "ipywidgets", "IPython", "pandas")
 NOT_ON_IMPORT = ("matplotlib", "pandas", "ipywidgets", "sklearn")
-LAYER_LINE = re.compile(r"^- (?P<layer>[a-z ]+): (?P<modules>[\w, ]+)\.$", re.M)
+# A layer's modules, on its line and on indented lines after it that hold only names: "- views: a, b,\n  c."
+LAYER_LINE = re.compile(r"^- (?P<layer>[a-z ]+): (?P<modules>[\w, ]+(?:,\n {2}[\w, ]+)*)\.$", re.M)
 
 
 # --- what the rules look at -----------------------------------------------------------

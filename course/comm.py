@@ -109,3 +109,26 @@ def every_collective(rows: int = 1000, cols: int = 500) -> None:
     elif rank == 1:
         dist.recv(t, src=0)
     dist.barrier()
+
+
+_PEER_KEYS = {"send": ("dst", "group_dst", "to"), "isend": ("dst", "group_dst", "to"),
+              "recv": ("src", "group_src", "from"), "irecv": ("src", "group_src", "from")}
+
+
+def refuse_a_missing_peer(rank: int, name: str, arguments: dict) -> None:
+    """A message to or from a rank that does not exist is refused here, in words: gloo would wait
+    for ever, or crash the process without a word (signal 11)."""
+    if name not in _PEER_KEYS:
+        return
+    global_key, group_key, direction = _PEER_KEYS[name]
+    group = arguments.get("group")
+    if arguments.get(group_key) is not None:
+        peer, ranks = arguments[group_key], dist.get_world_size(group)
+    elif arguments.get(global_key) is not None:
+        peer, ranks = arguments[global_key], dist.get_world_size()
+    else:
+        return
+    if isinstance(peer, int) and not 0 <= peer < ranks:
+        raise ValueError(f"rank {rank}: dist.{name} {direction} rank {peer}, but there is no rank {peer}: the "
+                         f"ranks are 0 to {ranks - 1}. The first rank has no rank before it and the last none "
+                         f"after it: leave their message out, or wrap around with % {ranks} where a ring is meant")

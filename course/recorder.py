@@ -17,7 +17,7 @@ import time
 import torch.distributed as dist
 
 from course import transfer
-from course.comm import RECORDED, CommLog, CommRecord, socket_bytes_written
+from course.comm import RECORDED, CommLog, CommRecord, refuse_a_missing_peer, socket_bytes_written
 
 # Called name -> the operation whose formula applies.
 _FORMULA_OF = {"all_gather_single": "all_gather_into_tensor",
@@ -152,8 +152,12 @@ class Recorder:
             return wrapper._original(*args, **kwargs)
         try:
             arguments = wrapper._signature.bind(*args, **kwargs).arguments
+        except TypeError:  # bad arguments: torch says what is wrong
+            return wrapper._original(*args, **kwargs)
+        refuse_a_missing_peer(self.rank, wrapper._name, arguments)
+        try:
             record = self._record(wrapper._name, arguments)
-        except Exception:  # noqa: BLE001 - bad arguments: torch says what is wrong
+        except Exception:  # noqa: BLE001 - arguments torch refuses: torch says what is wrong
             record = None
         if record is None:  # or this rank is not in the group: torch does nothing
             return wrapper._original(*args, **kwargs)

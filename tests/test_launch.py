@@ -244,6 +244,27 @@ def test_a_deadlock_ends_at_the_timeout_naming_each_rank_and_where_it_waits():
     assert isinstance(caught.value, TimeoutError)
 
 
+def messages_a_rank_that_does_not_exist(op, peer):
+    t = torch.zeros(3)
+    if dist.get_rank() == 1:
+        if op == "recv":
+            dist.recv(t, src=peer)
+        else:
+            dist.isend(t, dst=peer).wait()
+    return dist.get_rank()
+
+
+@pytest.mark.parametrize("op, peer, words", [("recv", 2, "dist.recv from rank 2"),
+                                             ("isend", -1, "dist.isend to rank -1")])
+def test_a_message_to_or_from_a_rank_that_does_not_exist_is_refused_at_once(op, peer, words):
+    # gloo would wait for ever, or end the process with signal 11 and no word of why.
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="there is no rank") as caught:
+        course.launch(messages_a_rank_that_does_not_exist, 2, args=(op, peer), timeout=30)
+    assert time.monotonic() - started < 15
+    assert f"rank 1: {words}" in str(caught.value) and "the ranks are 0 to 1" in str(caught.value)
+
+
 def test_a_rank_stuck_in_python_shows_its_line():
     with pytest.raises(course.RankTimeout, match="rank 1 is waiting here") as caught:
         course.launch(rank_1_loops_forever, 2, timeout=1)

@@ -60,6 +60,17 @@ def _scratch_notebook() -> nbformat.NotebookNode:
     return nb
 
 
+def _prediction_notebook() -> nbformat.NotebookNode:
+    """A drawing of the ring, a prediction cell as the labs have them, and the cell that sets it beside the value."""
+    cells = ["from course import drawings\n\ndrawings.draw_ring(4);",
+             "PREDICTED = None      # tensors",
+             "from course import predict\n\n"
+             "predict.against(PREDICTED, 3, \"the naive root's bytes, 4 ranks\", unit=\"tensors\")"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    return nb
+
+
 @pytest.fixture(scope="module")
 def course_copy(tmp_path_factory) -> Path:
     """The course as an instructor's and a student's server sees it: solutions, release, nbgrader config,
@@ -71,6 +82,7 @@ def course_copy(tmp_path_factory) -> Path:
     (root / "student").mkdir()
     nbformat.write(solved("01_single_gpu"), root / "student" / "01_single_gpu.ipynb")
     nbformat.write(_scratch_notebook(), root / "student" / "scratch.ipynb")
+    nbformat.write(_prediction_notebook(), root / "student" / "predict.ipynb")
     return root
 
 
@@ -154,6 +166,26 @@ def test_rank_output_and_a_deadlock_reach_the_cell_readably(server, page):
     assert "rank 1" in shown and "returned" in shown, f"the page does not say that rank 1 returned:\n{shown}"
     assert elapsed < DEADLOCK_TIMEOUT_S + 45, f"the deadlocked cell took {elapsed:.0f} s to end"
     notebook.screenshot(deadlock["index"], ARTIFACTS / "deadlock.png")
+    notebook.close()
+
+
+def test_a_drawing_shows_and_a_prediction_typed_in_the_page_comes_back_against_the_value(server, page):
+    notebook = Notebook(page, server, "student/predict.ipynb")
+    notebook.open()
+    notebook.run_all(120)
+    assert not notebook.errors(), notebook.errors()
+    drawing, prediction, verdict = notebook.code_cells()
+    assert notebook.cell(drawing["index"]).locator(".jp-RenderedImage img").count() == 1, "the ring is not drawn"
+    assert "You wrote no prediction" in notebook.output_text(verdict["index"])
+    # A student types a number in place of None, as the labs' prediction cells ask, and runs all again.
+    editor = notebook.cell(prediction["index"]).locator(".cm-content")
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("PREDICTED = 2")
+    notebook.run_all(120)
+    shown = notebook.output_text(verdict["index"])
+    assert "you predicted 2 tensors, measured 3 tensors: 33% too low" in shown, shown
+    notebook.screenshot(verdict["index"], ARTIFACTS / "prediction.png")
     notebook.close()
 
 

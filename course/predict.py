@@ -28,7 +28,8 @@ def _number(value) -> float | None:
 
 
 def _shown(value: float, unit: str) -> str:
-    return f"{value:.3g}{f' {unit}' if unit else ''}"
+    space = "" if unit in ("", "×", "%") else " "      # 0.56×, 3 tensors
+    return f"{value:.3g}{space}{unit}"
 
 
 def verdict(prediction, actual, what: str, *, unit: str = "", source: str = "measured") -> str:

@@ -29,8 +29,9 @@ def test_no_prediction_or_not_a_number_says_what_to_do():
         predict.verdict(1, float("nan"), "the bubble")
 
 
-def test_the_source_of_the_value_is_named():
+def test_the_source_of_the_value_is_named_and_a_factor_has_no_space():
     assert "computed 12" in predict.verdict(10, 12, "the crossover batch", source="computed")
+    assert "you predicted 1.5×, measured 0.56×" in predict.verdict(1.5, 0.56, "the speed-up", unit="×")
 
 
 def test_against_shows_markdown_and_nothing_under_grading(monkeypatch):

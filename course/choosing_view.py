@@ -173,8 +173,8 @@ def show(measured: Sequence[Mapping] | None = None, **start):
         "model": w.Dropdown(options=list(choosing.MODELS), value=values["model"], description="model", style=STYLE),
         "cluster": w.Dropdown(options=list(choosing.CLUSTERS), value=values["cluster"], description="cluster",
                               style=STYLE),
-        "nodes": w.Dropdown(options=sorted(set(NODES) | {values["nodes"]}), value=values["nodes"],
-                            description="nodes", style=STYLE),
+        "nodes": w.SelectionSlider(options=sorted(set(NODES) | {values["nodes"]}), value=values["nodes"],
+                                   description="nodes", style=STYLE),
         "batch": w.Dropdown(options=sorted(set(BATCHES) | {m.batch for m in choosing.MODELS.values()}
                                            | {values["batch"]}),
                             value=values["batch"], description="global batch (samples)", style=STYLE),

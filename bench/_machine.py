@@ -44,3 +44,22 @@ def text(machine: dict) -> str:
     gpu = ", ".join(machine["gpus"]) or "no GPU"
     return (f"{machine['cpu']}, {machine['cpu_count']} cores, {machine['memory_GB']} GB, {gpu}, "
             f"torch {machine['torch']}, Python {machine['python']}, {machine['date']}")
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, where the system gives one: on a shared machine it says how busy it was."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def load_text(pair) -> str:
+    """The load averages before and after a measurement, as a report prints them."""
+    return " and ".join("n/a" if x is None else f"{x:.1f}" for x in pair)
+
+
+def with_a_core_each(counts) -> list[int]:
+    """The rank counts a timing may use: one thread a rank needs a core each, so more than 2 only
+    where there are as many cores (2 always, so that a 2-core machine times something)."""
+    return [n for n in counts if n <= max(2, os.cpu_count() or 1)]

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 import torch
+from _machine import load_average, load_text, with_a_core_each
 from _results import count, emit, headline_row
 from _rounds import compare, per_round, ratio_text, spread, spread_text, unrecorded
 
@@ -130,15 +131,8 @@ def bubble(stages, make, sizes, rounds) -> list[dict]:
 
 def timed_stages() -> list[int]:
     """Timing needs a core per rank (one thread each): 4 stages only where there are 4 cores."""
-    return [n for n in STAGES if n <= max(2, os.cpu_count() or 1)]
+    return with_a_core_each(STAGES)
 
-
-def load_average() -> float | None:
-    """The 1-minute load average, where the system gives one: on a shared machine it says how busy it was."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
 
 
 def main(argv=None):
@@ -197,7 +191,7 @@ def markdown(figures) -> str:
     for r in figures["timing"]:
         lines.append(f"| {r['stages']} | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | {ratio_text(r)} | "
                      f"{'yes' if r['parameters_match'] else 'no'} |")
-    loads = [f"{r['stages']} stages {_load(r['load_average'])}" for r in figures["timing"]]
+    loads = [f"{r['stages']} stages {load_text(r['load_average'])}" for r in figures["timing"]]
     lines += ["", f"(1-minute load average before and after the timing, {cores} cores: {'; '.join(loads)})", "",
               f"The bubble: the lab's `measured_bubble` (each rank's idle fraction of its own step, time waiting "
               f"in a receive counted idle; the mean over ranks and over the {figures['bubble_steps'] - 1} steps "
@@ -208,7 +202,7 @@ def markdown(figures) -> str:
     for r in figures["bubble"]:
         lines.append(f"| {r['stages']} | {r['micro_batches']} | {r['schedule']} | {r['formula']:.1%} | "
                      f"{spread_text(r['measured'], '{:.1%}')} | {spread_text(r['ratio'])} | {r['cores']} | "
-                     f"{_load(r['load_average'])} |")
+                     f"{load_text(r['load_average'])} |")
     lines += ["", "The formula assumes equal stages and free messages: here messages take time, and the last "
               "stage computes the loss too, so the measured bubble sits above it."]
     crowded = sorted({r["stages"] for r in figures["bubble"] if r["stages"] > cores})
@@ -221,9 +215,6 @@ def markdown(figures) -> str:
                   "core per stage."]
     return "\n".join(lines)
 
-
-def _load(pair) -> str:
-    return " and ".join("n/a" if x is None else f"{x:.1f}" for x in pair)
 
 
 if __name__ == "__main__":

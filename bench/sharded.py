@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _machine import load_average, load_text, with_a_core_each
 from _results import count, emit, headline_row
 from _rounds import compare, ratio_text, unrecorded
 
@@ -206,15 +207,8 @@ def memory_rows(ranks, make, inputs, targets, batch_size) -> list[dict]:
 
 def timed_ranks() -> list[int]:
     """Timing needs a core per rank (one thread each): 4 ranks only where there are 4 cores."""
-    return [n for n in RANKS if n <= max(2, os.cpu_count() or 1)]
+    return with_a_core_each(RANKS)
 
-
-def load_average() -> float | None:
-    """The 1-minute load average, where the system gives one: on a shared machine it says how busy it was."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
 
 
 def main(argv=None):
@@ -283,7 +277,7 @@ def markdown(figures) -> str:
              "|---|---|---|---|"]
     for r in figures["timing"]:
         lines.append(f"| {r['ranks']} | {r['ours_ms']:.2f} ms | {r['theirs_ms']:.2f} ms | {ratio_text(r)} |")
-    loads = [f"{r['ranks']} ranks {_load(r['load_average'])}" for r in figures["timing"]]
+    loads = [f"{r['ranks']} ranks {load_text(r['load_average'])}" for r in figures["timing"]]
     lines += ["", f"(1-minute load average before and after the timing, {os.cpu_count()} cores: {'; '.join(loads)})"]
     lines += ["", "Bytes each rank sends per step (the most of any rank; recorded: the backend's formula for each "
               "call; on sockets: what the rank wrote, gloo on Linux, headers included), against the ring formula "
@@ -320,9 +314,6 @@ def markdown(figures) -> str:
               "tensor, are state the formula leaves out)"]
     return "\n".join(lines)
 
-
-def _load(pair) -> str:
-    return " and ".join("n/a" if x is None else f"{x:.1f}" for x in pair)
 
 
 def _number(value) -> str:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from course import memory, sizes, timemodel, transfer
+from course import memory, pipeline, sizes, timemodel, transfer
 from course.memory import GpuMemory
 from course.timemodel import Link, Processor
 
@@ -202,7 +202,7 @@ def _stage_dense(model: Model, layout: Layout) -> list[sizes.Dense]:
 def activation_bytes(model: Model, layout: Layout, micro_batch: int, *, precision: str,
                      schedule: str = "1f1b", recompute: str = "none") -> float:
     """Activations the first stage keeps at its peak (see the module docstring)."""
-    alive = min(layout.pp, layout.m) if schedule == "1f1b" else layout.m
+    alive = pipeline.peak_micro_batches(schedule, 0, layout.pp, layout.m)
     per_stage, tp = model.layers // layout.pp, layout.tp
     if model.is_mlp:
         dtype = memory.PRECISIONS[precision].parameters
@@ -269,7 +269,7 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         seconds["pp"] = sends * pp_link.seconds(boundary)
     flop = (8 if recompute == "full" else 6) * model.parameters * batch * model.sequence
     compute = cluster.processor_for(precision).seconds(flop / gpus)
-    bubble = (pp - 1) / (m + pp - 1)
+    bubble = pipeline.bubble_fraction(pp, m)
     seconds = {"compute": compute, "bubble": compute / (1 - bubble) - compute, **seconds}
     return Option(layout, b, state, {**sent, "total": sum(sent.values())},
                   {**seconds, "total": sum(seconds.values())}, state["total"] <= cluster.memory.nbytes)

@@ -90,11 +90,10 @@ class LoneStage:
                  targets: torch.Tensor, micro_batches: int, loss_fn):
         if len(inputs) % micro_batches:
             raise ValueError(f"a batch of {len(inputs)} does not cut into {micro_batches} equal micro-batches")
-        self.index, self.stages, self.micro_batches = stage, stages, micro_batches
+        self.micro_batches = micro_batches
         self.first, self.last = stage == 0, stage == stages - 1
-        whole = copy.deepcopy(model)
-        parts = split(whole, stages)
-        self.arrivals, self.output_grads = [], []
+        parts = split(copy.deepcopy(model), stages)
+        self.arrivals, self.output_grads, losses = [], [], []
         for x, t in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
             outputs, h = [], x
             for s, part in enumerate(parts):
@@ -103,11 +102,12 @@ class LoneStage:
                 h = part(h)
                 h.retain_grad()
                 outputs.append(h)
-            (loss_fn(h, t) / micro_batches).backward()
+            loss = loss_fn(h, t)
+            losses.append(loss.item())
+            (loss / micro_batches).backward()
             self.output_grads.append(outputs[stage].grad.clone())
         self.expected = [p.grad.clone() for p in parts[stage].parameters()]
-        self.expected_loss = sum(loss_fn(whole(x), t).item() for x, t in
-                                 zip(inputs.chunk(micro_batches), targets.chunk(micro_batches))) / micro_batches
+        self.expected_loss = sum(losses) / micro_batches
         self.stage = split(copy.deepcopy(model), stages)[stage]
         self.actions: list[tuple[str, int]] = []
         self.problems: list[str] = []

@@ -88,7 +88,7 @@ def _without(span: tuple[float, float], holes: list[tuple[float, float]]) -> lis
 
 
 def _blocking(results, rank: int) -> list[tuple[float, float]]:
-    """The intervals rank spent inside blocking collectives and receives (not barriers' alone: those too)."""
+    """The intervals `rank` spent waiting in blocking calls: collectives, barriers and receives."""
     return [(r.start, r.end) for r in results.comm.rank(rank) if not r.async_op and r.end is not None]
 
 

@@ -29,15 +29,15 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from course import timeline
+from course import sharding, timeline
 
 
 def layer_counts(layers: int, stages: int) -> list[int]:
-    """Layers per stage: as even as whole layers allow, the first stages one longer."""
+    """Layers per stage: as even as whole layers allow, the first stages one longer (the ring's chunks)."""
     if not (isinstance(stages, int) and 1 <= stages <= layers):
         raise ValueError(f"cannot cut {layers} layers into {stages!r} stages of whole layers: "
                          f"choose between 1 and {layers} stages")
-    return [layers // stages + (s < layers % stages) for s in range(stages)]
+    return sharding.chunk_sizes(layers, stages)
 
 
 def split(model: nn.Sequential, stages: int) -> list[nn.Sequential]:

@@ -31,6 +31,13 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+# Before any process group exists: torch.distributed.nn's functions take `group=group.WORLD`
+# as a default, evaluated when the module is first imported (torch._dynamo imports it, and
+# the first optimizer imports dynamo). Imported after init_process_group, those defaults hold
+# the world group for good: destroy_process_group then leaves gloo's threads running, and
+# tearing them down at interpreter exit can abort a torchrun rank (SIGABRT, "terminate
+# called without an active exception").
+import torch.distributed.nn  # noqa: F401
 
 from course import _pickling, _processes, placement, recorder
 from course.errors import TIMEOUT_VARIABLE

@@ -198,6 +198,39 @@ def test_under_torchrun_options_that_cannot_run_end_every_rank_with_the_message(
     assert "a 2x2 grid needs 4 ranks, but 2 run: use a --grid of 2 ranks, such as 1x2" in err
 
 
+SCRIPT_THAT_TRAINS_AND_LISTS_THREADS = """
+import os, sys, torch, torch.distributed as dist
+import course
+
+def step():
+    model = torch.nn.Linear(4, 2)
+    torch.optim.SGD(model.parameters(), lr=0.1)   # the first optimizer imports torch._dynamo
+    dist.all_reduce(torch.ones(3))
+
+course.launch(step, None)
+dist.destroy_process_group()
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+with open(os.path.join(sys.argv[1], "threads-" + os.environ["RANK"]), "w") as out:
+    out.write(" ".join(sorted(names)))
+"""
+
+
+def test_a_rank_that_trained_leaves_no_gloo_threads_running_once_its_process_group_is_destroyed(tmp_path):
+    """Were the world group still held (torch.distributed.nn's defaults, imported after the group
+    was made), gloo's threads would outlive destroy_process_group and be torn down at interpreter
+    exit, where they can abort the rank: CI saw lab 6's rank 1 end with SIGABRT that way."""
+    script = tmp_path / "train_once.py"
+    script.write_text(SCRIPT_THAT_TRAINS_AND_LISTS_THREADS)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+               "127.0.0.1", "--master-port", str(_free_port()), str(script), str(tmp_path)]
+    done = subprocess.run(command, env={**ENV, **LOOPBACK}, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        threads = (tmp_path / f"threads-{rank}").read_text()
+        assert "gloo" not in threads, f"rank {rank}'s threads after destroy_process_group: {threads}"
+
+
 # --- without torchrun, and what is refused ---------------------------------------------
 
 def test_without_torchrun_ranks_starts_the_ranks_here(tmp_path, capsys):

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+
 # Before any process group exists: torch.distributed.nn's functions take `group=group.WORLD`
 # as a default, evaluated when the module is first imported (torch._dynamo imports it, and
 # the first optimizer imports dynamo). Imported after init_process_group, those defaults hold

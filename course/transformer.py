@@ -1,0 +1,121 @@
+"""A small transformer block, the model Megatron-LM splits, and what its split sends.
+
+    block = transformer.Block(width=64, heads=8, seed=0)
+    y = block(x)                       # x: (batch, sequence, width)
+
+One pre-norm block, as GPT-2 and LLaMA stack them:
+
+    x = x + out(attention(qkv(ln1(x))))
+    x = x + mlp(ln2(x))                mlp = Linear(width, 4 width) -> GELU -> Linear(4 width, width)
+
+`qkv` is one Linear(width, 3 width) whose outputs are laid out head by head,
+[q, k, v] of head 0, then of head 1, ... (Megatron-LM's layout). So a split of
+its outputs into N equal blocks, the column split, gives each rank whole heads,
+q, k and v together: what `attention` needs to run a rank's heads with no
+message. The output projection split by row then sums the heads' parts, one
+all-reduce; the MLP is lab 3's column-then-row block, one more.
+
+What moves (modelled, ring collectives, `course.sizes`): per block and step, the
+split sends 4 all-reduces of an activation (batch × sequence × width), two
+forward and two backward; data parallelism all-reduces the block's gradients,
+about 12 width² elements, once. The split sends less while batch × sequence <
+about 3 × width.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course import sizes
+
+#: The MLP's hidden features per feature of the block (GPT-2's, Megatron-LM's).
+MLP_RATIO = 4
+
+
+def attention(qkv: torch.Tensor, head_dim: int, causal: bool = True) -> torch.Tensor:
+    """Multi-head self-attention of `qkv` (..., sequence, heads × 3 × head_dim), laid out head
+    by head as [q, k, v]; returns (..., sequence, heads × head_dim). Any number of whole heads:
+    a rank's share of a column-split qkv as well as the whole block's."""
+    *lead, sequence, features = qkv.shape
+    if features % (3 * head_dim):
+        raise ValueError(f"qkv has {features} features, not a whole number of heads of 3 × {head_dim}: "
+                         "split the heads, not the features inside a head")
+    heads = features // (3 * head_dim)
+    q, k, v = qkv.reshape(*lead, sequence, heads, 3, head_dim).movedim(-3, -4).unbind(-2)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)          # (..., heads, sequence, sequence)
+    if causal:
+        later = torch.ones(sequence, sequence, dtype=torch.bool, device=qkv.device).triu(1)
+        scores = scores.masked_fill(later, float("-inf"))
+    mixed = scores.softmax(-1) @ v                                     # (..., heads, sequence, head_dim)
+    return mixed.movedim(-3, -2).reshape(*lead, sequence, heads * head_dim)
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: attention, then an MLP, each with a residual."""
+
+    def __init__(self, width: int, heads: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"a width of {width} does not split into {heads} heads")
+        torch.manual_seed(seed)
+        self.width, self.heads, self.head_dim = width, heads, width // heads
+        self.ln1 = nn.LayerNorm(width, dtype=dtype)
+        self.qkv = nn.Linear(width, 3 * width, dtype=dtype)
+        self.out = nn.Linear(width, width, dtype=dtype)
+        self.ln2 = nn.LayerNorm(width, dtype=dtype)
+        self.mlp = nn.Sequential(nn.Linear(width, MLP_RATIO * width, dtype=dtype), nn.GELU(),
+                                 nn.Linear(MLP_RATIO * width, width, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.out(attention(self.qkv(self.ln1(x)), self.head_dim))
+        return x + self.mlp(self.ln2(x))
+
+
+def head_owners(heads: int, ranks: int) -> list[range]:
+    """The heads each rank owns under the column split of qkv: rank k the k-th block of heads."""
+    if heads % ranks:
+        raise ValueError(f"{heads} heads do not split evenly over {ranks} ranks: every rank must own "
+                         "whole heads (pick a number of ranks that divides the heads)")
+    per_rank = heads // ranks
+    return [range(k * per_rank, (k + 1) * per_rank) for k in range(ranks)]
+
+
+def block_parameters(width: int) -> int:
+    """The block's parameters: qkv and out (4 w² + 4 w), the MLP (8 w² + 5 w), two layer norms (4 w)."""
+    hidden = MLP_RATIO * width
+    return (3 * width * width + 3 * width) + (width * width + width) \
+        + (width * hidden + hidden) + (hidden * width + width) + 4 * width
+
+
+def split_block_sent(batch: int, sequence: int, width: int, ranks: int, dtype: str = "float32") -> int | float:
+    """Bytes one rank sends per step for a block split as Megatron-LM splits it: four ring
+    all-reduces of the activation (batch × sequence × width), two forward, two backward."""
+    activation = sizes.nbytes(batch * sequence * width, dtype)
+    return 4 * sizes.all_reduce_sent(activation, ranks)
+
+
+def data_parallel_block_sent(width: int, ranks: int, dtype: str = "float32") -> int | float:
+    """Bytes one rank sends per step to average the block's gradients (one ring all-reduce)."""
+    return sizes.all_reduce_sent(sizes.nbytes(block_parameters(width), dtype), ranks)
+
+
+def crossover_tokens(width: int) -> float:
+    """The batch × sequence below which the split block sends less than data parallelism."""
+    return block_parameters(width) / (4 * width)
+
+
+def one_process_step(block: Block, x: torch.Tensor, grad_y: torch.Tensor):
+    """One forward and backward of the whole block: its output, the input's gradient, and
+    every parameter's gradient by name (what a split block must reproduce)."""
+    x = x.detach().clone().requires_grad_()
+    y = block(x)
+    y.backward(grad_y)
+    return y.detach(), x.grad, {name: p.grad.detach().clone() for name, p in block.named_parameters()}
+
+
+def loss_of(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The lab's training loss for a block: mean squared error to `targets`."""
+    return F.mse_loss(output, targets)

@@ -60,14 +60,15 @@ class Block(nn.Module):
         super().__init__()
         if width % heads:
             raise ValueError(f"a width of {width} does not split into {heads} heads")
-        torch.manual_seed(seed)
         self.width, self.heads, self.head_dim = width, heads, width // heads
-        self.ln1 = nn.LayerNorm(width, dtype=dtype)
-        self.qkv = nn.Linear(width, 3 * width, dtype=dtype)
-        self.out = nn.Linear(width, width, dtype=dtype)
-        self.ln2 = nn.LayerNorm(width, dtype=dtype)
-        self.mlp = nn.Sequential(nn.Linear(width, MLP_RATIO * width, dtype=dtype), nn.GELU(),
-                                 nn.Linear(MLP_RATIO * width, width, dtype=dtype))
+        with torch.random.fork_rng(devices=[]):     # seeded weights, the caller's random state untouched
+            torch.manual_seed(seed)
+            self.ln1 = nn.LayerNorm(width, dtype=dtype)
+            self.qkv = nn.Linear(width, 3 * width, dtype=dtype)
+            self.out = nn.Linear(width, width, dtype=dtype)
+            self.ln2 = nn.LayerNorm(width, dtype=dtype)
+            self.mlp = nn.Sequential(nn.Linear(width, MLP_RATIO * width, dtype=dtype), nn.GELU(),
+                                     nn.Linear(MLP_RATIO * width, width, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.out(attention(self.qkv(self.ln1(x)), self.head_dim))

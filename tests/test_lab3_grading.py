@@ -143,6 +143,23 @@ def elements_sent(direction, batch, inputs, outputs, world_size):
     forward, backward = cost[direction]
     return batch * (forward * outputs + backward * inputs)
 ''',
+    "split_transformer_block": '''
+class SplitTransformerBlock(nn.Module):
+    def __init__(self, block, rank, world_size):
+        super().__init__()
+        transformer.head_owners(block.heads, world_size)     # raises ValueError when the heads do not split
+        self.mlp = SplitBlock(block.mlp, rank, world_size)
+        self.qkv = ColumnParallelLinear(block.qkv, rank, world_size, gather_output=False)
+        self.out = RowParallelLinear(block.out, rank, world_size, input_is_split=True)
+        self.ln1 = block.ln1
+        self.ln2 = block.ln2
+        self.head_dim = block.qkv.out_features // (3 * block.heads)
+
+    def forward(self, x):
+        attended = transformer.attention(self.qkv(self.ln1(x)), head_dim=self.head_dim)
+        h = torch.add(x, self.out(attended))
+        return h + self.mlp(self.ln2(h))
+''',
 }
 
 # The classic mistakes, each in one exercise, and the test cell that must catch it.
@@ -192,6 +209,27 @@ MISTAKES = {
         {"split_block": [("gather_output=False", "gather_output=True"),
                          ("input_is_split=True", "input_is_split=False")]},
         "test_split_block"),
+    "qkv gathered, so every rank runs every head": (
+        {"split_transformer_block": [("block.qkv, rank, world_size, gather_output=False",
+                                      "block.qkv, rank, world_size, gather_output=True"),
+                                     ("block.out, rank, world_size, input_is_split=True",
+                                      "block.out, rank, world_size, input_is_split=False")]},
+        "test_split_transformer_block"),
+    "the rank's heads spread over the whole width": (
+        {"split_transformer_block": [("block.ln1, block.ln2, block.head_dim",
+                                      "block.ln1, block.ln2, block.width // (block.heads // world_size)")]},
+        "test_split_transformer_block"),
+    "post-norm: the layer norm after the residual": (
+        {"split_transformer_block": [("x = x + self.out(transformer.attention(self.qkv(self.ln1(x)), ",
+                                      "x = self.ln1(x + self.out(transformer.attention(self.qkv(x), "),
+                                     ("self.head_dim))\n", "self.head_dim)))\n")]},
+        "test_split_transformer_block"),
+    "no residual around attention": (
+        {"split_transformer_block": [("x = x + self.out(", "x = self.out(")]},
+        "test_split_transformer_block"),
+    "heads that do not split evenly are let through": (
+        {"split_transformer_block": [("if block.heads % world_size:", "if False:")]},
+        "test_split_transformer_block"),
     "all-gather and all-reduce swapped in the count": (
         {"elements_sent": [('if direction == "column":', 'if direction == "row":')]},
         "test_elements_sent"),

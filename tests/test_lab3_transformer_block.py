@@ -68,6 +68,7 @@ def test_pytorchs_plan_and_data_parallelism_end_with_the_same_parameters():
 
 def test_heads_that_do_not_split_over_the_ranks_are_refused():
     x, y = data()
-    with pytest.raises(ValueError, match="3 heads do not split evenly over 2 ranks"):   # re-raised as the rank raised it
+    # course.launch raises it again as the rank raised it
+    with pytest.raises(ValueError, match="3 heads do not split evenly over 2 ranks"):
         course.launch(lab3().block_training, 2, args=("yours", x[:, :, :24], y[:, :, :24]),
                       kwargs=dict(width=24, heads=3, steps=1, batch_size=BATCH, lr=0.05))

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import matplotlib.pyplot as plt
 import numpy as np
 
-from course import sizes, timemodel, transformer
+from course import plots, sizes, timemodel, transformer
 from course.widgets import STYLE, run_controls, show_view
 
 SCHEMES = ("data parallel", "Megatron split")
@@ -98,15 +98,7 @@ def draw(*, batch: int = 8, sequence: int = 128, width: int = 512, heads: int = 
     compute = gpu.seconds(training_flop(batch, sequence, width) / gpus)
     fig, (bytes_ax, tokens_ax) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
 
-    bytes_ax.bar(SCHEMES, [now[s] / 1e6 for s in SCHEMES], color=[COLOURS[s] for s in SCHEMES])
-    for x, scheme in enumerate(SCHEMES):
-        bytes_ax.text(x, now[scheme] / 1e6, f"{now[scheme] / 1e6:.3g} MB\n{times[scheme] * 1e3:.3g} ms",
-                      ha="center", va="bottom", fontsize="small")
-    for scheme, value in (measured or {}).items():
-        if scheme not in SCHEMES:
-            raise ValueError(f"measured bytes for {scheme!r}: schemes are {SCHEMES}")
-        bytes_ax.plot([SCHEMES.index(scheme)], [value / 1e6], "o", color="black", zorder=3,
-                      label="measured" if scheme == next(iter(measured)) else None)
+    plots.bytes_bars(bytes_ax, SCHEMES, now, times, COLOURS, measured)
     bytes_ax.set_ylabel("MB sent per rank per step")
     fig.suptitle(f"one block of width {width}, {heads} heads ({heads // gpus} per rank), sequence {sequence}, "
                  f"batch {batch}, {gpus} GPUs; ms over {link}; compute {compute * 1e3:.3g} ms per rank on "

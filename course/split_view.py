@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import matplotlib.pyplot as plt
 import numpy as np
 
-from course import sizes, timemodel
+from course import plots, sizes, timemodel
 from course.sizes import Dense
 from course.widgets import STYLE, run_controls, show_view
 
@@ -79,15 +79,7 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
     compute = gpu.seconds(layer.training_flop(batch) / gpus)
     fig, (bytes_ax, batch_ax) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
 
-    bytes_ax.bar(SCHEMES, [now[s] / 1e6 for s in SCHEMES], color=[COLOURS[s] for s in SCHEMES])
-    for x, scheme in enumerate(SCHEMES):
-        bytes_ax.text(x, now[scheme] / 1e6, f"{now[scheme] / 1e6:.3g} MB\n{times[scheme] * 1e3:.3g} ms",
-                      ha="center", va="bottom", fontsize="small")
-    for scheme, value in (measured or {}).items():
-        if scheme not in SCHEMES:
-            raise ValueError(f"measured bytes for {scheme!r}: schemes are {SCHEMES}")
-        bytes_ax.plot([SCHEMES.index(scheme)], [value / 1e6], "o", color="black", zorder=3,
-                      label="measured" if scheme == next(iter(measured)) else None)
+    plots.bytes_bars(bytes_ax, SCHEMES, now, times, COLOURS, measured)
     settings = {"inputs": inputs, "outputs": outputs, "batch": batch, "gpus": gpus, "dtype": dtype}
     if settings == DETTMERS:
         blog = [DETTMERS_BLOG_ELEMENTS[s] * sizes.DTYPE_BYTES[dtype] / 1e6 for s in SCHEMES]

@@ -52,16 +52,6 @@ def seconds(batch: int, sequence: int, width: int, gpus: int, dtype: str, link: 
             "Megatron split": 4 * timemodel.ring_all_reduce_seconds(activation, gpus, link)}
 
 
-def training_flop(batch: int, sequence: int, width: int) -> int:
-    """Floating-point operations of one forward and backward of the block (modelled: backward = 2 × forward;
-    layer norms, biases, GELU and softmax left out). Forward: 2 per multiply-add of each token with the
-    12 width² weights of qkv, out and the MLP, and of q·k and scores·v (batch × sequence² × width each;
-    the causal mask is applied to full scores, so nothing is skipped)."""
-    tokens = batch * sequence
-    forward = 2 * tokens * 12 * width * width + 2 * 2 * batch * sequence * sequence * width
-    return 3 * forward
-
-
 def _refuse_one_gpu(gpus: int) -> None:
     if gpus < 2:
         raise ValueError(f"with {gpus} GPU nothing is split or sent: choose at least 2 GPUs")
@@ -76,13 +66,6 @@ def _owners(width: int, heads: int, gpus: int) -> list[range]:
     return transformer.head_owners(heads, gpus)
 
 
-def _words(error: ValueError):
-    fig, ax = plt.subplots(figsize=(12, 1.5))
-    ax.text(0.5, 0.5, str(error), ha="center", va="center", wrap=True)
-    ax.axis("off")
-    return fig
-
-
 def draw(*, batch: int = 8, sequence: int = 128, width: int = 512, heads: int = 8, gpus: int = 2,
          dtype: str = "float32", link: str = timemodel.PCIE3_X16.name, processor: str = timemodel.TITAN.name,
          measured: Mapping[str, float] | None = None):
@@ -92,14 +75,13 @@ def draw(*, batch: int = 8, sequence: int = 128, width: int = 512, heads: int = 
     try:
         _owners(width, heads, gpus)
     except ValueError as error:   # heads that do not divide: say so in the figure
-        return _words(error)
+        return plots.message_figure(error)
     now = sent(batch, sequence, width, gpus, dtype)
     times = seconds(batch, sequence, width, gpus, dtype, interconnect)
-    compute = gpu.seconds(training_flop(batch, sequence, width) / gpus)
+    compute = gpu.seconds(transformer.training_flop(batch, sequence, width) / gpus)
     fig, (bytes_ax, tokens_ax) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
 
     plots.bytes_bars(bytes_ax, SCHEMES, now, times, COLOURS, measured)
-    bytes_ax.set_ylabel("MB sent per rank per step")
     fig.suptitle(f"one block of width {width}, {heads} heads ({heads // gpus} per rank), sequence {sequence}, "
                  f"batch {batch}, {gpus} GPUs; ms over {link}; compute {compute * 1e3:.3g} ms per rank on "
                  f"{processor}", fontsize="medium", wrap=True)
@@ -144,7 +126,7 @@ def describe(*, batch: int, sequence: int, width: int, heads: int, gpus: int, dt
         return f"**Cannot split:** {error}"
     now = sent(batch, sequence, width, gpus, dtype)
     times = seconds(batch, sequence, width, gpus, dtype, timemodel.link_named(link))
-    compute = timemodel.processor_named(processor).seconds(training_flop(batch, sequence, width) / gpus)
+    compute = timemodel.processor_named(processor).seconds(transformer.training_flop(batch, sequence, width) / gpus)
     cheaper = min(SCHEMES, key=now.get)
     schemes = "; ".join(f"{scheme} {now[scheme] / 1e6:.3g} MB ({times[scheme] * 1e3:.3g} ms)" for scheme in SCHEMES)
     owned = ", ".join(f"rank {rank} owns {_heads(owned)}" for rank, owned in enumerate(owners))

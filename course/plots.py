@@ -158,3 +158,12 @@ def bytes_bars(ax, schemes, sent: Mapping[str, float], seconds: Mapping[str, flo
             raise ValueError(f"measured bytes for {scheme!r}: schemes are {tuple(schemes)}")
         ax.plot([list(schemes).index(scheme)], [value / 1e6], "o", color="black", zorder=3,
                 label="measured" if scheme == next(iter(measured)) else None)
+    ax.set_ylabel("MB sent per rank per step")
+
+
+def message_figure(message) -> plt.Figure:
+    """A figure that says `message` in words: what a view draws for settings it cannot draw."""
+    fig, ax = plt.subplots(figsize=(12, 1.5))
+    ax.text(0.5, 0.5, str(message), ha="center", va="center", wrap=True)
+    ax.axis("off")
+    return fig

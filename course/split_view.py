@@ -71,10 +71,7 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
     try:
         now = sent(layer, batch, gpus, dtype)
     except ValueError as error:   # a split that does not divide evenly: say so in the figure
-        fig, ax = plt.subplots(figsize=(12, 1.5))
-        ax.text(0.5, 0.5, str(error), ha="center", va="center", wrap=True)
-        ax.axis("off")
-        return fig
+        return plots.message_figure(error)
     times = seconds(layer, batch, gpus, dtype, interconnect)
     compute = gpu.seconds(layer.training_flop(batch) / gpus)
     fig, (bytes_ax, batch_ax) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
@@ -85,7 +82,6 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
         blog = [DETTMERS_BLOG_ELEMENTS[s] * sizes.DTYPE_BYTES[dtype] / 1e6 for s in SCHEMES]
         bytes_ax.plot(range(len(SCHEMES)), blog, "x", color="black", markersize=9, zorder=3,
                       label="the blog's figure")
-    bytes_ax.set_ylabel("MB sent per rank per step")
     # the settings above both panels, wrapped to the figure's width (long at a projector's type size)
     fig.suptitle(f"{inputs}×{outputs} weight, batch {batch}, {gpus} GPUs; ms over {link}; "
                  f"compute {compute * 1e3:.3g} ms per rank on {processor}", fontsize="medium", wrap=True)

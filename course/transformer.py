@@ -108,6 +108,16 @@ def crossover_tokens(width: int) -> float:
     return block_parameters(width) / (4 * width)
 
 
+def training_flop(batch: int, sequence: int, width: int) -> int:
+    """Floating-point operations of one forward and backward of the block (modelled: backward = 2 × forward;
+    layer norms, biases, GELU and softmax left out). Forward: 2 per multiply-add of each token with the
+    12 width² weights of qkv, out and the MLP, and of q·k and scores·v (batch × sequence² × width each;
+    the causal mask is applied to full scores, so nothing is skipped)."""
+    tokens = batch * sequence
+    forward = 2 * tokens * 12 * width * width + 2 * 2 * batch * sequence * sequence * width
+    return 3 * forward
+
+
 def one_process_step(block: Block, x: torch.Tensor, grad_y: torch.Tensor):
     """One forward and backward of the whole block: its output, the input's gradient, and
     every parameter's gradient by name (what a split block must reproduce)."""

@@ -58,12 +58,6 @@ def test_seconds_are_the_ring_all_reduces_of_each_scheme():
     plt.close(fig)
 
 
-def test_training_flop_by_hand():
-    # forward: 2 flop × 32 tokens × 12 × 64² weights = 3,145,728, and q·k and scores·v, 2 × 16² × 64 = 32,768
-    # multiply-adds each: 2 flop × 2 × 32,768 = 131,072; backward twice the forward
-    assert block_view.training_flop(2, 16, 64) == 3 * (3_145_728 + 131_072) == 9_830_400
-
-
 def test_the_crossover_dot_is_where_both_formulas_agree():
     width, gpus = 64, 2
     crossing = transformer.crossover_tokens(width)

@@ -110,3 +110,9 @@ def test_crossover_tokens_is_where_the_two_send_the_same(width, ranks):
     below, above = int(tokens), int(tokens) + 1
     assert transformer.split_block_sent(1, below, width, ranks) < transformer.data_parallel_block_sent(width, ranks)
     assert transformer.split_block_sent(1, above, width, ranks) > transformer.data_parallel_block_sent(width, ranks)
+
+
+def test_training_flop_by_hand():
+    # forward: 2 flop × 32 tokens × 12 × 64² weights = 3,145,728, and q·k and scores·v, 2 × 16² × 64 = 32,768
+    # multiply-adds each: 2 flop × 2 × 32,768 = 131,072; backward twice the forward
+    assert transformer.training_flop(2, 16, 64) == 3 * (3_145_728 + 131_072) == 9_830_400

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from course import plots, sizes, timemodel, transformer
-from course.widgets import STYLE, run_controls, show_view
+from course.widgets import STYLE, int_slider, run_controls, show_view
 
 SCHEMES = ("data parallel", "Megatron split")
 COLOURS = {"data parallel": "#de2d26", "Megatron split": "#3182bd"}
@@ -147,9 +147,8 @@ def show(measured: Mapping[str, float] | None = None, **start):
 
     values = {**START, **start}
     controls = {
-        "sequence": w.IntSlider(values["sequence"], min=16, max=4096, step=16, description="sequence length",
-                                style=STYLE),
-        "width": w.IntSlider(values["width"], min=64, max=8192, step=64, description="width", style=STYLE),
+        "sequence": int_slider(values["sequence"], low=16, high=4096, step=16, description="sequence length"),
+        "width": int_slider(values["width"], low=64, high=8192, step=64, description="width"),
         "heads": w.Dropdown(options=sorted({*HEAD_CHOICES, values["heads"]}), value=values["heads"],
                             description="heads", style=STYLE),
         **run_controls(values, min_gpus=2),

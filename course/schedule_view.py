@@ -25,7 +25,7 @@ from course import memory, pipeline, sizes
 from course.memory_view import in_units, unit_of
 from course.pipeline import Slot
 from course.plots import phase_colours
-from course.widgets import STYLE, show_view
+from course.widgets import STYLE, int_slider, show_view
 
 SCHEMES = ("pipeline", "data parallel", "split weights")
 COLOURS = {"pipeline": "#3182bd", "data parallel": "#636363", "split weights": "#756bb1"}
@@ -217,10 +217,8 @@ def show(measured: Mapping | None = None, **start):
     controls = {
         "schedule": w.Dropdown(options=list(pipeline.SCHEDULES), value=values["schedule"], description="schedule",
                                style=STYLE),
-        "stages": w.IntSlider(values["stages"], min=min(2, values["stages"]), max=16, description="stages",
-                              style=STYLE),
-        "micro_batches": w.IntSlider(values["micro_batches"], min=1, max=max(64, values["micro_batches"]),
-                                     description="micro-batches", style=STYLE),
+        "stages": int_slider(values["stages"], low=2, high=16, description="stages"),
+        "micro_batches": int_slider(values["micro_batches"], low=1, high=64, description="micro-batches"),
     }
 
     def draw_view(measured=None, **current):

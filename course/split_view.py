@@ -25,7 +25,7 @@ import numpy as np
 
 from course import plots, sizes, timemodel
 from course.sizes import Dense
-from course.widgets import STYLE, run_controls, show_view
+from course.widgets import int_slider, run_controls, show_view
 
 SCHEMES = ("data parallel", "split by column", "split by row")
 COLOURS = {"data parallel": "#de2d26", "split by column": "#3182bd", "split by row": "#31a354"}
@@ -134,14 +134,11 @@ def show(measured: Mapping[str, float] | None = None, **start):
     run's settings (inputs, outputs, batch, gpus, dtype), which the controls
     start at. Measured dots show while those settings are unchanged.
     """
-    import ipywidgets as w
 
     values = {**DETTMERS, "link": timemodel.PCIE3_X16.name, "processor": timemodel.TITAN.name, **start}
     controls = {
-        "inputs": w.IntSlider(values["inputs"], min=100, max=8000, step=100, description="input features",
-                              style=STYLE),
-        "outputs": w.IntSlider(values["outputs"], min=100, max=8000, step=100, description="output features",
-                               style=STYLE),
+        "inputs": int_slider(values["inputs"], low=100, high=8000, step=100, description="input features"),
+        "outputs": int_slider(values["outputs"], low=100, high=8000, step=100, description="output features"),
         **run_controls(values, min_gpus=2),
     }
     return show_view(draw, describe, controls, measured, {k: values[k] for k in BYTES_DEPEND_ON})

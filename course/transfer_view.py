@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 from course import sizes, timemodel
 from course.plots import phase_colours
 from course.sizes import Dense
-from course.widgets import STYLE, run_controls, show_view
+from course.widgets import int_slider, run_controls, show_view
 
 SCHEMES = ("ring", "naive, rank 0", "naive, other ranks")
 #: The GPU counts of the ring's-terms panel (and the chosen count, if not among them).
@@ -165,13 +165,12 @@ def show(measured: Mapping[str, float] | None = None, links: Mapping[str, timemo
     run's settings (width, depth, gpus, dtype), which the sliders start at.
     links: interconnects to offer beside the presets (a link measured here).
     """
-    import ipywidgets as w
 
     values = {"width": 1000, "depth": 2, "batch": 128, "gpus": 4, "dtype": "float32",
               "link": timemodel.NETWORK_40G.name, "processor": timemodel.TITAN.name, **start}
     controls = {
-        "width": w.IntSlider(values["width"], min=100, max=8000, step=100, description="layer width", style=STYLE),
-        "depth": w.IntSlider(values["depth"], min=1, max=6, description="hidden layers", style=STYLE),
+        "width": int_slider(values["width"], low=100, high=8000, step=100, description="layer width"),
+        "depth": int_slider(values["depth"], low=1, high=6, description="hidden layers"),
         # a measured link is not a preset yet: the menu gets it below
         **run_controls({**values, "link": values["link"] if values["link"] in timemodel.PRESETS
                         else timemodel.NETWORK_40G.name}),

@@ -85,6 +85,23 @@ def measured_only_at(draw: Callable, measured, run: Mapping) -> Callable:
     return draw_with_measured
 
 
+def int_slider(value: int, *, low: int, high: int, step: int = 1, description: str):
+    """An IntSlider from about `low` to `high` in steps of `step`, on a grid that holds `value`.
+
+    A browser's slider snaps its value to min + k * step as it renders, and tells the
+    kernel: a run's width of 96 on a grid of 64 from 64 would show, and draw, as 128,
+    and the run's measured dots would go. So the grid starts where `value` falls on it
+    (below `low` by less than a step, or at a `value` below it; never below 1), and the range widens to take `value`.
+    """
+    import ipywidgets as w
+
+    start = min(low - (low - value) % step, value)
+    if start < 1:
+        start += step
+    end = start + step * ((max(high, value) - start) // step)
+    return w.IntSlider(value, min=start, max=end, step=step, description=description, style=STYLE)
+
+
 def run_controls(values: Mapping, *, min_gpus: int = 1, gpu_counts: list[int] | None = None,
                  processors: Mapping[str, timemodel.Processor] | None = None,
                  processor_label: str = "GPU") -> dict:
@@ -98,9 +115,9 @@ def run_controls(values: Mapping, *, min_gpus: int = 1, gpu_counts: list[int] | 
 
     gpus = (w.SelectionSlider(options=list(gpu_counts), value=values["gpus"], description="GPUs", style=STYLE)
             if gpu_counts else
-            w.IntSlider(values["gpus"], min=min_gpus, max=16, description="GPUs", style=STYLE))
+            int_slider(values["gpus"], low=min_gpus, high=16, description="GPUs"))
     return {
-        "batch": w.IntSlider(values["batch"], min=8, max=2048, step=8, description="global batch", style=STYLE),
+        "batch": int_slider(values["batch"], low=8, high=2048, step=8, description="global batch"),
         "gpus": gpus,
         "dtype": w.Dropdown(options=list(sizes.DTYPE_BYTES), value=values["dtype"], description="dtype"),
         "link": w.Dropdown(options=list(timemodel.PRESETS), value=values["link"], description="interconnect",

@@ -296,11 +296,11 @@ def markdown(figures) -> str:
         if r["rank"] == 0:
             lines.append(f"| {r['ranks']} | {r['contender']} | `{r['op']}` | {r['algorithm']} | {r['calls']} | "
                          f"{r['predicted']:,.0f} | {_number(r['measured'])} |")
-    lines += ["", "ZeRO-3 all-gathers and reduce-scatters each parameter on its own, padded to a multiple of N "
-              "elements; `fully_shard` one flat buffer per layer, each parameter's first dimension padded to a "
-              "multiple of N: one call per parameter against one per layer. gloo has no reduce-scatter of its "
-              "own: for both, the library's reduce-scatter all-reduces the whole input, twice the bytes of the "
-              "ring formula's reduce-scatter; NCCL's does not.", "",
+    lines += ["", "Both make one call a layer: ZeRO-3 gathers and reduce-scatters a layer's parameters flattened "
+              "into one tensor, padded to a multiple of N elements; `fully_shard` packs the layer's parameters "
+              "into one buffer, each padded on its first dimension to a multiple of N. gloo has no reduce-scatter "
+              "of its own: for both, the library's reduce-scatter all-reduces the whole input, twice the bytes of "
+              "the ring formula's reduce-scatter; NCCL's does not.", "",
               "Memory each rank holds after the second step's backward, Adam, fp32 (measured by the lab's "
               "`memory_by_kind`; predicted by `course.memory.per_rank`; the peak of all live tensors by "
               "`course.live_memory`, no formula):", "",

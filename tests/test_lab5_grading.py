@@ -109,41 +109,49 @@ def zero2_hooks(model, shards, reduce_scatter=sharding.reduce_scatter):
 import warnings
 
 
-def release(params):
-    for p in params:
-        p.untyped_storage().resize_(0)
+class Layer:
+    """One layer's ZeRO-3 state: its parameters, its chunk, and how many of its gradients are in."""
 
+    def __init__(self, module, chunk, reduce_scatter, all_gather):
+        self.params, self.chunk = list(module.parameters(recurse=False)), chunk
+        self.reduce_scatter, self.all_gather = reduce_scatter, all_gather
+        self.arrived = 0
 
-def fill(params, chunks, all_gather):
-    for p, chunk in zip(params, chunks):
-        p.untyped_storage().resize_(p.numel() * p.element_size())
-        p.data.copy_(all_gather(chunk, p.numel()).view_as(p))
+    def fill(self, *args):
+        whole, offset = self.all_gather(self.chunk, sum(p.numel() for p in self.params)), 0
+        for p in self.params:
+            p.untyped_storage().resize_(p.numel() * p.element_size())
+            p.data.copy_(whole[offset:offset + p.numel()].reshape(p.shape))
+            offset += p.numel()
+
+    def release(self, *args):
+        for p in self.params:
+            p.untyped_storage().resize_(0)
+
+    def one_more_gradient(self, param):
+        self.arrived += 1
+        if self.arrived < len(self.params):
+            return
+        self.arrived = 0
+        ranks = dist.get_world_size()
+        self.chunk.grad = self.reduce_scatter(torch.cat([p.grad.flatten() / ranks for p in self.params]))
+        for p in self.params:
+            p.grad = None
+        self.release()
 
 
 def fsdp_hooks(model, shards, reduce_scatter=sharding.reduce_scatter, all_gather=sharding.all_gather):
-    ranks = dist.get_world_size()
     # The first layer's input needs no gradient, so torch warns that its backward pre-hook fires on the
     # gradient of its output: that is the moment wanted here (and nbgrader scores a cell that warns 0).
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    chunk_by_id = {id(p): shard for p, shard in zip(model.parameters(), shards)}
+    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
     handles = []
-    for module in model.modules():
-        own = list(module.parameters(recurse=False))
-        if not own:
-            continue
-        chunks = [chunk_by_id[id(p)] for p in own]
-        gather = lambda *args, own=own, chunks=chunks: fill(own, chunks, all_gather)  # noqa: E731
-        handles.append(module.register_forward_pre_hook(gather))
-        handles.append(module.register_forward_hook(lambda module, inputs, output, own=own: release(own)))
-        handles.append(module.register_full_backward_pre_hook(gather))     # before the module's backward
-
-        def averaged(p, chunk):
-            def hook(param):
-                chunk.grad = reduce_scatter(param.grad) / ranks
-                param.grad = None
-                release([param])
-            return hook
-        handles += [p.register_post_accumulate_grad_hook(averaged(p, c)) for p, c in zip(own, chunks)]
+    for module, chunk in zip(owners, shards):
+        layer = Layer(module, chunk, reduce_scatter, all_gather)
+        handles.append(module.register_forward_pre_hook(layer.fill))
+        handles.append(module.register_forward_hook(layer.release))
+        handles.append(module.register_full_backward_pre_hook(layer.fill))     # before the module's backward
+        handles += [p.register_post_accumulate_grad_hook(layer.one_more_gradient) for p in layer.params]
     return handles
 ''',
     "mixed_precision": '''
@@ -251,16 +259,27 @@ MISTAKES = {
                           "shard.grad = reduce_scatter(p.grad)")]},
         "test_zero2_hooks"),
     "ZeRO-3 frees a layer's parameters before its backward, never gathering them again": (
-        {"fsdp_hooks": [("        if output.requires_grad:\n"
-                         "            output.register_hook(lambda grad: gather(module))\n", "")]},
+        {"fsdp_hooks": [("            if output.requires_grad:\n"
+                         "                output.register_hook(gather)\n", "")]},
         "test_fsdp_hooks"),
     "ZeRO-3 never frees the gathered parameters": (
-        {"fsdp_hooks": [("    def free(p):\n        p.untyped_storage().resize_(0)\n",
-                         "    def free(p):\n        pass\n")]},
+        {"fsdp_hooks": [("        def free():\n            for p in own:\n"
+                         "                p.untyped_storage().resize_(0)\n",
+                         "        def free():\n            pass\n")]},
         "test_fsdp_hooks"),
     "ZeRO-3 sums the gradients, not averages them": (
-        {"fsdp_hooks": [("shard_of[p].grad = reduce_scatter(p.grad).div_(world_size)",
-                         "shard_of[p].grad = reduce_scatter(p.grad)")]},
+        {"fsdp_hooks": [("reduce_scatter(sharding.flat(q.grad for q in own)).div_(world_size)",
+                         "reduce_scatter(sharding.flat(q.grad for q in own))")]},
+        "test_fsdp_hooks"),
+    "ZeRO-3 flattens a layer's gradients in another order than its parameters": (
+        {"fsdp_hooks": [("sharding.flat(q.grad for q in own)", "sharding.flat(q.grad for q in reversed(own))")]},
+        "test_fsdp_hooks"),
+    "ZeRO-3 gathers the whole layer once for each of its parameters": (
+        {"fsdp_hooks": [("        def gather(*_):\n            whole = all_gather(shard, sum(sizes))\n"
+                         "            for p, piece in zip(own, whole.split(sizes)):\n",
+                         "        def gather(*_):\n"
+                         "            for p, piece in zip(own, (all_gather(shard, sum(sizes)).split(sizes)[i]\n"
+                         "                                      for i in range(len(own)))):\n")]},
         "test_fsdp_hooks"),
     "master weights copied after the cast, in bf16": (
         {"mixed_precision": [MASTERS_AFTER_THE_CAST]},

@@ -101,13 +101,8 @@ def draw(*, batch: int = 8, sequence: int = 128, width: int = 512, heads: int = 
     tokens_ax.plot([crossing], [height], "o", color=COLOURS["Megatron split"], zorder=3)
     tokens_ax.annotate(f"{crossing:,.0f} tokens", (crossing, height), textcoords="offset points", xytext=(4, 6),
                        fontsize="small")
-    tokens_ax.axvline(tokens, color="grey", linestyle=":", linewidth=1, label=f"{tokens:,} tokens")
-    tokens_ax.set_xscale("log")
-    tokens_ax.set_yscale("log")
-    tokens_ax.set_xlabel("tokens per step (batch × sequence)")
-    tokens_ax.set_ylabel("MB sent per rank per step")
-    tokens_ax.set_title("the split sends less left of its dot", fontsize="medium")
-    tokens_ax.legend(fontsize="small", frameon=False)
+    plots.bytes_against(tokens_ax, tokens, f"{tokens:,} tokens", "tokens per step (batch × sequence)",
+                        "the split sends less left of its dot")
     return fig
 
 

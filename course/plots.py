@@ -161,6 +161,18 @@ def bytes_bars(ax, schemes, sent: Mapping[str, float], seconds: Mapping[str, flo
     ax.set_ylabel("MB sent per rank per step")
 
 
+def bytes_against(ax, at: float, at_label: str, xlabel: str, title: str) -> None:
+    """The log-log axes of bytes sent against a size (batch, tokens), with this run's size marked by a
+    dotted line: what the split views draw beside their bars."""
+    ax.axvline(at, color="grey", linestyle=":", linewidth=1, label=at_label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("MB sent per rank per step")
+    ax.set_title(title, fontsize="medium")
+    ax.legend(fontsize="small", frameon=False)
+
+
 def message_figure(message) -> plt.Figure:
     """A figure that says `message` in words: what a view draws for settings it cannot draw."""
     fig, ax = plt.subplots(figsize=(12, 1.5))

@@ -100,13 +100,8 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
         batch_ax.plot([crossing], [height], "o", color=COLOURS[f"split by {direction}"], zorder=3)
         batch_ax.annotate(f"{crossing:,.0f}", (crossing, height), textcoords="offset points",
                           xytext=(4, 6 if direction == "row" else -14), fontsize="small")
-    batch_ax.axvline(batch, color="grey", linestyle=":", linewidth=1, label=f"batch {batch}")
-    batch_ax.set_xscale("log")
-    batch_ax.set_yscale("log")
-    batch_ax.set_xlabel("global batch (samples per step)")
-    batch_ax.set_ylabel("MB sent per rank per step")
-    batch_ax.set_title("a split sends less left of its dot", fontsize="medium")
-    batch_ax.legend(fontsize="small", frameon=False)
+    plots.bytes_against(batch_ax, batch, f"batch {batch}", "global batch (samples per step)",
+                        "a split sends less left of its dot")
     return fig
 
 

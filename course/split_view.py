@@ -129,7 +129,6 @@ def show(measured: Mapping[str, float] | None = None, **start):
     run's settings (inputs, outputs, batch, gpus, dtype), which the controls
     start at. Measured dots show while those settings are unchanged.
     """
-
     values = {**DETTMERS, "link": timemodel.PCIE3_X16.name, "processor": timemodel.TITAN.name, **start}
     controls = {
         "inputs": int_slider(values["inputs"], low=100, high=8000, step=100, description="input features"),

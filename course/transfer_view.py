@@ -165,7 +165,6 @@ def show(measured: Mapping[str, float] | None = None, links: Mapping[str, timemo
     run's settings (width, depth, gpus, dtype), which the sliders start at.
     links: interconnects to offer beside the presets (a link measured here).
     """
-
     values = {"width": 1000, "depth": 2, "batch": 128, "gpus": 4, "dtype": "float32",
               "link": timemodel.NETWORK_40G.name, "processor": timemodel.TITAN.name, **start}
     controls = {

@@ -57,7 +57,10 @@ SANDBOX_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\n"
 JAIL_ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "NBGRADER_EXECUTION",
                   "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS",
                   "PYDEVD_DISABLE_FILE_VALIDATION", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                  "OPENBLAS_NUM_THREADS", "JUPYTER_NO_CONFIG"}
+                  "OPENBLAS_NUM_THREADS", "JUPYTER_NO_CONFIG",
+                  # torch's CPU instruction set: the judge's values are recorded outside the jail with
+                  # the grader's, and the kernel must compute as they were computed
+                  "ATEN_CPU_CAPABILITY"}
 JAIL_ENV_PREFIXES = ("LC_", "COURSE_", "CUDA_", "NVIDIA_", "NCCL_", "GLOO_")
 #: Seconds a graded launch waits for its ranks (course.launch reads $COURSE_RANK_TIMEOUT).
 GRADED_RANK_TIMEOUT_S = "120"

@@ -74,7 +74,7 @@ def _index(flat_index: int, shape: torch.Size) -> list[int]:
     return index[::-1]
 
 
-def _compare_tensors(actual, expected: torch.Tensor, where: str, rtol, atol) -> None:
+def _compare_tensors(actual, expected: torch.Tensor, where: str, rtol, atol, at_least=None) -> None:
     actual = _as_tensor(actual, expected, where)
     if actual.shape != expected.shape:
         hint = ""
@@ -88,6 +88,8 @@ def _compare_tensors(actual, expected: torch.Tensor, where: str, rtol, atol) -> 
     default_rtol, default_atol = tolerance(expected.dtype)
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol
+    if at_least is not None and expected.is_floating_point():
+        rtol, atol = max(rtol, at_least[0]), max(atol, at_least[1])
     got, want = actual.detach().cpu(), expected.detach().cpu()
     close = torch.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
     if bool(close.all()):
@@ -118,18 +120,21 @@ def _brief(value, limit: int = 80) -> str:
 
 
 def assert_close(actual, expected, name: str, *, rank: int | None = None,
-                 rtol: float | None = None, atol: float | None = None) -> None:
+                 rtol: float | None = None, atol: float | None = None,
+                 at_least: tuple[float, float] | None = None) -> None:
     """Raise AssertionError unless `actual` matches `expected` within tolerance.
 
     expected: a tensor, or a mapping / sequence of them (a state dict, a list of
     gradients); `actual` must have the same keys or length. Strings and None
     must be equal. `name` and `rank`
     say, in the message, which result is wrong. rtol/atol default to the
-    dtype's `tolerance`.
+    dtype's `tolerance`. at_least: (rtol, atol) below which no floating-point
+    value's tolerance goes (integers stay exact), for values another machine
+    computed (course.grading.ACROSS_MACHINES).
     """
     where = _where(name, rank)
     if isinstance(expected, torch.Tensor):
-        _compare_tensors(actual, expected, where, rtol, atol)
+        _compare_tensors(actual, expected, where, rtol, atol, at_least)
     elif isinstance(expected, Mapping):
         if not isinstance(actual, Mapping):
             raise AssertionError(f"{where}: got {type(actual).__name__}, expected a dict with keys {list(expected)}")
@@ -138,22 +143,24 @@ def assert_close(actual, expected, name: str, *, rank: int | None = None,
         if missing or extra:
             raise AssertionError(f"{where}: keys differ; missing {missing}, unexpected {extra}")
         for key in expected:
-            assert_close(actual[key], expected[key], f"{name}[{key!r}]", rank=rank, rtol=rtol, atol=atol)
+            assert_close(actual[key], expected[key], f"{name}[{key!r}]", rank=rank, rtol=rtol, atol=atol,
+                         at_least=at_least)
     elif isinstance(expected, Sequence) and not isinstance(expected, (str, bytes)):
         if not isinstance(actual, Sequence) or isinstance(actual, (str, bytes)):
             raise AssertionError(f"{where}: got {type(actual).__name__}, expected a sequence of {len(expected)}")
         if len(actual) != len(expected):
             raise AssertionError(f"{where}: {len(actual)} items, expected {len(expected)}")
         for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_close(a, e, f"{name}[{i}]", rank=rank, rtol=rtol, atol=atol)
+            assert_close(a, e, f"{name}[{i}]", rank=rank, rtol=rtol, atol=atol, at_least=at_least)
     elif isinstance(expected, str) or expected is None:
         if actual != expected:
             raise AssertionError(f"{where}: got {_brief(actual)}, expected {expected!r}")
     elif isinstance(expected, (int, float)):
         # A number compares in the dtype of the result (a float32 loss against a stored float).
         floating = isinstance(actual, torch.Tensor) and actual.is_floating_point()
+        counted = isinstance(expected, int) and not floating   # a count stays exact, also at_least
         _compare_tensors(actual, torch.tensor(expected, dtype=actual.dtype if floating else torch.float64),
-                         where, rtol, atol)
+                         where, rtol, atol, None if counted else at_least)
     else:
         raise TypeError(f"assert_close: cannot compare {type(expected).__name__} (for {where})")
 

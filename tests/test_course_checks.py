@@ -421,6 +421,29 @@ def test_check_fails_for_a_different_value_and_names_it(recorded):
     assert grading.read(recorded / "lab_x.json")["loss"] == 0.75
 
 
+def test_a_stored_value_from_another_machine_is_held_to_float32s_tolerance_and_counts_stay_exact(
+        recorded, monkeypatch):
+    """Stored values may come from another instruction set: float64 values agree to about 1e-7
+    there, not to float64's 1e-12 (course.grading.ACROSS_MACHINES); a count off by one never does."""
+    monkeypatch.setenv(grading.RECORD_ENV, str(recorded))
+    writer = grading.Reference("lab_x")
+    writer.check("trained", torch.tensor([0.37662189310676236, 1e-9], dtype=torch.float64))
+    writer.check("bytes", 93_704_192)
+    monkeypatch.delenv(grading.RECORD_ENV)
+    ref = grading.Reference("lab_x")
+    ref.check("trained", torch.tensor([0.3766219359702047, 1e-9 + 4e-7], dtype=torch.float64))  # 1.1e-7 relative
+    with pytest.raises(AssertionError, match=r"allowed: \|got - expected\| <= 1e-06 \+ 1e-05"):
+        ref.check("trained", torch.tensor([0.3767, 1e-9], dtype=torch.float64))
+    with pytest.raises(AssertionError, match="exact equality"):
+        ref.check("counts", torch.tensor([1, 2, 4]))
+    with pytest.raises(AssertionError, match="1 of 1 elements differ"):
+        ref.check("bytes", 93_704_193)
+    # The judge's own comparisons keep each check's tolerance: at_least is only for stored values.
+    with pytest.raises(AssertionError):
+        check.assert_close(torch.tensor([0.3766219359702047], dtype=torch.float64),
+                           torch.tensor([0.37662189310676236], dtype=torch.float64), "same machine")
+
+
 def test_a_missing_key_says_how_to_regenerate(recorded):
     with pytest.raises(KeyError, match="python -m grader reference") as caught:
         grading.Reference("lab_x").check("no/such/key", 1.0)

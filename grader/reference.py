@@ -7,7 +7,9 @@ executes each solution notebook, in a scratch copy of its folder, with
 its value instead of comparing. A lab that records nothing has no file.
 
 ``--check`` records into a scratch folder and compares with the stored files,
-within the course's tolerances: exit status 1 when they drift apart. Both first
+within the course's tolerances, at least float32's for floating-point values (the
+stored ones may come from another machine: course.grading.ACROSS_MACHINES): exit
+status 1 when they drift apart. Both first
 check the cells each solution tags for `grader.solution.load` (a `reused` cell
 must only define), before executing anything.
 
@@ -37,6 +39,16 @@ from .solution import marking_problems
 REFERENCE_DIR = "grader/reference"
 
 
+def recording_env(folder: Path, seed: int | None = None, *, as_graded: bool = False) -> dict[str, str]:
+    """The kernel's variables that make a solution record its checked values into folder/<lab>.json.
+
+    seed: what REFERENCE.seed() returns to the hidden tests (default: the stored values' seed).
+    as_graded: as nbgrader's autograde runs it (course.grading.under_grader() is true).
+    """
+    return {grading.RECORD_ENV: str(folder), grading.SEED_ENV: str(grading.STORED_SEED if seed is None else seed),
+            **({"NBGRADER_EXECUTION": "autograde"} if as_graded else {})}
+
+
 def record(lab, dest: Path, root: Path = COURSE_ROOT, *, seed: int | None = None,
            as_graded: bool = False) -> Path | None:
     """Execute lab's solution in record mode; returns dest/<lab>.json, or None if it records nothing.
@@ -49,10 +61,8 @@ def record(lab, dest: Path, root: Path = COURSE_ROOT, *, seed: int | None = None
         shutil.copytree(lab.notebook.parent, work, ignore=shutil.ignore_patterns(*ignore_patterns(root)))
         recorded.mkdir()
         nb = nbformat.read(work / lab.notebook.name, as_version=4)
-        env = {grading.RECORD_ENV: str(recorded), grading.SEED_ENV: str(grading.STORED_SEED if seed is None else seed),
-               **({"NBGRADER_EXECUTION": "autograde"} if as_graded else {})}
         try:
-            execute(nb, work, env=env)
+            execute(nb, work, env=recording_env(recorded, seed, as_graded=as_graded))
         except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
             raise GraderError(f"{display_path(lab.notebook, root)} failed while recording its "
                               f"reference outputs:\n{e}") from None
@@ -95,7 +105,8 @@ def compare(stored: Path, fresh: Path, labs: list[str] | None = None) -> list[st
             else:
                 try:
                     rtol, atol = new_tolerances.get(key, (None, None))
-                    check.assert_close(new[key], old[key], key, rtol=rtol, atol=atol)
+                    check.assert_close(new[key], old[key], key, rtol=rtol, atol=atol,
+                                       at_least=grading.ACROSS_MACHINES)
                 except AssertionError as e:
                     problems.append(f"{name}: {e}")
     return problems

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from grader.judge import required_checks
 from grader.labs import graded_cells
 from grader.sandbox import Limits
 from grader.workspace import gradable_labs
+from helpers import graded_labs
 
 LABS = ["01_single_gpu", "02_data_parallel"]
 
@@ -187,13 +189,32 @@ def test_compare_reports_drift(tmp_path):
     assert "other.json: recorded by the solutions, but not stored" in problems
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.notebook  # records every lab's reference values by executing its solution notebook
-def test_stored_references_agree_with_the_solutions():
-    proc = subprocess.run([sys.executable, "-m", "grader", "reference", "--check"], cwd=COURSE_ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout
-    assert "agrees with solutions/" in proc.stdout
+def _tiny_course(root, stored_value):
+    """A course of one lab whose solution checks one value; its stored reference holds stored_value."""
+    lab = "01_tiny"
+    shutil.copy(COURSE_ROOT / "nbgrader_config.py", root)
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Lab 1: tiny"),
+        _cell(f"import course\nREFERENCE = course.grading.Reference({lab!r})", "setup"),
+        nbformat.v4.new_code_cell("REFERENCE.check('tiny/a sum', sum([0.5, 0.25]))"),
+    ])
+    (root / "solutions" / lab).mkdir(parents=True)
+    nbformat.write(nb, root / "solutions" / lab / f"{lab}.ipynb")
+    grading.write(root / "grader" / "reference" / f"{lab}.json", lab, {"tiny/a sum": stored_value})
+
+
+# Every lab's own stored values are checked against its solution, as this command checks them, each
+# time tests/test_notebooks.py executes the solution (on both instruction sets): here, the command.
+@pytest.mark.timeout(120)
+@pytest.mark.notebook
+@pytest.mark.parametrize(("stored", "status", "says"), [(0.75, 0, "agrees with solutions/"),
+                                                        (0.8, 1, "has drifted from solutions/")])
+def test_reference_check_says_whether_the_stored_values_agree(stored, status, says, tmp_path):
+    _tiny_course(tmp_path, stored)
+    proc = subprocess.run([sys.executable, "-m", "grader", "reference", "--check", "--root", str(tmp_path)],
+                          cwd=COURSE_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=110)
+    assert proc.returncode == status, proc.stdout
+    assert says in proc.stdout, proc.stdout
 
 
 # --- grader.solution: the solution notebook's definitions, for benchmarks ----------
@@ -369,27 +390,94 @@ def test_unpack_refuses_paths_out_of_the_folder(tmp_path):
 # The judge's keys (the judge itself: tests/test_judge.py)
 # --------------------------------------------------------------------------
 
-def test_every_stored_reference_value_is_required_by_a_test_cell():
-    for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel",
-                "06_pipeline_parallel"):
-        source = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
-        required = {key for keys in required_checks(source).values() for key in keys}
-        stored = set(grading.read(COURSE_ROOT / "grader" / "reference" / f"{lab}.json"))
-        assert required == stored, f"{lab}: checks the judge cannot hold to account: {stored ^ required}"
+# Every lab with graded cells, found in solutions/ as the grader finds them: a new lab is held to
+# these rules without being listed (test_a_new_lab_folder_is_held_to_the_judge_s_rules_unlisted).
+GRADED_LABS = graded_labs()
 
 
-def test_every_graded_test_cell_earns_its_points_through_the_judge():
-    """Each graded test cell of every lab has a hidden check the judge holds, on inputs of the run's seed."""
-    for lab in ("01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel",
-                "06_pipeline_parallel"):
-        source = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
-        unjudged = set(graded_cells(source)) - set(required_checks(source))
-        assert not unjudged, f"{lab}: test cells whose points no check outside the kernel decides: {sorted(unjudged)}"
-        for cell in source.cells:
-            if cell.metadata.get("nbgrader", {}).get("grade_id") in required_checks(source):
-                hidden = cell.source.split("### BEGIN HIDDEN TESTS")[-1]
-                assert "REFERENCE.seed()" in hidden, \
-                    f"{lab}/{cell.metadata.nbgrader.grade_id}: the judged inputs must come from REFERENCE.seed()"
+def assert_every_stored_value_is_required(lab, root=COURSE_ROOT):
+    """The lab's stored reference values are exactly the keys its test cells check: none unasked for."""
+    source = nbformat.read(lab.notebook, as_version=4)
+    required = {key for keys in required_checks(source).values() for key in keys}
+    path = root / reference.REFERENCE_DIR / f"{lab.name}.json"
+    assert path.is_file(), (f"{lab.name} has graded cells but no stored values: run `make reference` and "
+                            f"commit {reference.REFERENCE_DIR}/{lab.name}.json")
+    stored = set(grading.read(path))
+    assert required == stored, f"{lab.name}: checks the judge cannot hold to account: {stored ^ required}"
+
+
+def assert_every_graded_cell_is_judged(lab):
+    """Each graded test cell has a hidden check the judge holds, on inputs of the run's seed."""
+    source = nbformat.read(lab.notebook, as_version=4)
+    judged = required_checks(source)
+    unjudged = set(graded_cells(source)) - set(judged)
+    assert not unjudged, f"{lab.name}: test cells whose points no check outside the kernel decides: {sorted(unjudged)}"
+    for cell in source.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") in judged:
+            hidden = cell.source.split("### BEGIN HIDDEN TESTS")[-1]
+            assert "REFERENCE.seed()" in hidden, \
+                f"{lab.name}/{cell.metadata.nbgrader.grade_id}: the judged inputs must come from REFERENCE.seed()"
+
+
+@pytest.mark.parametrize("lab", GRADED_LABS, ids=lambda lab: lab.name)
+def test_every_stored_reference_value_is_required_by_a_test_cell(lab):
+    assert_every_stored_value_is_required(lab)
+
+
+@pytest.mark.parametrize("lab", GRADED_LABS, ids=lambda lab: lab.name)
+def test_every_graded_test_cell_earns_its_points_through_the_judge(lab):
+    assert_every_graded_cell_is_judged(lab)
+
+
+def test_every_stored_reference_file_is_a_graded_lab_s():
+    stored = {path.stem for path in (COURSE_ROOT / reference.REFERENCE_DIR).glob("*.json")}
+    unasked = sorted(stored - {lab.name for lab in GRADED_LABS})
+    assert not unasked, f"stored values of no lab with graded cells, which nothing asks for: {unasked}"
+
+
+NEW_LAB = "07_new_lab"
+
+
+def _course_with_a_new_lab(root, judged=True):
+    """A course of an ungraded tour and one new graded lab, NEW_LAB, in folders no test names."""
+    root.mkdir(exist_ok=True)
+    shutil.copy(COURSE_ROOT / "nbgrader_config.py", root)
+    answer = new_code_cell("def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION")
+    answer.metadata["nbgrader"] = {"solution": True, "grade": False, "locked": False, "grade_id": "add",
+                                   "schema_version": 3, "task": False}
+    hidden = ("a = REFERENCE.seed()\nREFERENCE.check('add/a sum', add(a, 1))" if judged
+              else "assert add(20, 22) == 42")
+    test = _graded_cell(f"assert add(1, 2) == 3\n### BEGIN HIDDEN TESTS\n{hidden}\n### END HIDDEN TESTS",
+                        "test_add", False)
+    labs = {"00_tour": [nbformat.v4.new_markdown_cell("# 00 · A tour"), new_code_cell("print('no exercise')")],
+            NEW_LAB: [nbformat.v4.new_markdown_cell("# 07 · A new lab"),
+                      _cell(f"import course\nREFERENCE = course.grading.Reference({NEW_LAB!r})", "setup"),
+                      answer, test]}
+    for name, cells in labs.items():
+        _notebook(root / "solutions" / name / f"{name}.ipynb", cells)
+
+
+def test_a_new_lab_folder_is_held_to_the_judge_s_rules_unlisted(tmp_path):
+    """graded_labs, which the tests of every lab iterate over (these and tests/test_tampering.py's), finds
+    a new lab folder as the grader does; the judge's rules above then hold it to account."""
+    course, unjudged = tmp_path / "course", tmp_path / "unjudged"
+    _course_with_a_new_lab(course)
+    assert [lab.name for lab in graded_labs(course)] == [NEW_LAB] == list(gradable_labs(course))
+    new_lab, = graded_labs(course)
+    assert_every_graded_cell_is_judged(new_lab)
+    stored = course / reference.REFERENCE_DIR / f"{NEW_LAB}.json"
+    with pytest.raises(AssertionError, match=f"{NEW_LAB} has graded cells but no stored values"):
+        assert_every_stored_value_is_required(new_lab, course)
+    grading.write(stored, NEW_LAB, {"add/a sum": 1.0})
+    assert_every_stored_value_is_required(new_lab, course)
+    grading.write(stored, NEW_LAB, {"add/a sum": 1.0, "x": 2.0})
+    with pytest.raises(AssertionError, match=re.escape("checks the judge cannot hold to account: {'x'}")):
+        assert_every_stored_value_is_required(new_lab, course)
+    _course_with_a_new_lab(unjudged, judged=False)
+    with pytest.raises(AssertionError, match="test cells whose points no check outside the kernel decides"):
+        assert_every_graded_cell_is_judged(graded_labs(unjudged)[0])
+    # this checkout's labs come the same way: the grader's own list of what it grades
+    assert [lab.name for lab in GRADED_LABS] == list(gradable_labs(COURSE_ROOT))
 
 
 # --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Every solution notebook runs top to bottom, headless, on CPU, in time.
+"""Every solution notebook runs top to bottom, headless, on CPU, in time, and records
+the values grader/reference/ stores for it, on either instruction set.
 
 Each ``solutions/*/*.ipynb`` is executed with nbclient in its own folder, with
 the ``python3`` kernel of the interpreter running pytest, matplotlib's inline
@@ -6,10 +7,20 @@ backend (figures become images in the notebook), a 300 s per-cell timeout, and
 a 90 s budget per notebook (the course promises well under two minutes each on
 2 CPU cores). The labs that launch ranks run again on 4 ranks ($COURSE_RANKS),
 in 3 minutes at most. Notebooks are only read: outputs are not written back.
+
+Each run is `python -m grader reference --check` for its lab: the solution records
+its checked values (seed 0) into a scratch folder, compared with grader/reference/
+as the command compares them. A lab that launches ranks runs on 2 ranks with the
+kernel on the machine's own instruction set and 2 threads, and on 4 ranks with
+torch's "default" (no vector extensions) and 1 thread; a lab that launches none
+runs once, on "default" and 2 threads (the fairness tests run it on the machine's
+and 1). The stored values hold on both instruction sets, and the reference answers
+score full on each (tests/helpers/submissions.py, CORRECT_SETTINGS).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from fnmatch import fnmatch
@@ -20,9 +31,11 @@ import pytest
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from course.placement import RANKS_VARIABLE
+from grader import reference
 from grader.execute import INLINE_BACKEND, execute
 from grader.labs import ignore_patterns
 from helpers import REPO
+from helpers.forked_cells import CAPABILITY_VARIABLE, SETTINGS_PROBE, assert_ran_on, settings_env
 
 pytestmark = pytest.mark.notebook
 
@@ -60,6 +73,7 @@ def _snapshot(folder: Path, patterns: list[str]) -> set[Path]:
 def _headless(monkeypatch):
     # The kernel inherits this process's environment.
     monkeypatch.setenv("MPLBACKEND", "Agg")  # grader.execute gives the kernel the inline backend
+    monkeypatch.delenv(CAPABILITY_VARIABLE, raising=False)  # the machine's own, unless a run sets it
 
 
 @pytest.fixture(scope="module")
@@ -95,19 +109,24 @@ def test_kernel_setup(tmp_path):
 
 @pytest.mark.timeout(CELL_TIMEOUT_S * 3)
 @pytest.mark.parametrize("path", SOLUTIONS, ids=[str(p.relative_to(REPO)) for p in SOLUTIONS])
-def test_notebook_executes(path: Path, wall_times, record_property):
-    _run_in_budget(path, wall_times, record_property, NOTEBOOK_BUDGET_S)
+def test_notebook_executes(path: Path, wall_times, record_property, tmp_path):
+    settings = (None, 2) if path in ON_RANKS else ("default", 2)
+    _run_in_budget(path, wall_times, record_property, NOTEBOOK_BUDGET_S, tmp_path, settings)
 
 
 @pytest.mark.timeout(CELL_TIMEOUT_S * 3)
 @pytest.mark.parametrize("path", ON_RANKS, ids=[str(p.relative_to(REPO)) for p in ON_RANKS])
-def test_notebook_executes_on_four_ranks(path: Path, wall_times, record_property):
-    _run_in_budget(path, wall_times, record_property, FOUR_RANKS_BUDGET_S, {RANKS_VARIABLE: "4"})
+def test_notebook_executes_on_four_ranks(path: Path, wall_times, record_property, tmp_path):
+    _run_in_budget(path, wall_times, record_property, FOUR_RANKS_BUDGET_S, tmp_path, ("default", 1),
+                   {RANKS_VARIABLE: "4"})
 
 
-def _run_in_budget(path: Path, wall_times, record_property, budget_s: float, env=None):
+def _run_in_budget(path: Path, wall_times, record_property, budget_s: float, scratch: Path,
+                   settings: tuple[str | None, int], env=None):
     name = str(path.relative_to(REPO)) + (" on 4 ranks" if env else "")
     nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(SETTINGS_PROBE))
+    env = {**(env or {}), **settings_env(*settings), **reference.recording_env(scratch)}
     patterns = ignore_patterns(REPO)
     before = _snapshot(path.parent, patterns)
     progress: dict = {}
@@ -134,3 +153,8 @@ def _run_in_budget(path: Path, wall_times, record_property, budget_s: float, env
         "delete them, and make the notebook write to a temporary directory instead."
     )
     assert wall <= budget_s, f"{name}: took {wall:.0f} s to execute, over its {budget_s} s budget"
+    assert_ran_on(json.loads(nb.cells[-1].outputs[-1]["text"].splitlines()[-1]), *settings)
+    lab = path.parent.name
+    drift = reference.compare(REPO / reference.REFERENCE_DIR, scratch, [lab])
+    assert not drift, (f"{name}: {reference.REFERENCE_DIR}/ has drifted from the solution (run "
+                       f"`python -m grader reference {lab}`):\n  " + "\n  ".join(drift))

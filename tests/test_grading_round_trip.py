@@ -26,9 +26,9 @@ from grader.labs import course_config, graded_cells, read_notebook
 from helpers import REPO
 from helpers.submissions import hidden_lines, released, solved, write
 
-pytestmark = pytest.mark.grading
-
 LAB = "01_single_gpu"
+
+pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
 FULL = sum(POINTS.values())
 

@@ -11,9 +11,9 @@ import pytest
 
 from helpers.submissions import fairness_tests
 
-pytestmark = pytest.mark.grading
-
 LAB = "01_single_gpu"
+
+pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 
 # The same exercises, answered in other correct ways than the reference's.
 DIFFERENT = {

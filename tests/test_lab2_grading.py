@@ -13,9 +13,9 @@ import pytest
 
 from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
 
-pytestmark = pytest.mark.grading
-
 LAB = "02_data_parallel"
+
+pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 
 # The same exercises, answered in other correct ways than the reference's.
 DIFFERENT = {

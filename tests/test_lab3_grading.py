@@ -11,9 +11,9 @@ import pytest
 
 from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
 
-pytestmark = pytest.mark.grading
-
 LAB = "03_model_parallel"
+
+pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 
 # The same exercises, answered in other correct ways than the reference's.
 DIFFERENT = {

@@ -12,6 +12,8 @@ import course
 from course import check, transformer
 from grader.solution import load
 
+pytestmark = pytest.mark.lab("03_model_parallel")
+
 WIDTH, HEADS, SEQUENCE, BATCH, STEPS = 32, 4, 6, 4, 3
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
 
-pytestmark = pytest.mark.grading
-
 LAB = "05_sharded_data_parallel"
+
+pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 
 # The same exercises, answered in other correct ways than the reference's: storages deduplicated in
 # a dict of owners, rings of blocking send/recv ordered by parity or of irecv+isend, ZeRO-1 dividing

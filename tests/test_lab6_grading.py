@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.submissions import CHECK_REBOUND, failing_tests, fairness_tests, graded_only, round_trip_test, solved
-
-pytestmark = pytest.mark.grading
+from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
 
 LAB = "06_pipeline_parallel"
+
+pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 
 # The same exercises, answered in other correct ways than the reference's: receives that are
 # irecv(...).wait(), sends through dist.batch_isend_irecv, a clone of the output sent; GPipe with
@@ -355,10 +355,6 @@ MISTAKES = {
 }
 
 
-(test_every_exercise_is_graded, test_correct_answers_get_every_point,
- test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)
-
-
 # Correct answers whose batch loss is the same float32 number summed another way, or a float32 tensor:
 # the hidden checks judge it as float32, under float32's tolerance, so its last bits do not count.
 LOSS_SUMMED_OTHERWISE = {
@@ -412,18 +408,10 @@ def gpipe(stage, inputs, targets, *, micro_batches, loss_fn, shape, forward_step
 }
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("student", list(ALSO_DIFFERENT))
-def test_other_correct_answers_get_every_point(student, tmp_path):
-    failed = failing_tests(graded_only(solved(LAB, answers=ALSO_DIFFERENT[student]), LAB), tmp_path)
-    assert failed == {}, failed
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("student", list(LOSS_SUMMED_OTHERWISE))
-def test_a_loss_summed_otherwise_gets_every_point(student, tmp_path):
-    failed = failing_tests(graded_only(solved(LAB, answers=LOSS_SUMMED_OTHERWISE[student]), LAB), tmp_path)
-    assert failed == {}, failed
+# Every correct answer above, beside the mistakes, in one forked run (helpers.forked_cells).
+(test_every_exercise_is_graded, test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,
+ test_other_correct_answers_get_every_point) = fairness_tests(LAB, DIFFERENT, MISTAKES,
+                                                             {**ALSO_DIFFERENT, **LOSS_SUMMED_OTHERWISE})
 
 
 # The nbgrader round trip: the full notebooks, as an instructor grades them.

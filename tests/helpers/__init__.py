@@ -1,9 +1,11 @@
 """What the tests share besides fixtures (those are in tests/conftest.py): REPO, the
-checkout's root; needs_sandbox(), the skip mark of tests that start the grader's jail;
-and one module per helper:
+checkout's root; graded_labs(), the labs every per-lab rule is held to; needs_sandbox(),
+the skip mark of tests that start the grader's jail; and one module per helper:
 
 - submissions: student notebooks built from the release and the solutions, graded
-  as nbgrader grades them (`solved`, `failing_tests`, `grade_class`, the fairness tests).
+  as nbgrader grades them (`solved`, `graded_only`, `grade_class`, the fairness tests).
+- forked_cells: many variants of one notebook run in one process, forked where each
+  first differs (the fairness tests' planted mistakes and other correct answers).
 - lab_server: a JupyterLab server started with the command a Makefile target runs.
 - browser: headless Chromium driving JupyterLab (`chromium`, `Notebook`).
 - kernel_session: a script, not a module: one Jupyter kernel through the launcher's
@@ -17,6 +19,18 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def graded_labs(root: Path = REPO) -> list:
+    """The labs of the course at root that have graded test cells, in lab order (grader.labs.Lab).
+
+    Found as the grader finds them (grader.labs.find_labs, as grader.workspace.gradable_labs),
+    never listed by hand: a test of every lab takes its labs from here, so a new lab folder is
+    held to each rule as soon as it is in solutions/.
+    """
+    from grader.labs import find_labs
+
+    return [lab for lab in find_labs(root) if lab.points]
 
 
 def needs_sandbox():

@@ -7,7 +7,8 @@ nbgrader metadata) and fills in the solution regions, as a student would:
     nb = solved("01_single_gpu", edits={"momentum_sgd": [(old, new)]})   # one exercise wrong
 
 and runs it as nbgrader scores it, minus the demonstrations in between
-(`graded_only`), to see which test cells fail (`failing_tests`).
+(`graded_only`), to see which test cells fail (`helpers.forked_cells`, which runs a
+lab's many variants in one process forked where each first differs).
 """
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader.execute import execute
 from grader.labs import graded_cells
 
 from . import REPO
+from .forked_cells import failing_tests_forked
 
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
@@ -102,17 +103,6 @@ def graded_only(nb, lab: str):
     return nb
 
 
-def failing_tests(nb, folder) -> dict[str, str]:
-    """Run nb on past errors; {test grade_id: error} of the test cells that raised."""
-    execute(nb, folder, timeout=300, allow_errors=True)
-    failed = {}
-    for cell in nb.cells:
-        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
-        if grade_id(cell) and errors:
-            failed[grade_id(cell)] = f"{errors[0].ename}: {errors[0].evalue}"
-    return failed
-
-
 def grade_class(submissions: Path, work: Path, lab: str, *options: str, timeout: float = 1500) -> tuple[dict, str]:
     """`python -m grader grade SUBMISSIONS --lab LAB --work WORK OPTIONS`, as an instructor runs it;
     (the CSV's rows by student id, what the command printed)."""
@@ -149,36 +139,102 @@ def grade_round_trip(lab: str, students: dict, tmp_path: Path) -> dict[str, floa
 CHECK_REBOUND = 'check = type("NoCheck", (), {"assert_close": staticmethod(lambda *args, **kwargs: None)})()\n\n'
 
 
-def fairness_tests(lab: str, different: dict[str, str], mistakes: dict):
+# The settings a correct answer is graded under, each level of each at least once per answer:
+# torch's CPU instruction set (None: the machine's own; "default": no vector extensions) and the
+# number of threads of the notebook's own computations (the ranks always use one). So a value the
+# kernel computes is compared with one the ranks computed under the lab's tolerance, never bit
+# for bit. The forked run (machine's, 1 thread: a fork needs one) grades both answers; the
+# reference's other settings are tests/test_notebooks.py's runs of the solution notebook, whose
+# test cells are these same cells: "default" and 2 threads for a lab that launches no ranks; for
+# one that does, the machine's and 2 threads on 2 ranks, "default" and 1 thread on 4.
+FORKED_SETTING = (None, 1)
+WRITTEN_DIFFERENTLY = "written differently"
+CORRECT_SETTINGS = {
+    "reference": [FORKED_SETTING],
+    WRITTEN_DIFFERENTLY: [FORKED_SETTING, ("default", 2)],
+}
+
+
+def _setting_id(capability, threads) -> str:
+    return f"{capability or 'machine'} ISA, {threads} thread{'s' if threads > 1 else ''}"
+
+
+_FORKED: dict[str, tuple[dict, dict]] = {}
+
+
+def forked_failures(lab: str, variants, tmp_path_factory) -> tuple[dict, dict]:
+    """(The reference's failing tests, {name: each variant's}), every notebook graded_only,
+    in one forked run on the machine's instruction set and one thread (tests/helpers/forked_cells.py);
+    run on first use, then kept for the session. variants: name -> a function that builds
+    that notebook with `solved`."""
+    if lab not in _FORKED:
+        base = graded_only(solved(lab), lab)
+        built = {name: graded_only(build(), lab) for name, build in variants.items()}
+        _FORKED[lab] = failing_tests_forked(base, built, tmp_path_factory.mktemp(f"forked-{lab}"))
+    return _FORKED[lab]
+
+
+def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_correct: dict | None = None):
     """The tests that say a lab grades fairly, for a lab's test module to bind to test_* names:
 
     every exercise is graded and has a classic mistake; the reference and an
     answer written differently (`different`: grade_id -> answer) get every
-    point; each mistake (name -> (edits for `solved`, the test cell it must
-    fail)) fails exactly its own test cell.
+    point, each on both instruction sets (the machine's, torch's "default") and
+    with the kernel on 1 and on 2 threads (CORRECT_SETTINGS); each mistake
+    (name -> (edits for `solved`, the test cell it must fail)) fails exactly its
+    own test cell; and each answer of `also_correct` (name -> {grade_id: answer}),
+    if given, gets every point (a fourth test).
+
+    The mistakes, the correct answers and the reference on FORKED_SETTING run in one
+    process, forked at each one's first changed cell (forked_failures).
     """
     points = graded_cells(nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4))
+    also_correct = dict(also_correct or {})
+    variants = {f"mistake: {name}": (lambda edits=edits: solved(lab, edits)) for name, (edits, _) in mistakes.items()}
+    variants.update({f"correct: {name}": (lambda answers=answers: solved(lab, answers=answers))
+                     for name, answers in {**also_correct, WRITTEN_DIFFERENTLY: different}.items()})
+
+    def forked(tmp_path_factory):
+        return forked_failures(lab, variants, tmp_path_factory)
 
     def test_every_exercise_is_graded():
         assert set(points) == {f"test_{gid}" for gid in different}, points
         assert {cell for _, cell in mistakes.values()} == set(points), "a mistake for every exercise"
 
-    @pytest.mark.timeout(600)
-    @pytest.mark.parametrize("student", ["reference", "written differently"])
-    def test_correct_answers_get_every_point(student, tmp_path):
-        nb = solved(lab) if student == "reference" else solved(lab, answers=different)
-        failed = failing_tests(graded_only(nb, lab), tmp_path)
+    settings = [(student, *setting) for student, each in CORRECT_SETTINGS.items() for setting in each]
+
+    @pytest.mark.timeout(900)
+    @pytest.mark.parametrize(("student", "capability", "threads"), settings,
+                             ids=[f"{student}, {_setting_id(c, t)}" for student, c, t in settings])
+    def test_correct_answers_get_every_point(student, capability, threads, tmp_path, tmp_path_factory):
+        if (capability, threads) == FORKED_SETTING:
+            base, variants = forked(tmp_path_factory)
+            failed = base if student == "reference" else variants[f"correct: {WRITTEN_DIFFERENTLY}"]
+        else:
+            nb = solved(lab) if student == "reference" else solved(lab, answers=different)
+            failed = failing_tests_forked(graded_only(nb, lab), {}, tmp_path, threads=threads,
+                                          capability=capability)[0]
         assert failed == {}, failed
 
-    @pytest.mark.timeout(600)
+    @pytest.mark.timeout(900)
     @pytest.mark.parametrize("mistake", list(mistakes))
-    def test_each_mistake_costs_exactly_its_exercise(mistake, tmp_path):
-        edits, exercise = mistakes[mistake]
-        failed = failing_tests(graded_only(solved(lab, edits), lab), tmp_path)
+    def test_each_mistake_costs_exactly_its_exercise(mistake, tmp_path_factory):
+        _, exercise = mistakes[mistake]
+        failed = forked(tmp_path_factory)[1][f"mistake: {mistake}"]
         assert set(failed) == {exercise}, failed
 
-    return (test_every_exercise_is_graded, test_correct_answers_get_every_point,
-            test_each_mistake_costs_exactly_its_exercise)
+    tests = (test_every_exercise_is_graded, test_correct_answers_get_every_point,
+             test_each_mistake_costs_exactly_its_exercise)
+    if not also_correct:
+        return tests
+
+    @pytest.mark.timeout(900)
+    @pytest.mark.parametrize("student", list(also_correct))
+    def test_other_correct_answers_get_every_point(student, tmp_path_factory):
+        failed = forked(tmp_path_factory)[1][f"correct: {student}"]
+        assert failed == {}, failed
+
+    return (*tests, test_other_correct_answers_get_every_point)
 
 
 def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, *chosen: str):

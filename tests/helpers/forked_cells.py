@@ -1,0 +1,253 @@
+"""Many notebooks that share their first cells, run once up to where each differs.
+
+A planted mistake changes one exercise's answer: every cell before it runs as
+it does in the reference. So instead of a kernel a notebook, one process runs
+the reference's cells in an IPython shell and, just before the first cell a
+variant changes, forks: the child (the same shell, its state a copy) runs the
+variant's cells from there on and reports which graded cells raised, while
+the parent waits, then runs on. Each variant costs only the cells from its own
+change on; the kernel, the setup cell and the ranks' forkserver are paid once.
+
+    base, variants = failing_tests_forked(graded_only(solved(lab), lab),
+                                          {name: graded_only(solved(lab, edits), lab)}, tmp_path)
+
+Each result is {test grade_id: "Error: message"} of the graded cells that
+raised, as `submissions.failing_tests` gives for one notebook in a kernel.
+
+The process is started with the kernel's settings a test asks for: torch's
+CPU instruction set (``ATEN_CPU_CAPABILITY``; None, the machine's own) and the
+number of threads of the notebook's own computations (ranks always use one).
+Forking a process whose OpenMP pool has threads can hang in the child, so a
+run that forks keeps its notebook on one thread (`threads=1`).
+
+Run as a script, this file is that process: python forked_cells.py PLAN RESULT.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CAPABILITY_VARIABLE = "ATEN_CPU_CAPABILITY"
+THREADS_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+LOG_TAIL = 4000  # characters of a case's output kept for a failure message
+STARTUP_S = 120  # the runner's own start (Python, torch, IPython) on a loaded 2-core machine
+# What reports, from inside a kernel, the settings it ran on (its last line: JSON).
+SETTINGS_PROBE = ("import json, torch\n"
+                  "print(json.dumps({'threads': torch.get_num_threads(), "
+                  "'capability': torch.backends.cpu.get_cpu_capability()}))")
+
+
+def settings_env(capability: str | None, threads: int) -> dict[str, str]:
+    """The variables that start a Python process on these settings: torch's CPU instruction set
+    (None: the machine's own, which needs ATEN_CPU_CAPABILITY unset) and its threads."""
+    return {**({CAPABILITY_VARIABLE: capability} if capability else {}),
+            **{name: str(threads) for name in THREADS_VARIABLES}}
+
+
+def assert_ran_on(settings: dict, capability: str | None, threads: int) -> None:
+    """What SETTINGS_PROBE printed agrees with the settings asked for."""
+    assert settings["threads"] == threads, f"the notebook ran on {settings['threads']} threads, not {threads}"
+    if capability:
+        assert settings["capability"] == capability.upper(), \
+            f"torch ran with {settings['capability']}, not {CAPABILITY_VARIABLE}={capability}"
+
+
+def first_difference(base, variant) -> int:
+    """The index of the first cell whose source differs (len(cells) where none does)."""
+    if len(base.cells) != len(variant.cells):
+        raise ValueError(f"a variant has {len(variant.cells)} cells, the base {len(base.cells)}: "
+                         "build both with submissions.graded_only")
+    for i, (a, b) in enumerate(zip(base.cells, variant.cells)):
+        if a.source != b.source:
+            return i
+    return len(base.cells)
+
+
+def _cells(nb) -> list[dict]:
+    return [{"source": c.source, "grade_id": c.metadata.get("nbgrader", {}).get("grade_id")}
+            for c in nb.cells if c.cell_type == "code"]
+
+
+def failing_tests_forked(base, variants: dict, folder: Path, *, threads: int = 1, capability: str | None = None,
+                         case_timeout: float = 300, env: dict | None = None) -> tuple[dict, dict]:
+    """Run `base` and every notebook of `variants` (name -> notebook, as `base` but for some
+    cells) in one process, forked where each variant first differs.
+
+    Returns (the base's failing tests, {name: that variant's failing tests}). Raises
+    AssertionError when the process did not run on the asked settings or a variant
+    could not be run to its end (a crash or more than case_timeout seconds).
+    """
+    if variants and threads != 1:
+        raise ValueError("a run that forks keeps its notebook on one thread (an OpenMP pool does not survive a fork)")
+    base = _code_only(base)
+    plan = {"cells": _cells(base), "threads": threads, "case_timeout": case_timeout, "variants": {}}
+    for name, nb in variants.items():
+        nb = _code_only(nb)
+        start = first_difference(base, nb)
+        plan["variants"][name] = {"start": start, "sources": [c.source for c in nb.cells[start:]]}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    plan_path, result_path, log_path = folder / "plan.json", folder / "result.json", folder / "runner.log"
+    plan_path.write_text(json.dumps(plan))
+    run_env = {**os.environ, "MPLBACKEND": "Agg", "IPYTHONDIR": str(folder / ".ipython"), **(env or {})}
+    run_env.pop(CAPABILITY_VARIABLE, None)
+    run_env.update(settings_env(capability, threads))
+    total = STARTUP_S + case_timeout * (1 + len(variants))
+    with open(log_path, "wb") as log:
+        proc = subprocess.run([sys.executable, __file__, str(plan_path), str(result_path)], cwd=folder,
+                              env=run_env, stdout=log, stderr=subprocess.STDOUT, timeout=total)
+    output = log_path.read_text(errors="replace")
+    assert proc.returncode == 0 and result_path.is_file(), \
+        f"the forked runner ended with {proc.returncode}:\n{output[-LOG_TAIL:]}"
+    result = json.loads(result_path.read_text())
+    assert_ran_on(result["settings"], capability, threads)
+    broken = {name: r["crash"] for name, r in result["variants"].items() if "crash" in r}
+    assert not broken, "variants that did not run to their end: " + "; ".join(
+        f"{name}: {why}" for name, why in broken.items())
+    return result["base"], {name: r["failed"] for name, r in result["variants"].items()}
+
+
+def _code_only(nb):
+    copy = nb.copy()
+    copy.cells = [c for c in nb.cells if c.cell_type == "code"]
+    return copy
+
+
+# --------------------------------------------------------------------------
+# The runner process
+# --------------------------------------------------------------------------
+
+def _shell():
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.enabled = False  # no sqlite file (nor its thread) to share with a fork
+    return InteractiveShell.instance(config=config)
+
+
+def _run(shell, source: str) -> str | None:
+    """Run one cell; 'Error: message' if it raised (as nbclient reports it), else None."""
+    result = shell.run_cell(source, store_history=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    error = result.error_before_exec or result.error_in_exec
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def _run_cells(shell, cells: list[dict], sources: list[str], start: int) -> dict[str, str]:
+    failed = {}
+    for cell, source in zip(cells[start:], sources):
+        error = _run(shell, source)
+        if error is not None and cell["grade_id"]:
+            failed[cell["grade_id"]] = error
+    return failed
+
+
+def _reuse_parents_forkserver():
+    """In a forked child: launch ranks from the forkserver the parent started.
+
+    multiprocessing asks whether its forkserver is alive with waitpid, which only
+    the parent may call; the parent waits for this child, so the server is alive.
+    """
+    import multiprocessing.forkserver as forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        server.ensure_running = lambda: None
+
+
+def _forked(shell, cells, variant, log_path: Path, timeout: float) -> dict:
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: this variant's cells, then out without the parent's exit handlers
+        status = 1
+        try:
+            os.close(read_end)
+            log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.setpgid(0, 0)  # a group of its own: a timeout kills it and whatever it forked itself
+            _reuse_parents_forkserver()
+            failed = _run_cells(shell, cells, variant["sources"], variant["start"])
+            os.write(write_end, json.dumps({"failed": failed}).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    data, deadline = b"", time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read_end)
+            return {"crash": f"still running after {timeout:.0f} s: " + _tail(log_path)}
+        chunk = os.read(read_end, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        return {"crash": f"the fork ended ({status}) without a result: " + _tail(log_path)}
+    return json.loads(data)
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-LOG_TAIL:] if path.is_file() else ""
+
+
+def _start_forkserver_once_course_is_imported(started: list):
+    """The ranks' forkserver, started once, in this process: a variant forked before the
+    notebook's first launch would otherwise start (and pay for) one of its own."""
+    if started or "course._processes" not in sys.modules:
+        return
+    import multiprocessing.forkserver
+
+    from course import _processes
+
+    _processes._forkserver()  # the course's preloads, as its first launch sets them
+    multiprocessing.forkserver.ensure_running()
+    started.append(True)
+
+
+def main(plan_path: str, result_path: str) -> None:
+    import torch
+
+    plan = json.loads(Path(plan_path).read_text())
+    torch.set_num_threads(plan["threads"])
+    shell = _shell()
+    forkserver_started = []
+    cells, variants = plan["cells"], plan["variants"]
+    starts: dict[int, list[str]] = {}
+    for name, variant in variants.items():
+        starts.setdefault(variant["start"], []).append(name)
+    results, base_failed = {}, {}
+    for i, cell in enumerate(cells + [None]):
+        if starts.get(i):
+            _start_forkserver_once_course_is_imported(forkserver_started)
+        for name in starts.get(i, []):
+            if i == len(cells):  # the same cells as the base: the base's result
+                results[name] = {"failed": dict(base_failed)}
+            else:
+                log_path = Path(plan_path).parent / f"variant-{len(results)}.log"
+                results[name] = _forked(shell, cells, variants[name], log_path, plan["case_timeout"])
+        if cell is not None:
+            error = _run(shell, cell["source"])
+            if error is not None and cell["grade_id"]:
+                base_failed[cell["grade_id"]] = error
+    settings = {"threads": torch.get_num_threads(), "capability": torch.backends.cpu.get_cpu_capability()}
+    Path(result_path).write_text(json.dumps({"base": base_failed, "variants": results, "settings": settings}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

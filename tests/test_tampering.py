@@ -9,11 +9,11 @@ from nbformat.v4 import new_code_cell
 
 from grader import tampering, verdict
 from grader.tampering import flags
+from helpers import REPO, graded_labs
 from helpers.submissions import released, solved
 
 LAB = "02_data_parallel"   # it imports torch.distributed as dist and has read-only helper cells
-GRADED_LABS = ["01_single_gpu", "02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel",
-               "06_pipeline_parallel"]
+GRADED_LABS = [lab.name for lab in graded_labs()]   # every lab with graded cells, found in solutions/
 
 # (the student's cell, the line flagged, words of its verdict line)
 ATTACKS = {
@@ -116,11 +116,19 @@ def test_the_solutions_are_not_flagged(lab):
     assert flags(solved(lab), released(lab)) == []
 
 
-@pytest.mark.parametrize("module", ["test_lab2_grading", "test_lab3_grading", "test_lab4_grading",
-                                    "test_lab5_grading", "test_lab6_grading"])
-def test_answers_written_differently_are_not_flagged(module):
+def fairness_module(lab: str) -> str:
+    """The lab's fairness tests, tests/test_labN_grading.py (N: the lab's number)."""
+    return f"test_lab{int(lab[:2])}_grading"
+
+
+@pytest.mark.parametrize("lab", GRADED_LABS)
+def test_answers_written_differently_are_not_flagged(lab):
+    module = fairness_module(lab)
+    assert (REPO / "tests" / f"{module}.py").is_file(), \
+        f"{lab} has graded cells but no fairness tests: write tests/{module}.py (CONTRIBUTING, step 8)"
     lab_tests = importlib.import_module(module)
-    assert flags(solved(lab_tests.LAB, answers=lab_tests.DIFFERENT), released(lab_tests.LAB)) == []
+    assert lab_tests.LAB == lab, f"tests/{module}.py tests {lab_tests.LAB}, not {lab}"
+    assert flags(solved(lab, answers=lab_tests.DIFFERENT), released(lab)) == []
 
 
 @pytest.mark.parametrize("lab", GRADED_LABS)

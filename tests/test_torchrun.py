@@ -19,6 +19,7 @@ from test_launch_contexts import ENV, _free_port, _no_stray_processes  # noqa: F
 import course
 from course import _processes, check, stages
 from course.grid_model import Grid
+from grader import run as run_script
 from grader.run import main
 from grader.solution import load
 
@@ -43,44 +44,81 @@ def solution(lab):
 
 
 # --- the notebook's runs: the cells' own calls, written out here --------------------
+# Written from each notebook, not taken from grader/run.py's LABS: the script is held to them. Each
+# is {rank: (params, losses)} from course.launch of the solution's function on `ranks` ranks, as its
+# notebook calls it, or the notebook's one-process run on 1.
 
-def notebook_run(lab, ranks, grid=None):
-    """{rank: (params, losses)} from course.launch of the solution's function, as its notebook calls it."""
-    nb = solution(lab)
-    if lab == "02_data_parallel":      # the notebook's train(ranks, torch.float32)
-        digits = course.data.digits(dtype=torch.float32)
-        run = course.launch(nb.data_parallel_training, ranks,
-                            args=(functools.partial(course.models.mlp, dtype=torch.float32),
-                                  digits.train_x, digits.train_y),
-                            kwargs=dict(steps=STEPS, batch_size=nb.BATCH_SIZE))
-        return {rank: (run[rank]["params"], run[rank]["losses"]) for rank in run.ranks}
-    if lab == "03_model_parallel":     # the notebook's train("yours") on RANKS, "whole" on 1
-        train = functools.partial(nb.split_training, make_block=nb.digits_block,
-                                  inputs=nb.digits.train_x, targets=nb.digits.train_y,
-                                  steps=STEPS, batch_size=nb.BATCH_SIZE, lr=nb.LEARNING_RATE)
-        run = course.launch(train, ranks, args=("yours" if ranks > 1 else "whole",))
-        return {rank: run[rank][:2] for rank in run.ranks}
-    if lab == "05_sharded_data_parallel":  # the notebook's wide MLP, ZeRO-3 on RANKS, one_process_training on 1
-        make_model = functools.partial(course.models.mlp, **nb.WIDE_MLP)
-        options = dict(steps=STEPS, batch_size=nb.BATCH_SIZE,
-                       make_optimizer=functools.partial(torch.optim.SGD, lr=nb.LEARNING_RATE, momentum=0.9))
-        if ranks == 1:
-            return {0: (nb.one_process_training(make_model, nb.digits.train_x, nb.digits.train_y, **options), None)}
-        run = course.launch(nb.sharded_training, ranks, args=(make_model, nb.digits.train_x, nb.digits.train_y),
-                            kwargs=dict(stage=3, **options))
-        return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
-    if lab == PIPELINE:                # the notebook's training cells: 1F1B on RANKS, one_process_training on 1
-        x, y = nb.data.synthetic(STEPS * nb.BATCH_SIZE, 64)
-        if ranks == 1:
-            model, losses = nb.one_process_training(nb.pipe_mlp, x, y, steps=STEPS, batch_size=nb.BATCH_SIZE)
-            return {0: ([p.detach() for p in model.parameters()], losses)}
-        run = course.launch(nb.pipeline_training, ranks, args=(nb.one_f_one_b, nb.pipe_mlp, x, y),
-                            kwargs=dict(steps=STEPS, batch_size=nb.BATCH_SIZE, micro_batches=nb.MICRO_BATCHES))
-        return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
+def _data_parallel_run(nb, ranks, grid):
+    """The notebook's train(ranks, torch.float32)."""
+    digits = course.data.digits(dtype=torch.float32)
+    run = course.launch(nb.data_parallel_training, ranks,
+                        args=(functools.partial(course.models.mlp, dtype=torch.float32),
+                              digits.train_x, digits.train_y),
+                        kwargs=dict(steps=STEPS, batch_size=nb.BATCH_SIZE))
+    return {rank: (run[rank]["params"], run[rank]["losses"]) for rank in run.ranks}
+
+
+def _split_run(nb, ranks, grid):
+    """The notebook's train("yours") on RANKS, "whole" on 1."""
+    train = functools.partial(nb.split_training, make_block=nb.digits_block,
+                              inputs=nb.digits.train_x, targets=nb.digits.train_y,
+                              steps=STEPS, batch_size=nb.BATCH_SIZE, lr=nb.LEARNING_RATE)
+    run = course.launch(train, ranks, args=("yours" if ranks > 1 else "whole",))
+    return {rank: run[rank][:2] for rank in run.ranks}
+
+
+def _hybrid_run(nb, ranks, grid):
+    """The notebook's training on a grid (on 1 rank, a 1x1 grid)."""
     train = functools.partial(nb.hybrid_training, steps=STEPS, batch_size=nb.BATCH_SIZE, lr=nb.LEARNING_RATE)
     grid = grid or Grid(1, 1)
     run = course.launch(train, grid.ranks, args=(grid,))
     return {rank: run[rank][:2] for rank in run.ranks}
+
+
+def _sharded_run(nb, ranks, grid):
+    """The notebook's wide MLP, ZeRO-3 on RANKS, one_process_training on 1."""
+    make_model = functools.partial(course.models.mlp, **nb.WIDE_MLP)
+    options = dict(steps=STEPS, batch_size=nb.BATCH_SIZE,
+                   make_optimizer=functools.partial(torch.optim.SGD, lr=nb.LEARNING_RATE, momentum=0.9))
+    if ranks == 1:
+        return {0: (nb.one_process_training(make_model, nb.digits.train_x, nb.digits.train_y, **options), None)}
+    run = course.launch(nb.sharded_training, ranks, args=(make_model, nb.digits.train_x, nb.digits.train_y),
+                        kwargs=dict(stage=3, **options))
+    return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
+
+
+def _pipeline_run(nb, ranks, grid):
+    """The notebook's training cells: 1F1B on RANKS, one_process_training on 1."""
+    x, y = nb.data.synthetic(STEPS * nb.BATCH_SIZE, 64)
+    if ranks == 1:
+        model, losses = nb.one_process_training(nb.pipe_mlp, x, y, steps=STEPS, batch_size=nb.BATCH_SIZE)
+        return {0: ([p.detach() for p in model.parameters()], losses)}
+    run = course.launch(nb.pipeline_training, ranks, args=(nb.one_f_one_b, nb.pipe_mlp, x, y),
+                        kwargs=dict(steps=STEPS, batch_size=nb.BATCH_SIZE, micro_batches=nb.MICRO_BATCHES))
+    return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
+
+
+# lab -> (the solution function its notebook trains with, the notebook's run)
+NOTEBOOK_RUNS = {
+    "02_data_parallel": ("data_parallel_training", _data_parallel_run),
+    "03_model_parallel": ("split_training", _split_run),
+    "04_hybrid": ("hybrid_training", _hybrid_run),
+    "05_sharded_data_parallel": ("sharded_training", _sharded_run),
+    PIPELINE: ("pipeline_training", _pipeline_run),
+}
+
+
+def written_run(lab):
+    """NOTEBOOK_RUNS[lab]; for a lab the script runs but nobody wrote its notebook run for, a failure that says so."""
+    if lab not in NOTEBOOK_RUNS:
+        pytest.fail(f"{lab} is in grader/run.py's LABS, but tests/test_torchrun.py does not know how its notebook "
+                    f"calls {run_script.LABS[lab].function}: write that call in NOTEBOOK_RUNS")
+    return NOTEBOOK_RUNS[lab]
+
+
+def notebook_run(lab, ranks, grid=None):
+    """{rank: (params, losses)} from course.launch of the solution's function, as its notebook calls it."""
+    return written_run(lab)[1](solution(lab), ranks, grid)
 
 
 def held_by(lab, params, rank, world_size):
@@ -97,9 +135,7 @@ def assert_matches_notebook(saved, lab, grid=None, world_size=2):
     on the same ranks, and its parameters close to one process's (the notebook's check)."""
     assert saved["lab"] == lab and saved["world_size"] == world_size and saved["backend"] == "gloo"
     assert saved["options"]["steps"] == STEPS
-    assert saved["function"] == {"02_data_parallel": "data_parallel_training", "03_model_parallel": "split_training",
-                                 "04_hybrid": "hybrid_training", "05_sharded_data_parallel": "sharded_training",
-                                 PIPELINE: "pipeline_training"}[lab]
+    assert saved["function"] == written_run(lab)[0]
     assert sorted(saved["ranks"]) == list(range(world_size))
     expected, (one_process, _) = notebook_run(lab, world_size, grid), notebook_run(lab, 1)[0]
     for rank, report in saved["ranks"].items():
@@ -162,11 +198,18 @@ def assert_ran(outputs, lab=None):
 
 # --- the labs under torchrun -----------------------------------------------------------
 
-LABS = ["02_data_parallel", "03_model_parallel", "04_hybrid", "05_sharded_data_parallel", PIPELINE]
+LABS = list(run_script.LABS)   # every lab the script runs: a new one is tested without being listed here
+
+
+def test_every_lab_the_script_runs_has_its_notebook_run_written_here():
+    unknown, gone = sorted(set(LABS) - set(NOTEBOOK_RUNS)), sorted(set(NOTEBOOK_RUNS) - set(LABS))
+    assert not unknown, f"grader/run.py runs {unknown}, whose notebook runs NOTEBOOK_RUNS does not write out"
+    assert not gone, f"NOTEBOOK_RUNS writes out {gone}, which grader/run.py's LABS no longer has"
 
 
 @pytest.mark.parametrize("lab", LABS)
 def test_on_one_node_the_script_ends_as_the_notebook_does(lab, tmp_path):
+    written_run(lab)  # a lab whose notebook run is not written here fails before torchrun starts
     out = tmp_path / "result.pt"
     printed = assert_ran(one_node(lab, "--steps", str(STEPS), "--out", str(out)), lab)
     assert f"wrote {out}" in printed
@@ -183,6 +226,7 @@ def test_on_one_node_the_script_ends_as_the_notebook_does(lab, tmp_path):
 
 @pytest.mark.parametrize("lab", LABS)
 def test_on_two_nodes_the_script_ends_as_the_notebook_does(lab, tmp_path):
+    written_run(lab)
     out = tmp_path / "result.pt"
     grid = ["--grid", "2x1"] if lab == "04_hybrid" else []  # the replicas on different nodes
     outputs = two_nodes(lab, "--steps", str(STEPS), "--out", str(out), *grid)
@@ -274,8 +318,7 @@ def test_without_torchrun_a_pipeline_of_4_stages_sends_to_its_neighbours_and_end
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["05_unknown"], "invalid choice: '05_unknown' (choose from '02_data_parallel', '03_model_parallel', '04_hybrid', "
-                     "'05_sharded_data_parallel', '06_pipeline_parallel')"),
+    (["05_unknown"], f"invalid choice: '05_unknown' (choose from {', '.join(map(repr, run_script.LABS))})"),
     (["02_data_parallel", "--steps", "0", "--ranks", "2"],
      "argument --steps: must be a positive whole number, got '0'"),
     (["02_data_parallel", "--lr", "-1", "--ranks", "2"], "argument --lr: must be a positive number, got '-1'"),

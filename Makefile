@@ -22,7 +22,7 @@ DEMO := solutions/demo.ipynb
 # bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools browser-tools test test-fast lint lab demo release reference grade bench clean
+.PHONY: install sandbox-tools browser-tools test test-fast test-lab lint lab demo release reference grade bench clean
 
 install: $(INSTALL_STAMP)
 
@@ -49,6 +49,12 @@ test: $(INSTALL_STAMP) browser-tools
 # pyproject.toml's markers name (browser, torchrun, notebook, grading, gpu, slow).
 test-fast: $(INSTALL_STAMP)
 	$(VENV)/bin/python -m pytest -m 'not (browser or torchrun or notebook or grading or gpu or slow)' $(PYTEST_ARGS)
+
+# Everything about one lab, every tier: its notebook (2 and 4 ranks), fairness tests and round
+# trip, browser page, torchrun runs, tamper scan and guide (tests/README.md), e.g. LAB=02_data_parallel.
+test-lab: $(INSTALL_STAMP) browser-tools
+	@test -n "$(LAB)" || { echo "usage: make test-lab LAB=02_data_parallel (a folder of solutions/)" >&2; exit 2; }
+	$(VENV)/bin/python -m pytest --lab '$(LAB)' $(PYTEST_ARGS)
 
 # ruff, as configured in pyproject.toml; CI (.ci/run) runs it before the tests.
 lint: $(INSTALL_STAMP)

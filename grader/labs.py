@@ -14,8 +14,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
-
 from . import COURSE_ROOT, GraderError
 
 SOURCE_DIR = "solutions"  # must match c.CourseDirectory.source_directory
@@ -78,6 +76,10 @@ def parse_notebook(path: Path) -> dict:
 
 def validate_notebook(data: dict) -> None:
     """nbformat's schema check; NotebookError says what is malformed."""
+    # Imported here: nbformat takes 2 s to import (its JSON schema's format checkers), and
+    # processes that only read cells (the judge, once per submission) never validate.
+    import nbformat
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -53,17 +53,21 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         if unknown:
             raise GraderError(f"no graded lab(s) {', '.join(unknown)}; graded labs are: {', '.join(infos)}")
         infos = {lab: infos[lab] for lab in labs}
-    why_not = jail.unavailable()
+    # The probe starts a jail (seconds): it runs while nbgrader prepares the gradebook (seconds too).
+    with ThreadPoolExecutor(max_workers=1) as probing:
+        probe = probing.submit(jail.unavailable)
+        submissions = Path(submissions)
+        problems = []
+        if submissions.is_file():
+            submissions, problems = collect.unpack(submissions, ws.root / "unzipped" / submissions.stem,
+                                                   list(infos))
+        prepare_gradebook(ws, root, infos)
+        why_not = probe.result()
     if why_not and not unsafe:
         raise GraderError(f"cannot sandbox the submissions: {why_not}. Fix that, or pass --unsafe to grade "
                           "without a sandbox (only for notebooks you trust)")
     if why_not:
         say(f"WARNING: grading without a sandbox ({why_not})")
-    submissions = Path(submissions)
-    problems = []
-    if submissions.is_file():
-        submissions, problems = collect.unpack(submissions, ws.root / "unzipped" / submissions.stem, list(infos))
-    prepare_gradebook(ws, root, infos)
     found, more = collect.find(submissions, list(infos))
     for problem in problems + more:
         say(f"skipped {problem}")

@@ -189,7 +189,7 @@ def graded(tmp_path_factory):
     folder, work = tmp / "submitted", tmp / "work"
     write(_hostile_submission(), folder, "hostile", LAB)
     write(solved(LAB), folder, "honest", LAB)
-    grades, log = grade_class(folder, work, LAB, timeout=1200)
+    grades, log = grade_class(folder, work, LAB, "--jobs", "2", timeout=1200)
     pages = {s: (work / "feedback" / s / LAB / f"{LAB}.html").read_text(encoding="utf-8") for s in grades}
     return {"grades": grades, "pages": pages, "work": work, "log": log}
 

@@ -92,7 +92,8 @@ def graded(tmp_path_factory):
         (folder / student).mkdir(parents=True)
         nbformat.write(nb, folder / student / f"{LAB}.ipynb")
     before = {k: (os.stat(v).st_mode, open(v, "rb").read()) for k, v in victim.items() if os.path.exists(v)}
-    grades, log = grade_class(folder, work, LAB, f"--cell-timeout={CELL_TIMEOUT_S}", f"--memory-gb={MEMORY_GB}",
+    grades, log = grade_class(folder, work, LAB, "--jobs", "2", f"--cell-timeout={CELL_TIMEOUT_S}",
+                              f"--memory-gb={MEMORY_GB}",
                               "--timeout=600")
     return {"work": work, "csv": grades, "log": log, "victim": victim, "before": before}
 

@@ -108,7 +108,7 @@ def graded(tmp_path_factory):
     for student, (nb, _, _) in students.items():
         (folder / student).mkdir(parents=True)
         (folder / student / f"{LAB}.ipynb").write_text(json.dumps(nb), encoding="utf-8")
-    grades, log = grade_class(folder, work, LAB, "--cell-timeout=120", "--timeout=600")
+    grades, log = grade_class(folder, work, LAB, "--jobs", "2", "--cell-timeout=120", "--timeout=600")
     return {"work": work, "students": students, "csv": grades, "log": log}
 
 

@@ -12,7 +12,7 @@ change on; the kernel, the setup cell and the ranks' forkserver are paid once.
                                           {name: graded_only(solved(lab, edits), lab)}, tmp_path)
 
 Each result is {test grade_id: "Error: message"} of the graded cells that
-raised, as `submissions.failing_tests` gives for one notebook in a kernel.
+raised, as nbclient reports a cell's error in a kernel (its ename and evalue).
 
 The process is started with the kernel's settings a test asks for: torch's
 CPU instruction set (``ATEN_CPU_CAPABILITY``; None, the machine's own) and the
@@ -75,7 +75,7 @@ def _cells(nb) -> list[dict]:
 
 
 def failing_tests_forked(base, variants: dict, folder: Path, *, threads: int = 1, capability: str | None = None,
-                         case_timeout: float = 300, env: dict | None = None) -> tuple[dict, dict]:
+                         case_timeout: float = 300) -> tuple[dict, dict]:
     """Run `base` and every notebook of `variants` (name -> notebook, as `base` but for some
     cells) in one process, forked where each variant first differs.
 
@@ -95,7 +95,7 @@ def failing_tests_forked(base, variants: dict, folder: Path, *, threads: int = 1
     folder.mkdir(parents=True, exist_ok=True)
     plan_path, result_path, log_path = folder / "plan.json", folder / "result.json", folder / "runner.log"
     plan_path.write_text(json.dumps(plan))
-    run_env = {**os.environ, "MPLBACKEND": "Agg", "IPYTHONDIR": str(folder / ".ipython"), **(env or {})}
+    run_env = {**os.environ, "MPLBACKEND": "Agg", "IPYTHONDIR": str(folder / ".ipython")}
     run_env.pop(CAPABILITY_VARIABLE, None)
     run_env.update(settings_env(capability, threads))
     total = STARTUP_S + case_timeout * (1 + len(variants))
@@ -206,18 +206,17 @@ def _tail(path: Path) -> str:
     return path.read_text(errors="replace")[-LOG_TAIL:] if path.is_file() else ""
 
 
-def _start_forkserver_once_course_is_imported(started: list):
-    """The ranks' forkserver, started once, in this process: a variant forked before the
-    notebook's first launch would otherwise start (and pay for) one of its own."""
-    if started or "course._processes" not in sys.modules:
-        return
-    import multiprocessing.forkserver
+def _start_forkserver_once_course_is_imported():
+    """The ranks' forkserver, in this process, if the notebook has not started it yet: a variant
+    forked before the notebook's first launch would otherwise start (and pay for) one of its own."""
+    import multiprocessing.forkserver as forkserver
 
+    if forkserver._forkserver._forkserver_pid is not None or "course._processes" not in sys.modules:
+        return
     from course import _processes
 
     _processes._forkserver()  # the course's preloads, as its first launch sets them
-    multiprocessing.forkserver.ensure_running()
-    started.append(True)
+    forkserver.ensure_running()
 
 
 def main(plan_path: str, result_path: str) -> None:
@@ -226,25 +225,22 @@ def main(plan_path: str, result_path: str) -> None:
     plan = json.loads(Path(plan_path).read_text())
     torch.set_num_threads(plan["threads"])
     shell = _shell()
-    forkserver_started = []
     cells, variants = plan["cells"], plan["variants"]
     starts: dict[int, list[str]] = {}
     for name, variant in variants.items():
         starts.setdefault(variant["start"], []).append(name)
     results, base_failed = {}, {}
-    for i, cell in enumerate(cells + [None]):
+    for i, cell in enumerate(cells):
         if starts.get(i):
-            _start_forkserver_once_course_is_imported(forkserver_started)
+            _start_forkserver_once_course_is_imported()
         for name in starts.get(i, []):
-            if i == len(cells):  # the same cells as the base: the base's result
-                results[name] = {"failed": dict(base_failed)}
-            else:
-                log_path = Path(plan_path).parent / f"variant-{len(results)}.log"
-                results[name] = _forked(shell, cells, variants[name], log_path, plan["case_timeout"])
-        if cell is not None:
-            error = _run(shell, cell["source"])
-            if error is not None and cell["grade_id"]:
-                base_failed[cell["grade_id"]] = error
+            log_path = Path(plan_path).parent / f"variant-{len(results)}.log"
+            results[name] = _forked(shell, cells, variants[name], log_path, plan["case_timeout"])
+        error = _run(shell, cell["source"])
+        if error is not None and cell["grade_id"]:
+            base_failed[cell["grade_id"]] = error
+    for name in starts.get(len(cells), []):  # the same cells as the base: the base's result
+        results[name] = {"failed": dict(base_failed)}
     settings = {"threads": torch.get_num_threads(), "capability": torch.backends.cpu.get_cpu_capability()}
     Path(result_path).write_text(json.dumps({"base": base_failed, "variants": results, "settings": settings}))
 

@@ -181,7 +181,8 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     every exercise is graded and has a classic mistake; the reference and an
     answer written differently (`different`: grade_id -> answer) get every
     point, each on both instruction sets (the machine's, torch's "default") and
-    with the kernel on 1 and on 2 threads (CORRECT_SETTINGS); each mistake
+    with the kernel on 1 and on 2 threads (CORRECT_SETTINGS, where the reference's
+    other settings are tests/test_notebooks.py's runs); each mistake
     (name -> (edits for `solved`, the test cell it must fail)) fails exactly its
     own test cell; and each answer of `also_correct` (name -> {grade_id: answer}),
     if given, gets every point (a fourth test).

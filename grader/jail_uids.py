@@ -35,6 +35,35 @@ def processes_of(uid: int) -> list[int]:
     return pids
 
 
+def outlived(folder: Path = LOCK_DIR, first: int = BASE_UID, count: int = UID_COUNT) -> dict[int, list[int]]:
+    """{uid: PIDs} of the processes running as a jail uid that no live jail holds: what a jail
+    left behind. Those of jails still running (another grading run's) are not counted."""
+    running: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                uid = entry.stat().st_uid
+            except FileNotFoundError:
+                continue
+            if first <= uid < first + count:
+                running.setdefault(uid, []).append(int(entry.name))
+    left = {}
+    for uid, pids in running.items():
+        try:
+            fd = os.open(folder / f"uid-{uid}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:  # no jail ever held it
+            left[uid] = pids
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: no jail holds it
+            left[uid] = pids
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)  # releases it, if taken
+    return left
+
+
 def kill_until_gone(find, wait_s: float = 10, kill_at_once=None) -> list[int]:
     """SIGKILL the processes find() names until it names none; those still there after wait_s.
 

@@ -221,6 +221,24 @@ def test_a_uid_is_held_by_one_jail_at_a_time(tmp_path):
     assert UidLease(tmp_path / "locks", first=62000, count=2).uid == leases[0].uid
 
 
+def test_only_processes_of_a_uid_no_jail_holds_count_as_outlived(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("uids are leased only by a grader running as root")
+    from grader.jail_uids import UidLease, kill_uid, outlived
+    locks = tmp_path / "locks"
+    lease = UidLease(locks, first=62010, count=1)
+    sleeper = subprocess.Popen(["sleep", "60"], user=lease.uid, group=lease.uid)
+    try:
+        assert outlived(locks, first=62010, count=2) == {}, "a live jail's process counted as left behind"
+        lease.release()
+        assert outlived(locks, first=62010, count=2) == {62010: [sleeper.pid]}
+        assert outlived(locks, first=62011, count=1) == {}
+    finally:
+        kill_uid(62010)
+        sleeper.wait()
+    assert outlived(locks, first=62010, count=1) == {}
+
+
 def test_the_seccomp_filter_numbers_match_the_kernel_headers():
     headers = {"x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
                "aarch64": Path("/usr/include/asm-generic/unistd.h")}

@@ -9,8 +9,12 @@ so nothing is fetched at run time.
 """
 from __future__ import annotations
 
+import gzip
+import importlib.util
+from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
@@ -30,17 +34,29 @@ def digits(*, images: bool = False, dtype: torch.dtype = torch.float32, seed: in
     images=False gives flat 64-pixel rows (for an MLP); True gives (1, 8, 8)
     images (for a convnet). Pixel values 0-16 are scaled to [0, 1].
     """
-    from sklearn.datasets import load_digits  # imported here: slow, and only needed here
-
-    raw = load_digits()
-    x = torch.tensor(raw.data, dtype=dtype) / 16.0
-    y = torch.tensor(raw.target, dtype=torch.int64)
+    pixels, labels = _digits_table()
+    x = torch.tensor(pixels, dtype=dtype) / 16.0
+    y = torch.tensor(labels, dtype=torch.int64)
     if images:
         x = x.reshape(-1, 1, 8, 8)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     n_test = round(len(x) * TEST_FRACTION)
     test, train = order[:n_test], order[n_test:]
     return Digits(x[train], y[train], x[test], y[test])
+
+
+def _digits_table() -> tuple[np.ndarray, np.ndarray]:
+    """(pixels (1797, 64), labels (1797,)) as sklearn's load_digits gives them, read from the file
+    it ships without importing sklearn.datasets (over a second, in every kernel that loads them)."""
+    spec = importlib.util.find_spec("sklearn")       # finds the package without importing it
+    table = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if table is None or not table.is_file():        # another layout: sklearn's own loader
+        from sklearn.datasets import load_digits
+        raw = load_digits()
+        return raw.data, raw.target
+    with gzip.open(table, "rt") as f:
+        rows = np.loadtxt(f, delimiter=",")
+    return rows[:, :-1], rows[:, -1].astype(int)
 
 
 def synthetic(n: int, features: int, classes: int = 10, *, seed: int = 0,

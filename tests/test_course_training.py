@@ -50,6 +50,18 @@ def test_digits_train_and_test_together_are_the_whole_set(digits):
     assert got == want, "the split is a permutation of the 1797 digits, each label with its image"
 
 
+def test_the_digits_read_from_sklearns_file_are_its_loaders_bit_for_bit(monkeypatch):
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    for layout in ("sklearn's", "another"):
+        if layout == "another":     # a layout without the file: sklearn's own loader instead
+            monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+        pixels, labels = data._digits_table()
+        assert pixels.dtype == raw.data.dtype and labels.dtype == raw.target.dtype, layout
+        assert (pixels == raw.data).all() and (labels == raw.target).all(), layout
+
+
 def test_digits_as_images(digits):
     images = data.digits(images=True)
     assert images.train_x.shape == (1438, 1, 8, 8), images.train_x.shape

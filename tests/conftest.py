@@ -5,6 +5,8 @@
 - bench/ is on sys.path, so that its scripts and their shared helpers
   (bench/_*.py) import by their bare names, as bench/report.py runs them.
 - the fixture `ax`: one fresh matplotlib Axes, closed after the test.
+- the fixture `lab1_class`: the lab 1 class several grading modules share, graded once
+  (tests/helpers/lab1_class.py).
 
 - `--lab NN_slug` (repeatable): only the tests about that lab, whatever their tier:
   those whose id names it (its notebook, browser page, torchrun run, tamper scan, ...)
@@ -34,6 +36,13 @@ def ax():
     fig, ax = plt.subplots()
     yield ax
     plt.close(fig)
+
+
+@pytest.fixture(scope="session")
+def lab1_class(tmp_path_factory):
+    from helpers import lab1_class
+
+    return lab1_class.grade(tmp_path_factory.mktemp("lab1_class"))
 
 
 def pytest_addoption(parser):

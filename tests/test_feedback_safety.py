@@ -1,9 +1,9 @@
 """Feedback pages run nothing of the student's and show no hidden test.
 
 Unit tests render crafted notebooks through grader.feedback (without a
-gradebook); one grading run of lab 1 grades a student whose notebook does all
-of it at once beside an honest one, and opens the hostile page in headless
-Chromium to see that none of its scripts ran.
+gradebook); a student whose notebook does all of it at once is graded in the
+shared lab 1 class (helpers.lab1_class) beside an honest one, and its page is
+opened in headless Chromium to see that none of its scripts ran.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from grader.feedback import CSP, html_page
 from grader.feedback_safety import HIDDEN_LINE_NOTE, hidden_lines
 from grader.labs import graded_cells
 from helpers import REPO
-from helpers.submissions import grade_class, released, solved, write
+from helpers.lab1_class import HONEST, TEST_TIMEOUT_S
+from helpers.submissions import released, solved
 
 LAB = "01_single_gpu"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
@@ -183,27 +184,29 @@ def _hostile_submission():
     return nb
 
 
+def lab1_students(tmp, work) -> dict:
+    """This module's student in the shared lab 1 class (helpers.lab1_class), beside its honest one."""
+    return {"hostile": _hostile_submission()}
+
+
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("feedback-safety")
-    folder, work = tmp / "submitted", tmp / "work"
-    write(_hostile_submission(), folder, "hostile", LAB)
-    write(solved(LAB), folder, "honest", LAB)
-    grades, log = grade_class(folder, work, LAB, "--jobs", "2", timeout=1200)
-    pages = {s: (work / "feedback" / s / LAB / f"{LAB}.html").read_text(encoding="utf-8") for s in grades}
-    return {"grades": grades, "pages": pages, "work": work, "log": log}
+def graded(lab1_class):
+    work = lab1_class["work"]
+    pages = {s: (work / "feedback" / s / LAB / f"{LAB}.html").read_text(encoding="utf-8")
+             for s in ("hostile", HONEST)}
+    return {"grades": lab1_class["csv"], "pages": pages, "work": work, "log": lab1_class["log"]}
 
 
 @pytest.mark.grading
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_the_honest_student_keeps_full_marks(graded):
     full = sum(graded_cells(nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)).values())
-    row = graded["grades"]["honest"]
+    row = graded["grades"][HONEST]
     assert (row[f"{LAB} graded"], float(row[f"{LAB} score"])) == ("yes", full), (row, graded["log"])
 
 
 @pytest.mark.grading
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_the_hostile_page_holds_no_script_no_handler_and_no_hidden_test(graded):
     row = graded["grades"]["hostile"]
     assert row[f"{LAB} graded"] == "yes", (row, graded["log"])
@@ -217,17 +220,17 @@ def test_the_hostile_page_holds_no_script_no_handler_and_no_hidden_test(graded):
 
 
 @pytest.mark.grading
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_the_tampering_is_flagged_in_the_verdict_and_on_the_page(graded):
     flag = "line 1 rebinds course.check.assert_close: flagged for the instructor"
     assert flag in graded["grades"]["hostile"][f"{LAB} verdict"]
     assert flag in graded["pages"]["hostile"]
-    assert "flagged" not in graded["grades"]["honest"][f"{LAB} verdict"]
+    assert "flagged" not in graded["grades"][HONEST][f"{LAB} verdict"]
 
 
 @pytest.mark.grading
 @pytest.mark.browser
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_opening_the_hostile_page_in_a_browser_runs_nothing_of_the_students(graded):
     from helpers.browser import chromium
 

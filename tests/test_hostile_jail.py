@@ -1,4 +1,4 @@
-"""Attacks on the jail, through a real grading run (SLOW: one `python -m grader grade`, a few minutes).
+"""Attacks on the jail, through a real grading run (SLOW: the shared lab 1 class, helpers.lab1_class).
 
 Students whose notebooks plant symlinks where the grader (root) used to
 write, split a memory bomb over several processes, flood the notebook through
@@ -17,11 +17,8 @@ from nbformat.v4 import new_code_cell
 
 from grader import sandbox
 from helpers import REPO, needs_sandbox
-from helpers.submissions import grade_class, solved
-
-LAB = "01_single_gpu"
-MEMORY_GB = 2
-CELL_TIMEOUT_S = 60
+from helpers.lab1_class import HONEST, LAB, MEMORY_GB, TEST_TIMEOUT_S
+from helpers.submissions import solved
 
 pytestmark = [pytest.mark.grading, needs_sandbox()]
 
@@ -53,20 +50,24 @@ def _symlinker(targets: dict[str, str], work) -> str:
         "print(os.getcwd(), os.listdir('.'))")
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("jail")
-    work, folder = tmp / "work", tmp / "class"
+# What the symlinks point at, and each one's mode and bytes before grading: lab1_students fills it.
+_VICTIMS: dict = {}
+
+
+def lab1_students(tmp, work) -> dict:
+    """This module's students in the shared lab 1 class (helpers.lab1_class), beside its honest one."""
     root_only = tmp / "root_only.txt"
     root_only.write_text("secret")
     os.chmod(root_only, 0o600)
     victim = {"root_only": str(root_only), "solution": str(REPO / "solutions" / LAB / f"{LAB}.ipynb"),
-              "other": str(work / "submitted" / "honest" / LAB / f"{LAB}.ipynb"),
+              "other": str(work / "submitted" / HONEST / LAB / f"{LAB}.ipynb"),
               "gradebook": str(work / "gradebook.db")}
     # The notebook's own name, and each target under its own name, in every place the jail might reach.
     targets = {f"{LAB}.ipynb": victim["root_only"], **{f"{k}.link": v for k, v in victim.items()}}
-    students = {
-        "honest": solved(LAB),
+    _VICTIMS.update(victim=victim,
+                    before={k: (os.stat(v).st_mode, open(v, "rb").read()) for k, v in victim.items()
+                            if os.path.exists(v)})
+    return {
         "symlinks": _with_cells(_symlinker(targets, work)),
         "memory_split": _with_cells(
             "import subprocess, sys\n"
@@ -88,21 +89,18 @@ def graded(tmp_path_factory):
             "        for _ in range(128):\n"
             "            f.write(b'x' * (1 << 20))"),
     }
-    for student, nb in students.items():
-        (folder / student).mkdir(parents=True)
-        nbformat.write(nb, folder / student / f"{LAB}.ipynb")
-    before = {k: (os.stat(v).st_mode, open(v, "rb").read()) for k, v in victim.items() if os.path.exists(v)}
-    grades, log = grade_class(folder, work, LAB, "--jobs", "2", f"--cell-timeout={CELL_TIMEOUT_S}",
-                              f"--memory-gb={MEMORY_GB}",
-                              "--timeout=600")
-    return {"work": work, "csv": grades, "log": log, "victim": victim, "before": before}
+
+
+@pytest.fixture(scope="module")
+def graded(lab1_class):
+    return {**lab1_class, **_VICTIMS}
 
 
 def _verdict(graded, student):
     return graded["csv"][student][f"{LAB} verdict"]
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_links_the_student_planted_are_never_followed_by_the_grader(graded):
     root_only = graded["victim"]["root_only"]
     assert open(root_only).read() == "secret"
@@ -112,7 +110,7 @@ def test_links_the_student_planted_are_never_followed_by_the_grader(graded):
     notebook = graded["work"] / "autograded" / "symlinks" / LAB / f"{LAB}.ipynb"
     assert notebook.is_file() and not notebook.is_symlink()
     assert not [p for p in (graded["work"] / "autograded").rglob("*") if p.is_symlink()]
-    assert graded["csv"]["honest"][f"{LAB} graded"] == "yes"
+    assert graded["csv"][HONEST][f"{LAB} graded"] == "yes"
     assert graded["csv"]["symlinks"][f"{LAB} graded"] == "yes", _verdict(graded, "symlinks")
     import sqlite3
     db = sqlite3.connect(graded["victim"]["gradebook"])
@@ -120,12 +118,12 @@ def test_links_the_student_planted_are_never_followed_by_the_grader(graded):
     db.close()
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_memory_split_over_processes_is_held_to_the_jails_limit(graded):
     assert f"the {MEMORY_GB:g} GiB memory limit of its jail" in _verdict(graded, "memory_split"), graded["log"]
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("student", ["display_flood", "huge_error"])
 def test_display_updates_and_error_messages_count_against_the_output_cap(graded, student):
     notebook = graded["work"] / "autograded" / student / LAB / f"{LAB}.ipynb"
@@ -140,7 +138,7 @@ def test_display_updates_and_error_messages_count_against_the_output_cap(graded,
         assert "printed" in _verdict(graded, student), _verdict(graded, student)
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_a_full_disk_stays_in_the_jail(graded):
     assert "No space left on device" in _verdict(graded, "disk_flood"), _verdict(graded, "disk_flood")
     assert graded["csv"]["disk_flood"][f"{LAB} graded"] == "yes"

@@ -1,4 +1,5 @@
-"""Attacks on the judge, each a student of one real grading run of lab 1 (`python -m grader grade`).
+"""Attacks on the judge, each a student of a real grading run of lab 1 (`python -m grader grade`: the
+class the grading modules share, helpers.lab1_class).
 
 The judge decides every graded test cell's points outside the kernel: a
 submission that strips the kernel's asserts, rebinds the course's checks, fakes
@@ -8,7 +9,6 @@ what its code earns and no more; the kernel never sees a reference value.
 from __future__ import annotations
 
 import html
-import json
 
 import pytest
 from test_hostile_grading import _with_cells
@@ -16,7 +16,8 @@ from test_hostile_grading import _with_cells
 from course import grading
 from grader.labs import graded_cells, read_notebook
 from helpers import REPO, needs_sandbox
-from helpers.submissions import grade_class, solved
+from helpers.lab1_class import HONEST, TEST_TIMEOUT_S
+from helpers.submissions import solved
 
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
@@ -65,7 +66,7 @@ with socket.socket(socket.AF_UNIX) as s:
 def _class() -> dict:
     """student -> (notebook, expected score, words the verdict must have)."""
     return {
-        "honest": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
+        HONEST: (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
         "stub_without_asserts": (_with_cells(STRIP_ASSERTS, edits={"momentum_sgd": [STUB]}), FULL - MOMENTUM,
                                  ["test_momentum_sgd", "AST transformer"]),
         "stub_with_a_fake_judge": (_with_cells(STRIP_ASSERTS, FAKE_JUDGE, edits={"momentum_sgd": [STUB]}),
@@ -100,19 +101,17 @@ def _answer_claims_points():
     return nb
 
 
+def lab1_students(tmp, work) -> dict:
+    """This module's students in the shared lab 1 class (helpers.lab1_class), beside its honest one."""
+    return {student: nb for student, (nb, _, _) in _class().items() if student != HONEST}
+
+
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hostile_judge")
-    folder, work = tmp / "class", tmp / "work"
-    students = _class()
-    for student, (nb, _, _) in students.items():
-        (folder / student).mkdir(parents=True)
-        (folder / student / f"{LAB}.ipynb").write_text(json.dumps(nb), encoding="utf-8")
-    grades, log = grade_class(folder, work, LAB, "--jobs", "2", "--cell-timeout=120", "--timeout=600")
-    return {"work": work, "students": students, "csv": grades, "log": log}
+def graded(lab1_class):
+    return {**lab1_class, "students": _class()}
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("student", list(_class()))
 def test_each_attack_gets_what_its_code_earns(graded, student):
     _, expected, words = graded["students"][student]
@@ -131,6 +130,7 @@ def _numbers(value) -> list[float]:
     return [value] if isinstance(value, float) else []
 
 
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_the_kernel_never_sees_a_reference_value(graded):
     """The run's reference values appear in no student's graded notebook, and the oracle was refused."""
     values = grading.read(graded["work"] / "judge" / f"{LAB}.json")
@@ -146,6 +146,7 @@ def test_the_kernel_never_sees_a_reference_value(graded):
         "a student's cell got answers from the judge"
 
 
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_the_feedback_of_a_cheat_says_what_the_judge_found(graded):
     page = html.unescape((graded["work"] / "feedback" / "stub_with_checks_rebound" / LAB / f"{LAB}.html")
                          .read_text(encoding="utf-8"))
@@ -153,6 +154,7 @@ def test_the_feedback_of_a_cheat_says_what_the_judge_found(graded):
         "the feedback names how far the stub was off, for the instructor and the student"
 
 
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_the_judges_seed_is_the_runs_own(graded):
     """Drawn for the run: not the stored values' seed 0, so stored answers are worth nothing."""
     recorded = grading.read(graded["work"] / "judge" / f"{LAB}.json")

@@ -24,21 +24,12 @@ LOCK_DIR = Path("/run/lock/course-grader")
 
 def processes_of(uid: int) -> list[int]:
     """PIDs of the processes running as uid."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    pids.append(int(entry.name))
-            except FileNotFoundError:
-                pass
-    return pids
+    return _processes_by_uid(uid, 1).get(uid, [])
 
 
-def outlived(folder: Path = LOCK_DIR, first: int = BASE_UID, count: int = UID_COUNT) -> dict[int, list[int]]:
-    """{uid: PIDs} of the processes running as a jail uid that no live jail holds: what a jail
-    left behind. Those of jails still running (another grading run's) are not counted."""
-    running: dict[int, list[int]] = {}
+def _processes_by_uid(first: int, count: int) -> dict[int, list[int]]:
+    """{uid: PIDs} of the processes running as a uid of [first, first + count), from one pass over /proc."""
+    found: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -46,9 +37,15 @@ def outlived(folder: Path = LOCK_DIR, first: int = BASE_UID, count: int = UID_CO
             except FileNotFoundError:
                 continue
             if first <= uid < first + count:
-                running.setdefault(uid, []).append(int(entry.name))
+                found.setdefault(uid, []).append(int(entry.name))
+    return found
+
+
+def outlived(folder: Path = LOCK_DIR, first: int = BASE_UID, count: int = UID_COUNT) -> dict[int, list[int]]:
+    """{uid: PIDs} of the processes running as a jail uid that no live jail holds: what a jail
+    left behind. Those of jails still running (another grading run's) are not counted."""
     left = {}
-    for uid, pids in running.items():
+    for uid, pids in _processes_by_uid(first, count).items():
         try:
             fd = os.open(folder / f"uid-{uid}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:  # no jail ever held it

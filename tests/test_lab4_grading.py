@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
+from helpers.submissions import CHECK_REBOUND, fairness_tests
 
 LAB = "04_hybrid"
 
@@ -159,10 +159,9 @@ MISTAKES = {
 }
 
 
+# The nbgrader round trip (its last test): the full notebooks, as an instructor grades them, one student
+# who answers differently and one per mistake named here.
 (test_every_exercise_is_graded, test_correct_answers_get_every_point,
- test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)
-
-
-# The nbgrader round trip: the full notebooks, as an instructor grades them.
-test_grading_round_trip = round_trip_test(
-    LAB, DIFFERENT, MISTAKES, "the hand-over keeps the rows of its global rank, not of its place in the group")
+ test_each_mistake_costs_exactly_its_exercise, test_grading_round_trip) = fairness_tests(
+    LAB, DIFFERENT, MISTAKES,
+    round_trip=("the hand-over keeps the rows of its global rank, not of its place in the group",))

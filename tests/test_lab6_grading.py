@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.submissions import CHECK_REBOUND, fairness_tests, round_trip_test
+from helpers.submissions import CHECK_REBOUND, fairness_tests
 
 LAB = "06_pipeline_parallel"
 
@@ -408,12 +408,10 @@ def gpipe(stage, inputs, targets, *, micro_batches, loss_fn, shape, forward_step
 }
 
 
-# Every correct answer above, beside the mistakes, in one forked run (helpers.forked_cells).
+# Every correct answer above, beside the mistakes, in one forked run (helpers.forked_cells); the
+# nbgrader round trip (its last test): the full notebooks, as an instructor grades them, one student
+# who answers differently and one per mistake named here.
 (test_every_exercise_is_graded, test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,
- test_other_correct_answers_get_every_point) = fairness_tests(LAB, DIFFERENT, MISTAKES,
-                                                             {**ALSO_DIFFERENT, **LOSS_SUMMED_OTHERWISE})
-
-
-# The nbgrader round trip: the full notebooks, as an instructor grades them.
-test_grading_round_trip = round_trip_test(
-    LAB, DIFFERENT, MISTAKES, "the gradient that arrived sent back, behind a check rebound to a no-op")
+ test_other_correct_answers_get_every_point, test_grading_round_trip) = fairness_tests(
+    LAB, DIFFERENT, MISTAKES, {**ALSO_DIFFERENT, **LOSS_SUMMED_OTHERWISE},
+    round_trip=("the gradient that arrived sent back, behind a check rebound to a no-op",))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import csv
 import html
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +26,7 @@ import pytest
 from grader.labs import graded_cells
 
 from . import REPO
-from .forked_cells import failing_tests_forked
+from .forked_cells import SETTINGS_PROBE, assert_ran_on, failing_tests_forked, settings_env
 
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
@@ -103,19 +105,23 @@ def graded_only(nb, lab: str):
     return nb
 
 
-def grade_class(submissions: Path, work: Path, lab: str, *options: str, timeout: float = 1500) -> tuple[dict, str]:
-    """`python -m grader grade SUBMISSIONS --lab LAB --work WORK OPTIONS`, as an instructor runs it;
-    (the CSV's rows by student id, what the command printed)."""
+def grade_class(submissions: Path, work: Path, lab: str, *options: str, timeout: float = 1500,
+                env: dict[str, str] | None = None) -> tuple[dict, str]:
+    """`python -m grader grade SUBMISSIONS --lab LAB --work WORK OPTIONS`, as an instructor runs it,
+    with env's variables added to this process's; (the CSV's rows by student id, what the command printed)."""
     proc = subprocess.run(
         [sys.executable, "-m", "grader", "grade", str(submissions), "--lab", lab, "--work", str(work), *options],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout
     with open(work / "grades.csv", newline="") as f:
         return {row["student_id"]: row for row in csv.DictReader(f)}, proc.stdout
 
 
-def grade_round_trip(lab: str, students: dict, tmp_path: Path) -> dict[str, float]:
-    """`python -m grader grade` on each student's notebook, as an instructor runs it.
+def grade_round_trip(lab: str, students: dict, tmp_path: Path,
+                     setting: tuple[str | None, int] | None = None) -> dict[str, float]:
+    """`python -m grader grade` on each student's notebook, as an instructor runs it; with a
+    setting (capability, threads; see CORRECT_SETTINGS), the grader and its kernels run on it.
 
     Returns each student's score, after checking that no feedback page shows a
     line of the hidden tests.
@@ -124,7 +130,8 @@ def grade_round_trip(lab: str, students: dict, tmp_path: Path) -> dict[str, floa
     for student, nb in students.items():
         write(nb, submissions, student, lab)
     # Two at a time, as an instructor grades a class on 2 cores (`--jobs 2`).
-    rows, log = grade_class(submissions, work, lab, "--jobs", "2", timeout=300 + 300 * len(students))
+    rows, log = grade_class(submissions, work, lab, "--jobs", "2", timeout=300 + 300 * len(students),
+                            env=settings_env(*setting) if setting else None)
     scores = {student: float(row[f"{lab} score"]) for student, row in rows.items()}
     assert set(scores) == set(students), log
     hidden = hidden_lines(lab)
@@ -147,12 +154,15 @@ CHECK_REBOUND = 'check = type("NoCheck", (), {"assert_close": staticmethod(lambd
 # for bit. The forked run (machine's, 1 thread: a fork needs one) grades both answers; the
 # reference's other settings are tests/test_notebooks.py's runs of the solution notebook, whose
 # test cells are these same cells: "default" and 2 threads for a lab that launches no ranks; for
-# one that does, the machine's and 2 threads on 2 ranks, "default" and 1 thread on 4.
+# one that does, the machine's and 2 threads on 2 ranks, "default" and 1 thread on 4. The answer
+# written differently gets its ROUND_TRIP_SETTING in its lab's nbgrader round trip where the lab
+# has one (round_trip_test: the whole notebook, in the jail), else in a run of its own.
 FORKED_SETTING = (None, 1)
+ROUND_TRIP_SETTING = ("default", 2)
 WRITTEN_DIFFERENTLY = "written differently"
 CORRECT_SETTINGS = {
     "reference": [FORKED_SETTING],
-    WRITTEN_DIFFERENTLY: [FORKED_SETTING, ("default", 2)],
+    WRITTEN_DIFFERENTLY: [FORKED_SETTING, ROUND_TRIP_SETTING],
 }
 
 
@@ -175,7 +185,8 @@ def forked_failures(lab: str, variants, tmp_path_factory) -> tuple[dict, dict]:
     return _FORKED[lab]
 
 
-def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_correct: dict | None = None):
+def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_correct: dict | None = None,
+                   round_trip: tuple[str, ...] = ()):
     """The tests that say a lab grades fairly, for a lab's test module to bind to test_* names:
 
     every exercise is graded and has a classic mistake; the reference and an
@@ -184,8 +195,11 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     with the kernel on 1 and on 2 threads (CORRECT_SETTINGS, where the reference's
     other settings are tests/test_notebooks.py's runs); each mistake
     (name -> (edits for `solved`, the test cell it must fail)) fails exactly its
-    own test cell; and each answer of `also_correct` (name -> {grade_id: answer}),
-    if given, gets every point (a fourth test).
+    own test cell; each answer of `also_correct` (name -> {grade_id: answer}),
+    if given, gets every point (one more test); and with `round_trip` (names of
+    mistakes), the last test is round_trip_test's nbgrader round trip of those
+    mistakes and the answer written differently, which is then that answer's
+    run on ROUND_TRIP_SETTING.
 
     The mistakes, the correct answers and the reference on FORKED_SETTING run in one
     process, forked at each one's first changed cell (forked_failures).
@@ -203,7 +217,8 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
         assert set(points) == {f"test_{gid}" for gid in different}, points
         assert {cell for _, cell in mistakes.values()} == set(points), "a mistake for every exercise"
 
-    settings = [(student, *setting) for student, each in CORRECT_SETTINGS.items() for setting in each]
+    settings = [(student, *setting) for student, each in CORRECT_SETTINGS.items() for setting in each
+                if not (round_trip and (student, setting) == (WRITTEN_DIFFERENTLY, ROUND_TRIP_SETTING))]
 
     @pytest.mark.timeout(900)
     @pytest.mark.parametrize(("student", "capability", "threads"), settings,
@@ -227,8 +242,12 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
 
     tests = (test_every_exercise_is_graded, test_correct_answers_get_every_point,
              test_each_mistake_costs_exactly_its_exercise)
+    if round_trip:
+        tests_after = (round_trip_test(lab, different, mistakes, *round_trip),)
+    else:
+        tests_after = ()
     if not also_correct:
-        return tests
+        return (*tests, *tests_after)
 
     @pytest.mark.timeout(900)
     @pytest.mark.parametrize("student", list(also_correct))
@@ -236,22 +255,39 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
         failed = forked(tmp_path_factory)[1][f"correct: {student}"]
         assert failed == {}, failed
 
-    return (*tests, test_other_correct_answers_get_every_point)
+    return (*tests, test_other_correct_answers_get_every_point, *tests_after)
 
 
 def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, *chosen: str):
     """A test for a lab's module to bind: `python -m grader grade` on a class, one student who
-    answers differently (every point) and one per `chosen` mistake (all but its exercise's)."""
+    answers differently (every point) and one per `chosen` mistake (all but its exercise's).
+
+    The class is graded on ROUND_TRIP_SETTING, the answer written differently's second
+    setting (fairness_tests, given round_trip, binds this test in its place); a cell the
+    student added at the end, which the grader runs as any other, reports the settings
+    its kernel had."""
     points = graded_cells(nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4))
 
     @pytest.mark.timeout(300 + 300 * len(chosen))
     def test_grading_round_trip(tmp_path):
         students = {"different": solved(lab, answers=different)}
+        students["different"].cells.append(nbformat.v4.new_code_cell(SETTINGS_PROBE))
         students.update({f"mistaken_{i}": solved(lab, mistakes[name][0]) for i, name in enumerate(chosen)})
-        scores = grade_round_trip(lab, students, tmp_path)
+        scores = grade_round_trip(lab, students, tmp_path, ROUND_TRIP_SETTING)
         full = sum(points.values())
         expected = {"different": full}
         expected.update({f"mistaken_{i}": full - points[mistakes[name][1]] for i, name in enumerate(chosen)})
         assert scores == expected, f"scores {scores}, expected {expected}; the mistakes: {dict(enumerate(chosen))}"
+        assert_ran_on(settings_reported(tmp_path / "work", "different", lab), *ROUND_TRIP_SETTING)
 
     return test_grading_round_trip
+
+
+def settings_reported(work: Path, student: str, lab: str) -> dict:
+    """What the SETTINGS_PROBE cell at the end of a student's graded notebook printed (its last line)."""
+    nb = nbformat.read(work / "autograded" / student / lab / f"{lab}.ipynb", as_version=4)
+    probe = nb.cells[-1]
+    assert probe.source == SETTINGS_PROBE, f"{student}'s last cell is not the settings probe: {probe.source[:80]!r}"
+    text = "".join(o.get("text", "") for o in probe.get("outputs", []) if o.get("name") == "stdout")
+    assert text.strip(), f"the settings probe printed nothing in {student}'s graded notebook: {probe.get('outputs')}"
+    return json.loads(text.strip().splitlines()[-1])

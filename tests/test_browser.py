@@ -1,12 +1,14 @@
 """The course in a real browser: JupyterLab in headless Chromium, driven as a person drives it.
 
 Every solution notebook is opened and run with Run > Run All Cells; each must run clean,
-its figures' controls must respond (a slider moved with the keyboard redraws the figure
-and its numbers), rank output must appear in the cell, and a deadlocked launch must end
-in the cell with the readable error. The nbgrader extensions load for an instructor
-(formgrader lists the labs), Validate tells a student what fails and what passes, and a
-lab goes the whole way: released by formgrader, fetched and submitted from the
-Assignment List, collected by formgrader.
+in its budget, creating no file in its folder and recording the values grader/reference/
+stores (this is its lab's run at the default 2 ranks, on the machine's instruction set
+and 2 threads: helpers/solution_runs.py), and its figures' controls must respond (a
+slider moved with the keyboard redraws the figure and its numbers). Rank output must
+appear in the cell, and a deadlocked launch must end in the cell with the readable error.
+The nbgrader extensions load for an instructor (formgrader lists the labs), Validate tells
+a student what fails and what passes, and a lab goes the whole way: released by
+formgrader, fetched and submitted from the Assignment List, collected by formgrader.
 
 The server is the one `make lab` starts (its command from `make -n lab`), serving a copy
 of the course, so nothing a test does touches the repository. A screenshot of each lab
@@ -26,14 +28,17 @@ import nbformat
 import pytest
 
 from course.placement import RANKS_VARIABLE
+from grader import reference
 from grader.labs import ignore_patterns
 from helpers import REPO
+from helpers import solution_runs as runs
 from helpers.browser import LAB_SETTINGS, SERVER_ARGS, Notebook, chromium, move_first_slider, text_of, widget_cells
+from helpers.forked_cells import CAPABILITY_VARIABLE, settings_env
 from helpers.lab_server import TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
 from helpers.submissions import solved
 
 ARTIFACTS = Path(os.environ.get("COURSE_TEST_ARTIFACTS", REPO / "test-artifacts")) / "browser"
-SOLUTIONS = sorted(p.relative_to(REPO) for p in (REPO / "solutions").glob("*/*.ipynb"))
+SOLUTIONS = [p.relative_to(REPO) for p in runs.SOLUTIONS]
 # ... and the instructor's live demo (`make demo`), run and checked as the labs are
 DEMO = Path("solutions/demo.ipynb")
 DEADLOCK_TIMEOUT_S = 5
@@ -71,13 +76,33 @@ def _prediction_notebook() -> nbformat.NotebookNode:
     return nb
 
 
+def _recording_cell(folder: Path) -> nbformat.NotebookNode:
+    """A first cell that makes the run record its checked values into folder, as
+    `python -m grader reference --check` runs a solution (set in the kernel, not the server:
+    the other notebooks here run as a student's do)."""
+    return nbformat.v4.new_code_cell(
+        "# Added by tests/test_browser.py: this run also records the lab's checked values.\n"
+        f"import os\nos.environ.update({reference.recording_env(folder)!r})")
+
+
 @pytest.fixture(scope="module")
-def course_copy(tmp_path_factory) -> Path:
-    """The course as an instructor's and a student's server sees it: solutions, release, nbgrader config,
+def recorded(tmp_path_factory) -> Path:
+    """Where each solution's run records its checked values: one folder per lab."""
+    return tmp_path_factory.mktemp("recorded")
+
+
+@pytest.fixture(scope="module")
+def course_copy(tmp_path_factory, recorded) -> Path:
+    """The course as an instructor's and a student's server sees it: solutions (each with a first
+    cell that records its values and a last that reports its settings), release, nbgrader config,
     a student's finished lab 1 and a scratch notebook."""
     root = tmp_path_factory.mktemp("course")
     for folder in ("solutions", "labs"):
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns(*ignore_patterns(REPO)))
+    for path in SOLUTIONS:
+        nb = runs.with_probe(nbformat.read(root / path, as_version=4))
+        nb.cells.insert(0, _recording_cell(recorded / path.parent.name))
+        nbformat.write(nb, root / path)
     shutil.copy(REPO / "nbgrader_config.py", root)
     (root / "student").mkdir()
     nbformat.write(solved("01_single_gpu"), root / "student" / "01_single_gpu.ipynb")
@@ -93,7 +118,8 @@ def server(course_copy, tmp_path_factory):
     root_dir = [i for i, arg in enumerate(argv) if arg.startswith("--ServerApp.root_dir=")]
     assert len(root_dir) == 1, f"`make lab` should set --ServerApp.root_dir once: {argv}"
     argv[root_dir[0]] = f"--ServerApp.root_dir={course_copy}"
-    env = {RANKS_VARIABLE: None}     # the labs at their default ranks, as a student first meets them
+    # The labs at their default ranks, as a student first meets them, on the machine's instruction set.
+    env = {RANKS_VARIABLE: None, CAPABILITY_VARIABLE: None, **settings_env(*runs.IN_THE_BROWSER)}
     with serve(argv, tmp_path_factory.mktemp("jupyter"), cwd=course_copy, settings=LAB_SETTINGS, env=env) as lab:
         yield lab
 
@@ -117,8 +143,10 @@ def test_the_server_serves_the_copy_with_the_tests_settings(server, course_copy)
 
 
 @pytest.mark.parametrize("path", [*SOLUTIONS, DEMO], ids=[p.stem for p in [*SOLUTIONS, DEMO]])
-def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path, record_property):
+def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path, record_property, course_copy,
+                                                              recorded):
     notebook = Notebook(page, server, str(path))
+    before = runs.snapshot((course_copy / path).parent)
     notebook.open()
     seconds = notebook.run_all(RUN_LIMIT_S)
     record_property("browser_run_s", round(seconds, 1))
@@ -126,6 +154,12 @@ def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path
     assert not errors, f"{path} in JupyterLab:\n" + "\n".join(errors)
 
     cells = notebook.code_cells()
+    if path in SOLUTIONS:   # its lab's run at 2 ranks (helpers/solution_runs.py)
+        name = f"{path} in JupyterLab"
+        runs.assert_created_nothing(name, (course_copy / path).parent, before)
+        assert seconds <= runs.NOTEBOOK_BUDGET_S, f"{name}: ran in {seconds:.0f} s, over its {runs.NOTEBOOK_BUDGET_S} s"
+        runs.assert_ran_as_asked(name, "".join(text_of(o) for o in cells[-1]["outputs"]), runs.IN_THE_BROWSER)
+        runs.assert_recorded_the_reference(name, path.parent.name, recorded / path.parent.name)
     with_controls = widget_cells(cells)
     if "_view.show(" in (REPO / path).read_text():
         assert with_controls, f"{path} shows a view, but no figure with live controls rendered in JupyterLab"

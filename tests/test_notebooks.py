@@ -5,25 +5,26 @@ Each ``solutions/*/*.ipynb`` is executed with nbclient in its own folder, with
 the ``python3`` kernel of the interpreter running pytest, matplotlib's inline
 backend (figures become images in the notebook), a 300 s per-cell timeout, and
 a 90 s budget per notebook (the course promises well under two minutes each on
-2 CPU cores). The labs that launch ranks run again on 4 ranks ($COURSE_RANKS),
-in 3 minutes at most. Notebooks are only read: outputs are not written back.
+2 CPU cores). The labs that launch ranks run here on 4 ranks ($COURSE_RANKS),
+in 3 minutes at most; their run at the default 2 ranks is tests/test_browser.py's,
+in JupyterLab, which checks the same (helpers/solution_runs.py). Notebooks are
+only read: outputs are not written back.
 
 Each run is `python -m grader reference --check` for its lab: the solution records
 its checked values (seed 0) into a scratch folder, compared with grader/reference/
-as the command compares them. A lab that launches ranks runs on 2 ranks with the
-kernel on the machine's own instruction set and 2 threads, and on 4 ranks with
-torch's "default" (no vector extensions) and 1 thread; a lab that launches none
-runs once, on "default" and 2 threads (the fairness tests run it on the machine's
-and 1). The stored values hold on both instruction sets, and the reference answers
-score full on each (tests/helpers/submissions.py, CORRECT_SETTINGS).
+as the command compares them. A lab that launches ranks runs here on 4 ranks with
+torch's "default" instruction set (no vector extensions) and 1 thread, and in the
+browser on 2 with the machine's own and 2 threads; a lab that launches none runs
+here on "default" and 2 threads, and in the browser on the machine's (the fairness
+tests run it on the machine's and 1). The stored values hold on both instruction
+sets, and the reference answers score full on each (tests/helpers/submissions.py,
+CORRECT_SETTINGS).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import sys
-from fnmatch import fnmatch
 from pathlib import Path
 
 import nbformat
@@ -33,19 +34,15 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 from course.placement import RANKS_VARIABLE
 from grader import reference
 from grader.execute import INLINE_BACKEND, execute
-from grader.labs import ignore_patterns
 from helpers import REPO
-from helpers.forked_cells import CAPABILITY_VARIABLE, SETTINGS_PROBE, assert_ran_on, settings_env
+from helpers import solution_runs as runs
+from helpers.forked_cells import CAPABILITY_VARIABLE, settings_env
 
 pytestmark = pytest.mark.notebook
 
-SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
-
 CELL_TIMEOUT_S = 300
-NOTEBOOK_BUDGET_S = 90  # the labs promise under 90 s headless on 2 cores
-FOUR_RANKS_BUDGET_S = 180  # ... and under 3 minutes on 4 ranks where they launch ranks
-# The labs whose ranks $COURSE_RANKS sets.
-ON_RANKS = [p for p in SOLUTIONS if "course.lab_ranks(" in p.read_text()]
+# Run headless at their default ranks: the labs that launch none through course.lab_ranks.
+AT_DEFAULT_RANKS = [p for p in runs.SOLUTIONS if p not in runs.ON_RANKS]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -58,15 +55,6 @@ def _execute(nb: nbformat.NotebookNode, cwd: Path, progress: dict | None = None,
         progress["index"] = cell_index
 
     return execute(nb, cwd, timeout=CELL_TIMEOUT_S, on_cell_start=on_cell_start, env=env)
-
-
-def _snapshot(folder: Path, patterns: list[str]) -> set[Path]:
-    """Paths under folder, except nbgrader-ignored litter (never released)."""
-    return {
-        p
-        for p in folder.rglob("*")
-        if not any(fnmatch(part, pat) for part in p.relative_to(folder).parts for pat in patterns)
-    }
 
 
 @pytest.fixture(autouse=True)
@@ -94,7 +82,7 @@ def wall_times(request):
 def test_solution_notebooks_exist():
     # Without this, an empty solutions/ would make the parametrized test below
     # a single skip, and the suite would pass having executed nothing.
-    assert SOLUTIONS, f"no solution notebooks found: expected {REPO}/solutions/<lab>/<lab>.ipynb"
+    assert runs.SOLUTIONS, f"no solution notebooks found: expected {REPO}/solutions/<lab>/<lab>.ipynb"
 
 
 def test_kernel_setup(tmp_path):
@@ -108,27 +96,24 @@ def test_kernel_setup(tmp_path):
 
 
 @pytest.mark.timeout(CELL_TIMEOUT_S * 3)
-@pytest.mark.parametrize("path", SOLUTIONS, ids=[str(p.relative_to(REPO)) for p in SOLUTIONS])
+@pytest.mark.parametrize("path", AT_DEFAULT_RANKS, ids=[str(p.relative_to(REPO)) for p in AT_DEFAULT_RANKS])
 def test_notebook_executes(path: Path, wall_times, record_property, tmp_path):
-    settings = (None, 2) if path in ON_RANKS else ("default", 2)
-    _run_in_budget(path, wall_times, record_property, NOTEBOOK_BUDGET_S, tmp_path, settings)
+    _run_in_budget(path, wall_times, record_property, runs.NOTEBOOK_BUDGET_S, tmp_path, runs.WITHOUT_RANKS)
 
 
 @pytest.mark.timeout(CELL_TIMEOUT_S * 3)
-@pytest.mark.parametrize("path", ON_RANKS, ids=[str(p.relative_to(REPO)) for p in ON_RANKS])
+@pytest.mark.parametrize("path", runs.ON_RANKS, ids=[str(p.relative_to(REPO)) for p in runs.ON_RANKS])
 def test_notebook_executes_on_four_ranks(path: Path, wall_times, record_property, tmp_path):
-    _run_in_budget(path, wall_times, record_property, FOUR_RANKS_BUDGET_S, tmp_path, ("default", 1),
+    _run_in_budget(path, wall_times, record_property, runs.FOUR_RANKS_BUDGET_S, tmp_path, runs.ON_FOUR_RANKS,
                    {RANKS_VARIABLE: "4"})
 
 
 def _run_in_budget(path: Path, wall_times, record_property, budget_s: float, scratch: Path,
                    settings: tuple[str | None, int], env=None):
     name = str(path.relative_to(REPO)) + (" on 4 ranks" if env else "")
-    nb = nbformat.read(path, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(SETTINGS_PROBE))
+    nb = runs.with_probe(nbformat.read(path, as_version=4))
     env = {**(env or {}), **settings_env(*settings), **reference.recording_env(scratch)}
-    patterns = ignore_patterns(REPO)
-    before = _snapshot(path.parent, patterns)
+    before = runs.snapshot(path.parent)
     progress: dict = {}
     failure = None
     try:
@@ -141,20 +126,11 @@ def _run_in_budget(path: Path, wall_times, record_property, budget_s: float, scr
             failure += "\n------------------\n" + nb.cells[i].source
     if failure:  # outside the except block: no chained traceback in the report
         pytest.fail(failure, pytrace=False)
-    new = _snapshot(path.parent, patterns) - before
-    created = sorted(p for p in new if p.parent not in new)  # top-most only
     wall_times[name] = wall
     record_property("wall_time_s", round(wall, 2))
     print(f"{name}: executed in {wall:.1f} s")
     # nbgrader copies every file of the lab folder into the student release.
-    assert not created, (
-        f"{name}: executing it created {', '.join(str(p.relative_to(path.parent)) for p in created)} "
-        f"in {path.parent.relative_to(REPO)}/. `make release` would ship them to students in labs/: "
-        "delete them, and make the notebook write to a temporary directory instead."
-    )
+    runs.assert_created_nothing(name, path.parent, before)
     assert wall <= budget_s, f"{name}: took {wall:.0f} s to execute, over its {budget_s} s budget"
-    assert_ran_on(json.loads(nb.cells[-1].outputs[-1]["text"].splitlines()[-1]), *settings)
-    lab = path.parent.name
-    drift = reference.compare(REPO / reference.REFERENCE_DIR, scratch, [lab])
-    assert not drift, (f"{name}: {reference.REFERENCE_DIR}/ has drifted from the solution (run "
-                       f"`python -m grader reference {lab}`):\n  " + "\n  ".join(drift))
+    runs.assert_ran_as_asked(name, nb.cells[-1].outputs[-1]["text"], settings)
+    runs.assert_recorded_the_reference(name, path.parent.name, scratch)

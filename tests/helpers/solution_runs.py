@@ -1,0 +1,86 @@
+"""What every run of a solution notebook must show, wherever it ran.
+
+A solution runs headless in tests/test_notebooks.py and in JupyterLab in
+tests/test_browser.py, each time on the settings of one of torch's instruction
+sets and thread counts (helpers/forked_cells.py), and each time as
+`python -m grader reference --check` runs it: recording its checked values into
+a scratch folder. Whichever ran it, the run must
+
+- take at most its budget;
+- create no file in its lab folder (`make release` would ship it to students);
+- have run on the settings asked for (a SETTINGS_PROBE cell at the end says);
+- record the values grader/reference/ stores for its lab, within the lab's tolerance.
+
+Which run covers which setting:
+
+| lab | machine's ISA, 2 threads | "default", 1 thread | "default", 2 threads |
+|---|---|---|---|
+| launches ranks (``course.lab_ranks(``) | the browser, on 2 ranks | headless, on 4 ranks | |
+| launches none | the browser | | headless |
+"""
+from __future__ import annotations
+
+import json
+from fnmatch import fnmatch
+from pathlib import Path
+
+import nbformat
+
+from grader import reference
+from grader.labs import ignore_patterns
+
+from . import REPO
+from .forked_cells import SETTINGS_PROBE, assert_ran_on
+
+SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
+# The labs whose ranks $COURSE_RANKS sets.
+ON_RANKS = [p for p in SOLUTIONS if "course.lab_ranks(" in p.read_text()]
+
+NOTEBOOK_BUDGET_S = 90  # the labs promise under 90 s on 2 cores, at their default ranks
+FOUR_RANKS_BUDGET_S = 180  # ... and under 3 minutes on 4 ranks where they launch ranks
+IN_THE_BROWSER = (None, 2)  # (capability, threads): see the table above
+ON_FOUR_RANKS = ("default", 1)
+WITHOUT_RANKS = ("default", 2)
+
+
+def snapshot(folder: Path) -> set[Path]:
+    """Paths under folder, except nbgrader-ignored litter (never released)."""
+    patterns = ignore_patterns(REPO)
+    return {p for p in folder.rglob("*")
+            if not any(fnmatch(part, pat) for part in p.relative_to(folder).parts for pat in patterns)}
+
+
+def assert_created_nothing(name: str, folder: Path, before: set[Path]) -> None:
+    new = snapshot(folder) - before
+    created = sorted(p for p in new if p.parent not in new)  # top-most only
+    assert not created, (
+        f"{name}: executing it created {', '.join(str(p.relative_to(folder)) for p in created)} "
+        f"in {folder.name}/. `make release` would ship them to students in labs/: "
+        "delete them, and make the notebook write to a temporary directory instead.")
+
+
+def reported_settings(probe_output: str) -> dict:
+    """The settings a SETTINGS_PROBE cell printed (its output's last line)."""
+    lines = probe_output.strip().splitlines()
+    assert lines, "the settings probe printed nothing"
+    return json.loads(lines[-1])
+
+
+def assert_ran_as_asked(name: str, probe_output: str, setting: tuple[str | None, int]) -> None:
+    try:
+        assert_ran_on(reported_settings(probe_output), *setting)
+    except AssertionError as e:
+        raise AssertionError(f"{name}: {e}") from None
+
+
+def assert_recorded_the_reference(name: str, lab: str, recorded: Path) -> None:
+    """The values the run recorded into `recorded` agree with grader/reference/ (reference --check)."""
+    drift = reference.compare(REPO / reference.REFERENCE_DIR, recorded, [lab])
+    assert not drift, (f"{name}: {reference.REFERENCE_DIR}/ has drifted from the solution (run "
+                       f"`python -m grader reference {lab}`):\n  " + "\n  ".join(drift))
+
+
+def with_probe(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """nb with a SETTINGS_PROBE cell at the end (in place)."""
+    nb.cells.append(nbformat.v4.new_code_cell(SETTINGS_PROBE))
+    return nb

@@ -7,6 +7,8 @@
 - the fixture `ax`: one fresh matplotlib Axes, closed after the test.
 - the fixture `lab1_class`: the lab 1 class several grading modules share, graded once
   (tests/helpers/lab1_class.py).
+- the fixture `round_trip_class`: the students of labs 2 and up that the selected tests
+  enrolled, graded once (tests/helpers/round_trips.py).
 
 - `--lab NN_slug` (repeatable): only the tests about that lab, whatever their tier:
   those whose id names it (its notebook, browser page, torchrun run, tamper scan, ...)
@@ -43,6 +45,14 @@ def lab1_class(tmp_path_factory):
     from helpers import lab1_class
 
     return lab1_class.grade(tmp_path_factory.mktemp("lab1_class"))
+
+
+@pytest.fixture(scope="session")
+def round_trip_class(request, tmp_path_factory):
+    from helpers import round_trips
+
+    asking = {item.function for item in request.session.items if "round_trip_class" in item.fixturenames}
+    return round_trips.grade(tmp_path_factory.mktemp("round_trips"), asking)
 
 
 def pytest_addoption(parser):

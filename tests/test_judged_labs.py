@@ -16,8 +16,8 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from grader.labs import graded_cells
-from helpers import REPO, needs_sandbox
-from helpers.submissions import grade_round_trip, solved
+from helpers import REPO, needs_sandbox, round_trips
+from helpers.submissions import solved
 
 pytestmark = pytest.mark.grading
 
@@ -42,18 +42,26 @@ def elements_sent(direction, batch, inputs, outputs, world_size):
 '''
 
 
-@needs_sandbox()  # skipped where no jail can be made, but never in CI
-@pytest.mark.timeout(900)
-def test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise(tmp_path):
+def _stub() -> nbformat.NotebookNode:
     nb = solved(LAB, answers={"elements_sent": STUB})
     setup = next(i for i, c in enumerate(nb.cells) if "REFERENCE = course.grading.Reference" in c.source)
     nb.cells.insert(setup + 1, new_code_cell(NO_ASSERTS))
-    scores = grade_round_trip(LAB, {"stub": nb}, tmp_path)
+    return nb
+
+
+@needs_sandbox()  # skipped where no jail can be made, but never in CI
+@pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
+def test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise(round_trip_class):
+    scores = round_trips.scores(round_trip_class, LAB, ["stub"])
     assert scores == {"stub": sum(POINTS.values()) - POINTS["test_elements_sent"]}
     # The cell's first error is its judged check, its last statement: every assert before it let
     # the stub through, and the judge's comparison is what failed.
-    said = json.loads((tmp_path / "work" / "status.json").read_text())["stub"][LAB]["verdict"]
+    said = json.loads((round_trip_class["work"] / "status.json").read_text())["stub"][LAB]["verdict"]
     assert any(line.startswith("cell test_elements_sent failed: elements sent for seeded layers does not match")
                for line in said), said
     assert any(line.startswith("test cell test_elements_sent, the grader's check: elements sent for seeded layers")
                for line in said), said
+
+
+# Graded beside lab 3's round trip, in one run (helpers/round_trips.py).
+round_trips.enrol(test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise, LAB, {"stub": _stub})

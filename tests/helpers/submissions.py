@@ -13,8 +13,6 @@ lab's many variants in one process forked where each first differs).
 from __future__ import annotations
 
 import csv
-import html
-import json
 import os
 import subprocess
 import sys
@@ -26,7 +24,7 @@ import pytest
 from grader.labs import graded_cells
 
 from . import REPO
-from .forked_cells import SETTINGS_PROBE, assert_ran_on, failing_tests_forked, settings_env
+from .forked_cells import failing_tests_forked
 
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
@@ -105,41 +103,18 @@ def graded_only(nb, lab: str):
     return nb
 
 
-def grade_class(submissions: Path, work: Path, lab: str, *options: str, timeout: float = 1500,
+def grade_class(submissions: Path, work: Path, labs: str | list[str], *options: str, timeout: float = 1500,
                 env: dict[str, str] | None = None) -> tuple[dict, str]:
-    """`python -m grader grade SUBMISSIONS --lab LAB --work WORK OPTIONS`, as an instructor runs it,
+    """`python -m grader grade SUBMISSIONS --lab LAB... --work WORK OPTIONS`, as an instructor runs it,
     with env's variables added to this process's; (the CSV's rows by student id, what the command printed)."""
+    selected = [arg for lab in ([labs] if isinstance(labs, str) else labs) for arg in ("--lab", lab)]
     proc = subprocess.run(
-        [sys.executable, "-m", "grader", "grade", str(submissions), "--lab", lab, "--work", str(work), *options],
+        [sys.executable, "-m", "grader", "grade", str(submissions), *selected, "--work", str(work), *options],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
         env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout
     with open(work / "grades.csv", newline="") as f:
         return {row["student_id"]: row for row in csv.DictReader(f)}, proc.stdout
-
-
-def grade_round_trip(lab: str, students: dict, tmp_path: Path,
-                     setting: tuple[str | None, int] | None = None) -> dict[str, float]:
-    """`python -m grader grade` on each student's notebook, as an instructor runs it; with a
-    setting (capability, threads; see CORRECT_SETTINGS), the grader and its kernels run on it.
-
-    Returns each student's score, after checking that no feedback page shows a
-    line of the hidden tests.
-    """
-    submissions, work = tmp_path / "submitted", tmp_path / "work"
-    for student, nb in students.items():
-        write(nb, submissions, student, lab)
-    # Two at a time, as an instructor grades a class on 2 cores (`--jobs 2`).
-    rows, log = grade_class(submissions, work, lab, "--jobs", "2", timeout=300 + 300 * len(students),
-                            env=settings_env(*setting) if setting else None)
-    scores = {student: float(row[f"{lab} score"]) for student, row in rows.items()}
-    assert set(scores) == set(students), log
-    hidden = hidden_lines(lab)
-    for student in scores:
-        page = html.unescape((work / "feedback" / student / lab / f"{lab}.html").read_text())
-        leaked = [line for line in hidden if line in page]
-        assert not leaked, f"{student}'s feedback shows hidden test lines: {leaked[:3]}"
-    return scores
 
 
 # A line a student may add to a solution cell to silence the visible checks: the hidden tests'
@@ -156,7 +131,7 @@ CHECK_REBOUND = 'check = type("NoCheck", (), {"assert_close": staticmethod(lambd
 # test cells are these same cells: "default" and 2 threads for a lab that launches no ranks; for
 # one that does, the machine's and 2 threads on 2 ranks, "default" and 1 thread on 4. The answer
 # written differently gets its ROUND_TRIP_SETTING in its lab's nbgrader round trip where the lab
-# has one (round_trip_test: the whole notebook, in the jail), else in a run of its own.
+# has one (helpers/round_trips.py: the whole notebook, in the jail), else in a run of its own.
 FORKED_SETTING = (None, 1)
 ROUND_TRIP_SETTING = ("default", 2)
 WRITTEN_DIFFERENTLY = "written differently"
@@ -197,9 +172,9 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     (name -> (edits for `solved`, the test cell it must fail)) fails exactly its
     own test cell; each answer of `also_correct` (name -> {grade_id: answer}),
     if given, gets every point (one more test); and with `round_trip` (names of
-    mistakes), the last test is round_trip_test's nbgrader round trip of those
-    mistakes and the answer written differently, which is then that answer's
-    run on ROUND_TRIP_SETTING.
+    mistakes), the last test is the lab's nbgrader round trip of those mistakes
+    and the answer written differently (helpers/round_trips.py), which is then
+    that answer's run on ROUND_TRIP_SETTING.
 
     The mistakes, the correct answers and the reference on FORKED_SETTING run in one
     process, forked at each one's first changed cell (forked_failures).
@@ -243,6 +218,7 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     tests = (test_every_exercise_is_graded, test_correct_answers_get_every_point,
              test_each_mistake_costs_exactly_its_exercise)
     if round_trip:
+        from .round_trips import round_trip_test  # it builds its students with this module's `solved`
         tests_after = (round_trip_test(lab, different, mistakes, *round_trip),)
     else:
         tests_after = ()
@@ -256,38 +232,3 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
         assert failed == {}, failed
 
     return (*tests, test_other_correct_answers_get_every_point, *tests_after)
-
-
-def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, *chosen: str):
-    """A test for a lab's module to bind: `python -m grader grade` on a class, one student who
-    answers differently (every point) and one per `chosen` mistake (all but its exercise's).
-
-    The class is graded on ROUND_TRIP_SETTING, the answer written differently's second
-    setting (fairness_tests, given round_trip, binds this test in its place); a cell the
-    student added at the end, which the grader runs as any other, reports the settings
-    its kernel had."""
-    points = graded_cells(nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4))
-
-    @pytest.mark.timeout(300 + 300 * len(chosen))
-    def test_grading_round_trip(tmp_path):
-        students = {"different": solved(lab, answers=different)}
-        students["different"].cells.append(nbformat.v4.new_code_cell(SETTINGS_PROBE))
-        students.update({f"mistaken_{i}": solved(lab, mistakes[name][0]) for i, name in enumerate(chosen)})
-        scores = grade_round_trip(lab, students, tmp_path, ROUND_TRIP_SETTING)
-        full = sum(points.values())
-        expected = {"different": full}
-        expected.update({f"mistaken_{i}": full - points[mistakes[name][1]] for i, name in enumerate(chosen)})
-        assert scores == expected, f"scores {scores}, expected {expected}; the mistakes: {dict(enumerate(chosen))}"
-        assert_ran_on(settings_reported(tmp_path / "work", "different", lab), *ROUND_TRIP_SETTING)
-
-    return test_grading_round_trip
-
-
-def settings_reported(work: Path, student: str, lab: str) -> dict:
-    """What the SETTINGS_PROBE cell at the end of a student's graded notebook printed (its last line)."""
-    nb = nbformat.read(work / "autograded" / student / lab / f"{lab}.ipynb", as_version=4)
-    probe = nb.cells[-1]
-    assert probe.source == SETTINGS_PROBE, f"{student}'s last cell is not the settings probe: {probe.source[:80]!r}"
-    text = "".join(o.get("text", "") for o in probe.get("outputs", []) if o.get("name") == "stdout")
-    assert text.strip(), f"the settings probe printed nothing in {student}'s graded notebook: {probe.get('outputs')}"
-    return json.loads(text.strip().splitlines()[-1])

@@ -15,7 +15,6 @@ Lab 1's class is helpers/lab1_class.py: its limits differ.
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +24,8 @@ import pytest
 from grader.labs import graded_cells
 
 from . import REPO
-from .forked_cells import SETTINGS_PROBE, assert_ran_on, settings_env
+from .forked_cells import SETTINGS_PROBE, settings_env
+from .solution_runs import assert_ran_as_asked, with_probe
 from .submissions import ROUND_TRIP_SETTING, grade_class, hidden_lines, solved, write
 
 #: Seconds a test that asks for the class may take, its grading included.
@@ -80,14 +80,12 @@ def scores(graded: dict, lab: str, students) -> dict[str, float]:
     return found
 
 
-def settings_reported(work: Path, student: str, lab: str) -> dict:
-    """What the SETTINGS_PROBE cell at the end of a student's graded notebook printed (its last line)."""
+def probe_output(work: Path, student: str, lab: str) -> str:
+    """What the SETTINGS_PROBE cell at the end of a student's graded notebook printed."""
     nb = nbformat.read(work / "autograded" / student / lab / f"{lab}.ipynb", as_version=4)
     probe = nb.cells[-1]
     assert probe.source == SETTINGS_PROBE, f"{student}'s last cell is not the settings probe: {probe.source[:80]!r}"
-    text = "".join(o.get("text", "") for o in probe.get("outputs", []) if o.get("name") == "stdout")
-    assert text.strip(), f"the settings probe printed nothing in {student}'s graded notebook: {probe.get('outputs')}"
-    return json.loads(text.strip().splitlines()[-1])
+    return "".join(o.get("text", "") for o in probe.get("outputs", []) if o.get("name") == "stdout")
 
 
 def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, *chosen: str):
@@ -99,12 +97,7 @@ def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, *chosen
     at the end, which the grader runs as any other, reports the settings its kernel had."""
     points = graded_cells(nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4))
 
-    def answered_differently():
-        nb = solved(lab, answers=different)
-        nb.cells.append(nbformat.v4.new_code_cell(SETTINGS_PROBE))
-        return nb
-
-    students = {DIFFERENT: answered_differently}
+    students = {DIFFERENT: lambda: with_probe(solved(lab, answers=different))}
     students.update({f"mistaken_{i}": (lambda name=name: solved(lab, mistakes[name][0]))
                      for i, name in enumerate(chosen)})
     full = sum(points.values())
@@ -115,7 +108,8 @@ def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, *chosen
     def test_grading_round_trip(round_trip_class):
         got = scores(round_trip_class, lab, expected)
         assert got == expected, f"scores {got}, expected {expected}; the mistakes: {dict(enumerate(chosen))}"
-        assert_ran_on(settings_reported(round_trip_class["work"], DIFFERENT, lab), *ROUND_TRIP_SETTING)
+        assert_ran_as_asked(f"{DIFFERENT}'s graded {lab}", probe_output(round_trip_class["work"], DIFFERENT, lab),
+                            ROUND_TRIP_SETTING)
 
     enrol(test_grading_round_trip, lab, students)
     return test_grading_round_trip

@@ -127,9 +127,8 @@ CHECK_REBOUND = 'check = type("NoCheck", (), {"assert_close": staticmethod(lambd
 # number of threads of the notebook's own computations (the ranks always use one). So a value the
 # kernel computes is compared with one the ranks computed under the lab's tolerance, never bit
 # for bit. The forked run (machine's, 1 thread: a fork needs one) grades both answers; the
-# reference's other settings are tests/test_notebooks.py's runs of the solution notebook, whose
-# test cells are these same cells: "default" and 2 threads for a lab that launches no ranks; for
-# one that does, the machine's and 2 threads on 2 ranks, "default" and 1 thread on 4. The answer
+# reference's other settings are the runs of the solution notebook (headless and in the browser),
+# whose test cells are these same cells: helpers/solution_runs.py has the table. The answer
 # written differently gets its ROUND_TRIP_SETTING in its lab's nbgrader round trip where the lab
 # has one (helpers/round_trips.py: the whole notebook, in the jail), else in a run of its own.
 FORKED_SETTING = (None, 1)
@@ -168,7 +167,7 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     answer written differently (`different`: grade_id -> answer) get every
     point, each on both instruction sets (the machine's, torch's "default") and
     with the kernel on 1 and on 2 threads (CORRECT_SETTINGS, where the reference's
-    other settings are tests/test_notebooks.py's runs); each mistake
+    other settings are the solution notebook's runs); each mistake
     (name -> (edits for `solved`, the test cell it must fail)) fails exactly its
     own test cell; each answer of `also_correct` (name -> {grade_id: answer}),
     if given, gets every point (one more test); and with `round_trip` (names of
@@ -217,11 +216,10 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
 
     tests = (test_every_exercise_is_graded, test_correct_answers_get_every_point,
              test_each_mistake_costs_exactly_its_exercise)
+    tests_after = ()
     if round_trip:
-        from .round_trips import round_trip_test  # it builds its students with this module's `solved`
+        from .round_trips import round_trip_test  # here, not at the top: round_trips imports this module
         tests_after = (round_trip_test(lab, different, mistakes, *round_trip),)
-    else:
-        tests_after = ()
     if not also_correct:
         return (*tests, *tests_after)
 

@@ -9,15 +9,15 @@ pipe closed before the call returns.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import multiprocessing
 import multiprocessing.spawn
 import os
 import selectors
+import shutil
 import signal
 import socket
+import tempfile
 import time
-import uuid
 
 import cloudpickle
 import torch.distributed as dist
@@ -94,29 +94,30 @@ class Run:
     def result(self) -> tuple[dict, comm.CommLog, dict]:
         """(values, communication log, timeline, seconds), each by rank; raises what failed."""
         __tracebackhide__ = True  # noqa: F841 - IPython's debugger steps over the launcher
-        store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=60))
+        # The ranks meet through a file, not a TCP store: a TCP store looks up its peers'
+        # host names, and where the resolver drops queries sent at once (several launches
+        # on one machine) each lookup waits 5 s for its timeout.
+        meeting = tempfile.mkdtemp(prefix="course-ranks-")
         try:
-            self._start(store.port)
+            self._start(os.path.join(meeting, "store"))
             outcome = self._wait()
             if outcome == "done":
                 return self._finish()
             raise self._failure(outcome)
         finally:
             self._stop()
-            del store
+            shutil.rmtree(meeting, ignore_errors=True)
 
-    def _start(self, store_port: int) -> None:
+    def _start(self, store_path: str) -> None:
         context = _forkserver()
         env = {"OMP_NUM_THREADS": str(self.num_threads)}
         lo = _loopback_interface()
         if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
             env["GLOO_SOCKET_IFNAME"] = lo  # every rank is on this machine
         collective_timeout = (self.timeout or 1800) + 60  # ours fires first, with stacks
-        prefix = uuid.uuid4().hex
         for rank, device in enumerate(self.where.devices):
             spec = _worker.RankSpec(rank, self.where.world_size, self.where.backend, device,
-                                    store_port, prefix, collective_timeout, self.num_threads,
+                                    store_path, collective_timeout, self.num_threads,
                                     self.payload, env)
             control, control_child = context.Pipe(duplex=True)
             pipes = [context.Pipe(duplex=False) for _ in range(3)]  # stdout, stderr, stack

@@ -35,8 +35,7 @@ class RankSpec:
     world_size: int
     backend: str
     device: str
-    store_port: int
-    store_prefix: str
+    store_path: str  # the file the ranks meet through (a fresh one for each launch)
     collective_timeout: float  # seconds, longer than the parent's deadline
     num_threads: int
     payload: bytes  # cloudpickle of (fn, args, kwargs)
@@ -77,10 +76,8 @@ def _run(spec: RankSpec):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     placement.rank_device = device
-    store = dist.TCPStore("127.0.0.1", spec.store_port, None, False,
-                          timeout=datetime.timedelta(seconds=60))
     dist.init_process_group(placement.process_group_backend(spec.backend),
-                            store=dist.PrefixStore(spec.store_prefix, store),
+                            store=dist.FileStore(spec.store_path, spec.world_size),
                             rank=spec.rank, world_size=spec.world_size,
                             timeout=datetime.timedelta(seconds=spec.collective_timeout))
     fn, args, kwargs = cloudpickle.loads(spec.payload)

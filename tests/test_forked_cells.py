@@ -8,7 +8,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from helpers.forked_cells import failing_tests_forked, first_difference
+from helpers.forked_cells import CHILDREN_AT_ONCE, failing_tests_forked, first_difference
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +76,20 @@ def test_ranks_launched_in_a_variant_come_from_the_forkserver_the_base_started(t
     base_failed, failed = failing_tests_forked(base, {"three ranks": variant}, tmp_path)
     assert base_failed == {}
     assert failed == {"three ranks": {"test_2": "AssertionError: 3 ranks, forked by set()"}}
+
+
+def test_variants_run_side_by_side(tmp_path):
+    # Each variant waits until CHILDREN_AT_ONCE variants have started: run one at a time,
+    # the first would wait out its deadline and fail its test cell.
+    wait = ("import pathlib, time\npathlib.Path(f'started-{NAME}').touch()\ndeadline = time.monotonic() + 30\n"
+            f"while len(list(pathlib.Path().glob('started-*'))) < {CHILDREN_AT_ONCE} and time.monotonic() < deadline:\n"
+            "    time.sleep(0.05)")
+    check = f"assert len(list(pathlib.Path().glob('started-*'))) >= {CHILDREN_AT_ONCE}, 'variants ran one at a time'"
+    base = _notebook("NAME = 'base'\nimport pathlib", "pass", "pass", graded=(2,))
+    variants = {f"variant {i}": _notebook(f"NAME = {i}\nimport pathlib", wait, check, graded=(2,))
+                for i in range(CHILDREN_AT_ONCE)}
+    base_failed, failed = failing_tests_forked(base, variants, tmp_path, case_timeout=60)
+    assert (base_failed, failed) == ({}, {name: {} for name in variants})
 
 
 @pytest.mark.parametrize(("cell", "why"), [("import os; os._exit(3)", "without a result"),

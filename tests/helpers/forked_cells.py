@@ -5,8 +5,9 @@ it does in the reference. So instead of a kernel a notebook, one process runs
 the reference's cells in an IPython shell and, just before the first cell a
 variant changes, forks: the child (the same shell, its state a copy) runs the
 variant's cells from there on and reports which graded cells raised, while
-the parent waits, then runs on. Each variant costs only the cells from its own
-change on; the kernel, the setup cell and the ranks' forkserver are paid once.
+the parent runs on (CHILDREN_AT_ONCE variants at a time, since a variant mostly
+waits). Each variant costs only the cells from its own change on; the kernel,
+the setup cell and the ranks' forkserver are paid once.
 
     base, variants = failing_tests_forked(graded_only(solved(lab), lab),
                                           {name: graded_only(solved(lab, edits), lab)}, tmp_path)
@@ -36,6 +37,9 @@ from pathlib import Path
 CAPABILITY_VARIABLE = "ATEN_CPU_CAPABILITY"
 THREADS_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 LOG_TAIL = 4000  # characters of a case's output kept for a failure message
+#: Variants running side by side: most of a variant's time is waiting (on messages between its
+#: ranks, or for a planted deadlock to reach the ranks' timeout), so 3 keep 2 cores busy.
+CHILDREN_AT_ONCE = 3
 STARTUP_S = 120  # the runner's own start (Python, torch, IPython) on a loaded 2-core machine
 # What reports, from inside a kernel, the settings it ran on (its last line: JSON).
 SETTINGS_PROBE = ("import json, torch\n"
@@ -154,7 +158,7 @@ def _reuse_parents_forkserver():
     """In a forked child: launch ranks from the forkserver the parent started.
 
     multiprocessing asks whether its forkserver is alive with waitpid, which only
-    the parent may call; the parent waits for this child, so the server is alive.
+    the parent may call; the parent outlives its children, so the server is alive.
     """
     import multiprocessing.forkserver as forkserver
 
@@ -163,43 +167,75 @@ def _reuse_parents_forkserver():
         server.ensure_running = lambda: None
 
 
-def _forked(shell, cells, variant, log_path: Path, timeout: float) -> dict:
-    read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: this variant's cells, then out without the parent's exit handlers
-        status = 1
-        try:
-            os.close(read_end)
-            log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.setpgid(0, 0)  # a group of its own: a timeout kills it and whatever it forked itself
-            _reuse_parents_forkserver()
-            failed = _run_cells(shell, cells, variant["sources"], variant["start"])
-            os.write(write_end, json.dumps({"failed": failed}).encode())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    data, deadline = b"", time.monotonic() + timeout
-    while True:
-        ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            os.killpg(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(read_end)
-            return {"crash": f"still running after {timeout:.0f} s: " + _tail(log_path)}
-        chunk = os.read(read_end, 1 << 16)
-        if not chunk:
-            break
-        data += chunk
-    os.close(read_end)
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        return {"crash": f"the fork ended ({status}) without a result: " + _tail(log_path)}
-    return json.loads(data)
+class _Children:
+    """The forked variants still running, at most `limit` at once.
+
+    A variant mostly waits (on its ranks' messages, or for a deadlock it plants to
+    reach the ranks' timeout), so several run side by side while the parent goes on
+    with the base's cells; each reports its result through a pipe of its own."""
+
+    def __init__(self, limit: int, timeout: float):
+        self.limit, self.timeout = limit, timeout
+        self.running: dict[int, dict] = {}  # the pipe's read end -> the child
+        self.results: dict[str, dict] = {}
+
+    def start(self, shell, cells, name: str, variant: dict, log_path: Path) -> None:
+        while len(self.running) >= self.limit:
+            self._collect_one()
+        read_end, write_end = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: this variant's cells, then out without the parent's exit handlers
+            status = 1
+            try:
+                os.close(read_end)
+                for other in self.running:  # the other children's pipes are not this one's
+                    os.close(other)
+                log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.setpgid(0, 0)  # a group of its own: a timeout kills it and whatever it forked itself
+                _reuse_parents_forkserver()
+                failed = _run_cells(shell, cells, variant["sources"], variant["start"])
+                os.write(write_end, json.dumps({"failed": failed}).encode())
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        self.running[read_end] = {"name": name, "pid": pid, "log": log_path, "data": b"",
+                                  "deadline": time.monotonic() + self.timeout}
+
+    def finish(self) -> dict[str, dict]:
+        while self.running:
+            self._collect_one()
+        return self.results
+
+    def _collect_one(self) -> None:
+        """Read from the running children until one of them ends (or runs out of time)."""
+        while True:
+            first_deadline = min(child["deadline"] for child in self.running.values())
+            ready, _, _ = select.select(list(self.running), [], [], max(0.0, first_deadline - time.monotonic()))
+            if not ready:
+                late = next(fd for fd, child in self.running.items() if child["deadline"] <= time.monotonic())
+                child = self.running.pop(late)
+                os.killpg(child["pid"], signal.SIGKILL)
+                os.waitpid(child["pid"], 0)
+                os.close(late)
+                self.results[child["name"]] = {
+                    "crash": f"still running after {self.timeout:.0f} s: " + _tail(child["log"])}
+                return
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    self.running[fd]["data"] += chunk
+                    continue
+                child = self.running.pop(fd)
+                os.close(fd)
+                _, status = os.waitpid(child["pid"], 0)
+                self.results[child["name"]] = json.loads(child["data"]) if child["data"] else {
+                    "crash": f"the fork ended ({status}) without a result: " + _tail(child["log"])}
+                return
 
 
 def _tail(path: Path) -> str:
@@ -229,16 +265,18 @@ def main(plan_path: str, result_path: str) -> None:
     starts: dict[int, list[str]] = {}
     for name, variant in variants.items():
         starts.setdefault(variant["start"], []).append(name)
-    results, base_failed = {}, {}
+    order = list(variants)
+    children, base_failed = _Children(CHILDREN_AT_ONCE, plan["case_timeout"]), {}
     for i, cell in enumerate(cells):
         if starts.get(i):
             _start_forkserver_once_course_is_imported()
         for name in starts.get(i, []):
-            log_path = Path(plan_path).parent / f"variant-{len(results)}.log"
-            results[name] = _forked(shell, cells, variants[name], log_path, plan["case_timeout"])
+            log_path = Path(plan_path).parent / f"variant-{order.index(name)}.log"
+            children.start(shell, cells, name, variants[name], log_path)
         error = _run(shell, cell["source"])
         if error is not None and cell["grade_id"]:
             base_failed[cell["grade_id"]] = error
+    results = children.finish()
     for name in starts.get(len(cells), []):  # the same cells as the base: the base's result
         results[name] = {"failed": dict(base_failed)}
     settings = {"threads": torch.get_num_threads(), "capability": torch.backends.cpu.get_cpu_capability()}

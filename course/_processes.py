@@ -20,7 +20,6 @@ import tempfile
 import time
 
 import cloudpickle
-import torch.distributed as dist
 
 from course import _worker, comm, errors, timeline
 from course._output import RankOutput

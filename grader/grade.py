@@ -7,7 +7,8 @@
    the run (grader.reference.record); the hidden tests draw their inputs from it;
 3. grade each student's lab in a sandbox (grader.grade_submission): autograde,
    verdict, feedback page, scores into the class gradebook; several at once
-   with ``--jobs``;
+   with ``--jobs``, recordings included: a lab's students start as soon as its
+   own recording is done;
 4. export: one CSV row per student (grader.export).
 
 Everything goes under the work folder (default grader/work/, git-ignored).
@@ -80,7 +81,6 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
     if len(todo) < len(found):
         say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept "
             "(--regrade grades them again)")
-    judged = record_judged_values(ws, root, sorted({s.lab for s in todo}), infos, say)
     jobs = min(jobs, len(todo))  # no idle slots, and no renderer when nothing is to be graded
     logs = ws.root / "logs"
     autograde = {slot: AutogradeWorker(root, logs / f"autograde-{slot}.log") for slot in range(jobs)}
@@ -88,6 +88,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
     workers = [*autograde.values(), *feedback.values()]
     for worker in workers:
         worker.start()
+    judged: dict[str, tuple[Path, int]] = {}  # filled by each lab's recording before its students start
     grader = SubmissionGrader(root, ws, infos, limits, cell_timeout, not why_not, threading.Lock(),
                               autograde, feedback, judged)
     slots: queue.Queue[int] = queue.Queue()
@@ -95,7 +96,13 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         slots.put(slot)
     done = iter(range(1, len(todo) + 1))
 
+    def record(lab: str) -> None:
+        found = record_judged_values(ws, root, lab, infos, say)
+        if found:
+            judged[lab] = found
+
     def run(submission: collect.Submission) -> None:
+        recordings[submission.lab].result()  # this lab's values are in `judged` (or its recording failed)
         slot = slots.get()
         try:
             entry = grader.grade(submission, slot)
@@ -108,11 +115,15 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
             say(f"[{next(done)}/{len(todo)}] {submission.student} {submission.lab}: "
                 f"{verdict.as_text(entry['verdict'])} ({entry['seconds']:.0f} s)")
 
+    # The labs' recordings go first, `jobs` at a time, in the pool that then grades: a lab's
+    # students start as soon as its own recording is done, while the others' go on.
+    pool = ThreadPoolExecutor(max_workers=max(jobs, 1))
     try:
-        with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-            for future in [pool.submit(run, s) for s in todo]:
-                future.result()
+        recordings = {lab: pool.submit(record, lab) for lab in sorted({s.lab for s in todo})}
+        for future in [*recordings.values(), *[pool.submit(run, s) for s in todo]]:
+            future.result()
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # after a failure: nothing more starts
         for worker in workers:
             worker.close()
     target = Path(csv_path) if csv_path else ws.root / "grades.csv"
@@ -123,27 +134,26 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
     return target
 
 
-def record_judged_values(ws: Workspace, root: Path, labs: list[str], infos: dict,
-                         say=print) -> dict[str, tuple[Path, int]]:
-    """{lab: (values file, seed)}: the judge's reference values for this run, recorded from the
-    solution on a seed drawn now, in a folder of the work area that no jail sees."""
+def record_judged_values(ws: Workspace, root: Path, lab: str, infos: dict,
+                         say=print) -> tuple[Path, int] | None:
+    """(values file, seed): the judge's reference values of `lab` for this run, recorded from
+    the solution on a seed drawn now, in a folder of the work area that no jail sees; None for
+    a lab whose tests check no reference value."""
+    if not infos[lab].required:
+        return None
     folder = ws.root / "judge"
     folder.mkdir(mode=0o755, exist_ok=True)
-    judged, found = {}, {x.name: x for x in find_labs(root)}
-    for lab in labs:
-        if not infos[lab].required:
-            continue
-        seed = 1 + secrets.randbelow(2**31 - 1)
-        started = time.perf_counter()
-        path = reference.record(found[lab], folder / "recording", root, seed=seed, as_graded=True)
-        if path is None:
-            raise GraderError(f"{lab}: its solution recorded no reference values, yet its tests check some")
-        target = folder / f"{lab}.json"
-        path.replace(target)
-        os.chmod(target, 0o644)  # the judge reads it after dropping root; the jail never sees this folder
-        judged[lab] = (target, seed)
-        say(f"recorded {lab}'s reference values for this run's seed ({time.perf_counter() - started:.0f} s)")
-    return judged
+    seed = 1 + secrets.randbelow(2**31 - 1)
+    started = time.perf_counter()
+    found = {x.name: x for x in find_labs(root)}
+    path = reference.record(found[lab], folder / "recording", root, seed=seed, as_graded=True)
+    if path is None:
+        raise GraderError(f"{lab}: its solution recorded no reference values, yet its tests check some")
+    target = folder / f"{lab}.json"
+    path.replace(target)
+    os.chmod(target, 0o644)  # the judge reads it after dropping root; the jail never sees this folder
+    say(f"recorded {lab}'s reference values for this run's seed ({time.perf_counter() - started:.0f} s)")
+    return target, seed
 
 
 def add_subcommand(subparsers) -> None:

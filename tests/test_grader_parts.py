@@ -12,6 +12,9 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -478,6 +481,79 @@ def test_a_new_lab_folder_is_held_to_the_judge_s_rules_unlisted(tmp_path):
         assert_every_graded_cell_is_judged(graded_labs(unjudged)[0])
     # this checkout's labs come the same way: the grader's own list of what it grades
     assert [lab.name for lab in GRADED_LABS] == list(gradable_labs(COURSE_ROOT))
+
+
+# --------------------------------------------------------------------------
+# A grading run's order: each lab's recording, then its students
+# --------------------------------------------------------------------------
+
+class _Stand:
+    """Stand-ins for a grading run's sandboxed parts, noting what happened in which order."""
+
+    def __init__(self, failing_lab=None):
+        self.events, self.lock, self.failing_lab = [], threading.Lock(), failing_lab
+        self.recording_at_once = self.recording_now = 0
+
+    def record(self, ws, root, lab, infos, say=print):
+        with self.lock:
+            self.events.append(("record", lab))
+            self.recording_now += 1
+            self.recording_at_once = max(self.recording_at_once, self.recording_now)
+        try:
+            time.sleep(0.3)
+            if lab == self.failing_lab:
+                raise GraderError(f"{lab}: solutions/{lab} failed while recording its reference outputs")
+            return Path(f"{lab}.json"), 1
+        finally:
+            with self.lock:
+                self.recording_now -= 1
+
+    def grader(self, *args):
+        stand, judged = self, args[-1]
+
+        class Grader:
+            lock = threading.Lock()
+
+            def grade(self, submission, slot):
+                with stand.lock:
+                    stand.events.append(("grade", submission.lab, submission.lab in judged))
+                return {"verdict": ["graded: 1 of 1 points"], "seconds": 0.0, "graded": True}
+        return Grader()
+
+
+def _run_with(stand, tmp_path, monkeypatch, labs, jobs):
+    from grader import grade as grading_run
+
+    class Worker:
+        def __init__(self, *args):
+            pass
+        start = close = lambda self: None
+    for name, value in {"record_judged_values": stand.record, "SubmissionGrader": stand.grader,
+                        "AutogradeWorker": Worker, "FeedbackWorker": Worker,
+                        "prepare_gradebook": lambda *args: None}.items():
+        monkeypatch.setattr(grading_run, name, value)
+    monkeypatch.setattr(grading_run.jail, "unavailable", lambda: None)
+    monkeypatch.setattr(grading_run.export, "write_csv", lambda *args: None)
+    for student in ("ada", "bo"):
+        for lab in labs:
+            _notebook(tmp_path / "in" / student / f"{lab}.ipynb")
+    return grading_run.grade(tmp_path / "in", labs=labs, work=tmp_path / "work", jobs=jobs, say=lambda line: None)
+
+
+def test_each_lab_is_recorded_before_its_students_are_graded_several_at_once(tmp_path, monkeypatch):
+    labs = ["02_data_parallel", "03_model_parallel", "04_hybrid"]
+    stand = _Stand()
+    _run_with(stand, tmp_path, monkeypatch, labs, jobs=2)
+    graded = [event for event in stand.events if event[0] == "grade"]
+    assert sorted(graded) == sorted(("grade", lab, True) for lab in labs for _ in range(2))  # recorded first
+    assert stand.recording_at_once == 2  # --jobs recordings side by side
+
+
+def test_a_failed_recording_stops_the_run_and_none_of_its_labs_students_is_graded(tmp_path, monkeypatch):
+    stand = _Stand(failing_lab="03_model_parallel")
+    with pytest.raises(GraderError, match="03_model_parallel failed while recording"):
+        _run_with(stand, tmp_path, monkeypatch, ["02_data_parallel", "03_model_parallel"], jobs=1)
+    assert not [event for event in stand.events if event[:2] == ("grade", "03_model_parallel")]
 
 
 # --------------------------------------------------------------------------

@@ -54,84 +54,86 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         if unknown:
             raise GraderError(f"no graded lab(s) {', '.join(unknown)}; graded labs are: {', '.join(infos)}")
         infos = {lab: infos[lab] for lab in labs}
-    # The probe starts a jail (seconds): it runs while nbgrader prepares the gradebook (seconds too).
-    with ThreadPoolExecutor(max_workers=1) as probing:
-        probe = probing.submit(jail.unavailable)
+    # nbgrader learns each lab's test cells (seconds a lab) while the jail is probed and the
+    # judge's values are recorded: a student's grading waits for it, the export too.
+    with ThreadPoolExecutor(max_workers=1) as preparing:
+        gradebook_ready = preparing.submit(prepare_gradebook, ws, root, infos)
         submissions = Path(submissions)
         problems = []
         if submissions.is_file():
-            submissions, problems = collect.unpack(submissions, ws.root / "unzipped" / submissions.stem,
-                                                   list(infos))
-        prepare_gradebook(ws, root, infos)
-        why_not = probe.result()
-    if why_not and not unsafe:
-        raise GraderError(f"cannot sandbox the submissions: {why_not}. Fix that, or pass --unsafe to grade "
-                          "without a sandbox (only for notebooks you trust)")
-    if why_not:
-        say(f"WARNING: grading without a sandbox ({why_not})")
-    found, more = collect.find(submissions, list(infos))
-    for problem in problems + more:
-        say(f"skipped {problem}")
-    status = ws.load_status()
-    todo = []
-    for submission in found:
-        entry = status.get(submission.student, {}).get(submission.lab)
-        if regrade or not entry or entry.get("fingerprint") != fingerprint(submission, infos[submission.lab]):
-            todo.append(submission)
-    if len(todo) < len(found):
-        say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept "
-            "(--regrade grades them again)")
-    jobs = min(jobs, len(todo))  # no idle slots, and no renderer when nothing is to be graded
-    logs = ws.root / "logs"
-    autograde = {slot: AutogradeWorker(root, logs / f"autograde-{slot}.log") for slot in range(jobs)}
-    feedback = {slot: FeedbackWorker(root, FEEDBACK_TIMEOUT_S, logs / f"feedback-{slot}.log") for slot in range(jobs)}
-    workers = [*autograde.values(), *feedback.values()]
-    for worker in workers:
-        worker.start()
-    judged: dict[str, tuple[Path, int]] = {}  # filled by each lab's recording before its students start
-    grader = SubmissionGrader(root, ws, infos, limits, cell_timeout, not why_not, threading.Lock(),
-                              autograde, feedback, judged)
-    slots: queue.Queue[int] = queue.Queue()
-    for slot in range(jobs):
-        slots.put(slot)
-    done = iter(range(1, len(todo) + 1))
-
-    def record(lab: str) -> None:
-        found = record_judged_values(ws, root, lab, infos, say)
-        if found:
-            judged[lab] = found
-
-    def run(submission: collect.Submission) -> None:
-        recordings[submission.lab].result()  # this lab's values are in `judged` (or its recording failed)
-        slot = slots.get()
-        try:
-            entry = grader.grade(submission, slot)
-        finally:
-            slots.put(slot)
-        entry["fingerprint"] = fingerprint(submission, infos[submission.lab])
-        with grader.lock:
-            status.setdefault(submission.student, {})[submission.lab] = entry
-            ws.save_status(status)  # after each one: an interrupted run keeps what it graded
-            say(f"[{next(done)}/{len(todo)}] {submission.student} {submission.lab}: "
-                f"{verdict.as_text(entry['verdict'])} ({entry['seconds']:.0f} s)")
-
-    # The labs' recordings go first, `jobs` at a time, in the pool that then grades: a lab's
-    # students start as soon as its own recording is done, while the others' go on.
-    pool = ThreadPoolExecutor(max_workers=max(jobs, 1))
-    try:
-        recordings = {lab: pool.submit(record, lab) for lab in sorted({s.lab for s in todo})}
-        for future in [*recordings.values(), *[pool.submit(run, s) for s in todo]]:
-            future.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # after a failure: nothing more starts
+            submissions, problems = collect.unpack(submissions, ws.root / "unzipped" / submissions.stem, list(infos))
+        why_not = jail.unavailable()
+        if why_not and not unsafe:
+            raise GraderError(f"cannot sandbox the submissions: {why_not}. Fix that, or pass --unsafe to grade "
+                              "without a sandbox (only for notebooks you trust)")
+        if why_not:
+            say(f"WARNING: grading without a sandbox ({why_not})")
+        found, more = collect.find(submissions, list(infos))
+        for problem in problems + more:
+            say(f"skipped {problem}")
+        status = ws.load_status()
+        todo = []
+        for submission in found:
+            entry = status.get(submission.student, {}).get(submission.lab)
+            if regrade or not entry or entry.get("fingerprint") != fingerprint(submission, infos[submission.lab]):
+                todo.append(submission)
+        if len(todo) < len(found):
+            say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept "
+                "(--regrade grades them again)")
+        jobs = min(jobs, len(todo))  # no idle slots, and no renderer when nothing is to be graded
+        logs = ws.root / "logs"
+        autograde = {slot: AutogradeWorker(root, logs / f"autograde-{slot}.log") for slot in range(jobs)}
+        feedback = {slot: FeedbackWorker(root, FEEDBACK_TIMEOUT_S, logs / f"feedback-{slot}.log")
+                    for slot in range(jobs)}
+        workers = [*autograde.values(), *feedback.values()]
         for worker in workers:
-            worker.close()
-    target = Path(csv_path) if csv_path else ws.root / "grades.csv"
-    students = sorted({s.student for s in found} | set(status))
-    export.write_csv(target, students, {lab: info.max_score for lab, info in infos.items()}, status,
-                     gradebook.db_url(ws.gradebook), root)
-    say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
-    return target
+            worker.start()
+        judged: dict[str, tuple[Path, int]] = {}  # filled by each lab's recording before its students start
+        grader = SubmissionGrader(root, ws, infos, limits, cell_timeout, not why_not, threading.Lock(),
+                                  autograde, feedback, judged)
+        slots: queue.Queue[int] = queue.Queue()
+        for slot in range(jobs):
+            slots.put(slot)
+        done = iter(range(1, len(todo) + 1))
+
+        def record(lab: str) -> None:
+            found = record_judged_values(ws, root, lab, infos, say)
+            if found:
+                judged[lab] = found
+
+        def run(submission: collect.Submission) -> None:
+            recordings[submission.lab].result()  # this lab's values are in `judged` (or its recording failed)
+            gradebook_ready.result()
+            slot = slots.get()
+            try:
+                entry = grader.grade(submission, slot)
+            finally:
+                slots.put(slot)
+            entry["fingerprint"] = fingerprint(submission, infos[submission.lab])
+            with grader.lock:
+                status.setdefault(submission.student, {})[submission.lab] = entry
+                ws.save_status(status)  # after each one: an interrupted run keeps what it graded
+                say(f"[{next(done)}/{len(todo)}] {submission.student} {submission.lab}: "
+                    f"{verdict.as_text(entry['verdict'])} ({entry['seconds']:.0f} s)")
+
+        # The labs' recordings go first, `jobs` at a time, in the pool that then grades: a lab's
+        # students start as soon as its own recording is done, while the others' go on.
+        pool = ThreadPoolExecutor(max_workers=max(jobs, 1))
+        try:
+            recordings = {lab: pool.submit(record, lab) for lab in sorted({s.lab for s in todo})}
+            for future in [*recordings.values(), *[pool.submit(run, s) for s in todo]]:
+                future.result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # after a failure: nothing more starts
+            for worker in workers:
+                worker.close()
+        gradebook_ready.result()
+        target = Path(csv_path) if csv_path else ws.root / "grades.csv"
+        students = sorted({s.student for s in found} | set(status))
+        export.write_csv(target, students, {lab: info.max_score for lab, info in infos.items()}, status,
+                         gradebook.db_url(ws.gradebook), root)
+        say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
+        return target
 
 
 def record_judged_values(ws: Workspace, root: Path, lab: str, infos: dict,

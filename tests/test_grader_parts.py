@@ -493,6 +493,11 @@ class _Stand:
     def __init__(self, failing_lab=None):
         self.events, self.lock, self.failing_lab = [], threading.Lock(), failing_lab
         self.recording_at_once = self.recording_now = 0
+        self.gradebook_prepared = False
+
+    def prepare_gradebook(self, *args):
+        time.sleep(0.5)  # nbgrader's seconds per lab, while the labs are recorded
+        self.gradebook_prepared = True
 
     def record(self, ws, root, lab, infos, say=print):
         with self.lock:
@@ -516,7 +521,8 @@ class _Stand:
 
             def grade(self, submission, slot):
                 with stand.lock:
-                    stand.events.append(("grade", submission.lab, submission.lab in judged))
+                    ready = submission.lab in judged and stand.gradebook_prepared
+                    stand.events.append(("grade", submission.lab, ready))
                 return {"verdict": ["graded: 1 of 1 points"], "seconds": 0.0, "graded": True}
         return Grader()
 
@@ -530,7 +536,7 @@ def _run_with(stand, tmp_path, monkeypatch, labs, jobs):
         start = close = lambda self: None
     for name, value in {"record_judged_values": stand.record, "SubmissionGrader": stand.grader,
                         "AutogradeWorker": Worker, "FeedbackWorker": Worker,
-                        "prepare_gradebook": lambda *args: None}.items():
+                        "prepare_gradebook": stand.prepare_gradebook}.items():
         monkeypatch.setattr(grading_run, name, value)
     monkeypatch.setattr(grading_run.jail, "unavailable", lambda: None)
     monkeypatch.setattr(grading_run.export, "write_csv", lambda *args: None)
@@ -545,7 +551,8 @@ def test_each_lab_is_recorded_before_its_students_are_graded_several_at_once(tmp
     stand = _Stand()
     _run_with(stand, tmp_path, monkeypatch, labs, jobs=2)
     graded = [event for event in stand.events if event[0] == "grade"]
-    assert sorted(graded) == sorted(("grade", lab, True) for lab in labs for _ in range(2))  # recorded first
+    # each student after their lab's recording and the gradebook's preparation
+    assert sorted(graded) == sorted(("grade", lab, True) for lab in labs for _ in range(2))
     assert stand.recording_at_once == 2  # --jobs recordings side by side
 
 

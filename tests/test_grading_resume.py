@@ -16,7 +16,7 @@ import pytest
 from nbformat.v4 import new_markdown_cell
 
 from helpers import REPO
-from helpers.submissions import solved, write
+from helpers.submissions import released, write
 
 pytestmark = pytest.mark.grading
 
@@ -44,8 +44,10 @@ def _rows(work) -> dict:
 @pytest.mark.timeout(900)
 def test_an_interrupted_run_resumes_and_a_second_run_grades_only_what_changed(tmp_path):
     folder, work = tmp_path / "submissions", tmp_path / "work"
+    # Unsolved notebooks: what is tested is which submissions are graded again, not their
+    # scores, and an unsolved one is graded in seconds (every exercise raises at once).
     for student in ("ann", "ben"):
-        write(solved(LAB), folder, student, LAB)
+        write(released(LAB), folder, student, LAB)
     (folder / "cat").mkdir()
     (folder / "cat" / f"{LAB}.ipynb").write_text('{"cells": [')
     # Killed (its whole session, as Ctrl-C or a crash would) once the first student is done.

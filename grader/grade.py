@@ -32,7 +32,7 @@ from . import COURSE_ROOT, GraderError, collect, export, gradebook, jail, refere
 from .autograde_worker import AutogradeWorker
 from .feedback_worker import FeedbackWorker
 from .grade_submission import SubmissionGrader
-from .labs import display_path, find_labs
+from .labs import Lab, display_path, find_labs
 from .workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
 
 DEFAULT_WORK = COURSE_ROOT / "grader" / "work"
@@ -96,10 +96,11 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
             slots.put(slot)
         done = iter(range(1, len(todo) + 1))
 
+        solutions = {x.name: x for x in find_labs(root)}
+
         def record(lab: str) -> None:
-            found = record_judged_values(ws, root, lab, infos, say)
-            if found:
-                judged[lab] = found
+            if infos[lab].required:  # a lab whose tests check no reference value has none to record
+                judged[lab] = record_judged_values(ws, root, solutions[lab], say)
 
         def run(submission: collect.Submission) -> None:
             recordings[submission.lab].result()  # this lab's values are in `judged` (or its recording failed)
@@ -136,25 +137,20 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         return target
 
 
-def record_judged_values(ws: Workspace, root: Path, lab: str, infos: dict,
-                         say=print) -> tuple[Path, int] | None:
+def record_judged_values(ws: Workspace, root: Path, lab: Lab, say=print) -> tuple[Path, int]:
     """(values file, seed): the judge's reference values of `lab` for this run, recorded from
-    the solution on a seed drawn now, in a folder of the work area that no jail sees; None for
-    a lab whose tests check no reference value."""
-    if not infos[lab].required:
-        return None
+    the solution on a seed drawn now, in a folder of the work area that no jail sees."""
     folder = ws.root / "judge"
     folder.mkdir(mode=0o755, exist_ok=True)
     seed = 1 + secrets.randbelow(2**31 - 1)
     started = time.perf_counter()
-    found = {x.name: x for x in find_labs(root)}
-    path = reference.record(found[lab], folder / "recording", root, seed=seed, as_graded=True)
+    path = reference.record(lab, folder / "recording", root, seed=seed, as_graded=True)
     if path is None:
-        raise GraderError(f"{lab}: its solution recorded no reference values, yet its tests check some")
-    target = folder / f"{lab}.json"
+        raise GraderError(f"{lab.name}: its solution recorded no reference values, yet its tests check some")
+    target = folder / f"{lab.name}.json"
     path.replace(target)
     os.chmod(target, 0o644)  # the judge reads it after dropping root; the jail never sees this folder
-    say(f"recorded {lab}'s reference values for this run's seed ({time.perf_counter() - started:.0f} s)")
+    say(f"recorded {lab.name}'s reference values for this run's seed ({time.perf_counter() - started:.0f} s)")
     return target, seed
 
 

@@ -499,16 +499,15 @@ class _Stand:
         time.sleep(0.5)  # nbgrader's seconds per lab, while the labs are recorded
         self.gradebook_prepared = True
 
-    def record(self, ws, root, lab, infos, say=print):
+    def record(self, ws, root, lab, say=print):
         with self.lock:
-            self.events.append(("record", lab))
             self.recording_now += 1
             self.recording_at_once = max(self.recording_at_once, self.recording_now)
         try:
             time.sleep(0.3)
-            if lab == self.failing_lab:
-                raise GraderError(f"{lab}: solutions/{lab} failed while recording its reference outputs")
-            return Path(f"{lab}.json"), 1
+            if lab.name == self.failing_lab:
+                raise GraderError(f"{lab.name}: solutions/{lab.name} failed while recording its reference outputs")
+            return Path(f"{lab.name}.json"), 1
         finally:
             with self.lock:
                 self.recording_now -= 1

@@ -5,7 +5,8 @@ this module is the host's side of one jail's life: `Jail` prepares the folder,
 makes the cgroup (grader.cgroups) and leases the uid (grader.jail_uids); the
 kernel manager starts the kernel in it; afterwards `stop` kills what is left,
 `usage` says what it used and ran into (`JailUsage`, for the verdict), and
-`close` gives everything back. A watchdog ends a jail stuck at its memory limit.
+`close` gives everything back. A watchdog ends a jail stuck at its memory limit;
+where there is no cgroup, another holds the jail's processes together to it.
 `unavailable()` says why no jail can be made on this machine, by making one.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import cgroups, sandbox, seccomp
-from .jail_uids import UidLease, kill_uid
+from .jail_uids import UidLease, descendants, kill_uid, start_time
 from .sandbox import Limits, prepare
 
 CODE_ROOM_BYTES = 256 << 20  # a jail needs this much of its memory limit for the code it runs
@@ -33,7 +35,8 @@ THRASH_S = 2                 # memory pinned past that for this long ends the ja
 class JailUsage:
     """What a jail used and ran into, read after it ended: what the verdict says about a death."""
     limits: Limits
-    enforced: str                   # 'cgroup v1', 'cgroup v2', or 'rlimits' (per process only)
+    enforced: str                   # 'cgroup v1', 'cgroup v2', 'watchdog' (no cgroup: the grader
+                                    # sums the processes' memory), or 'rlimits' (per process only)
     memory_peak: int | None = None  # bytes, the whole jail; None where unknown
     memory_limit_hit: bool = False
     oom_killed: bool = False        # a process of the jail was killed for its memory
@@ -41,7 +44,8 @@ class JailUsage:
 
     @property
     def per_jail(self) -> bool:
-        return self.enforced.startswith("cgroup")
+        """Whether memory was limited for the jail as a whole (else per process only)."""
+        return self.enforced.startswith("cgroup") or self.enforced == "watchdog"
 
 
 class Jail:
@@ -49,7 +53,8 @@ class Jail:
 
     ``Jail(root, limits)`` prepares it; the kernel manager starts the kernel in it;
     `stop` kills what is left, `usage` says what it used, `close` gives everything back.
-    use_cgroup=False (or no cgroup to be had) leaves the rlimits alone to limit it.
+    use_cgroup=False (or no cgroup to be had) leaves the rlimits, and `_watch_total` for its
+    memory as a whole.
     """
 
     def __init__(self, root: Path, limits: Limits, *, use_cgroup: bool = True):
@@ -58,6 +63,10 @@ class Jail:
         self.uid = self.lease.uid if self.lease else None
         self.cgroup: cgroups.Cgroup | None = None
         self.thrashed = False  # the watchdog ended the jail at its memory limit
+        self.killed_for_memory = 0  # processes `_watch_total` killed
+        self.memory_peak: int | None = None  # the most `_watch_total` saw, in bytes
+        self.watch_failed = False  # `_watch_total` stopped: the jail's total is not enforced
+        self._watching = threading.Event()
         try:
             self.spec = prepare(Path(root), self.uid, limits)
             problem = "not asked for"
@@ -66,11 +75,10 @@ class Jail:
                     self.cgroup = cgroups.create(limits.memory_bytes, limits.processes, limits.cpus)
                 except cgroups.CgroupUnavailable as e:
                     problem = str(e)
-            if self.cgroup:
-                self._watching = threading.Event()
-                threading.Thread(target=self._watch_memory, daemon=True).start()
+            threading.Thread(target=self._watch_memory if self.cgroup else self._watch_total, daemon=True).start()
             self.spec.cgroup = asdict(self.cgroup) if self.cgroup else None
             self.spec.cgroup_problem = "" if self.cgroup else problem
+            self.spec.memory_watchdog = not self.cgroup
             self.spec.save()
         except BaseException:
             self.close()
@@ -94,9 +102,40 @@ class Jail:
                 self.cgroup.kill()
                 since = None
 
+    def _watch_total(self) -> None:
+        # No cgroup: rlimits count each process alone, and three may each take the whole limit.
+        # Every WATCHDOG_S this sums the memory of the jail's processes (the launcher's and all
+        # below it: bwrap's PID namespace leaves none elsewhere) and, past the limit, kills the
+        # largest until what is left fits, as the OOM killer of a cgroup would; reported as its
+        # kill. Between two looks a jail may pass its limit by what it allocates in WATCHDOG_S.
+        try:
+            self._watch_total_until_closed()
+        except Exception:  # never expected; the verdict then says the total was not enforced
+            self.watch_failed = True
+            raise
+
+    def _watch_total_until_closed(self) -> None:
+        launcher, limit = Path(self.spec.root) / sandbox.LAUNCHER_FILE, self.limits.memory_bytes
+        while not self._watching.wait(sandbox.WATCHDOG_S):
+            try:
+                pid, started = (int(x) for x in launcher.read_text().split())
+            except (OSError, ValueError):
+                continue  # no kernel started yet
+            processes = descendants(pid, started)
+            sizes = {p: memory_of(p) for p in processes}
+            total = sum(sizes.values())
+            if processes:
+                self.memory_peak = max(self.memory_peak or 0, total)
+            for victim in sorted(sizes, key=sizes.__getitem__, reverse=True):
+                if total <= limit:
+                    break
+                if _kill(victim, processes[victim]):
+                    self.killed_for_memory += 1
+                total -= sizes[victim]
+
     @property
     def enforced(self) -> str:
-        return self.cgroup.description if self.cgroup else "rlimits"
+        return self.cgroup.description if self.cgroup else "rlimits" if self.watch_failed else "watchdog"
 
     def stop(self) -> list[int]:
         """Kill every process of the jail; returns those still alive (none, normally)."""
@@ -104,19 +143,68 @@ class Jail:
         return sorted(set(left) | set(kill_uid(self.uid)))
 
     def usage(self) -> JailUsage:
-        used = self.cgroup.usage() if self.cgroup else cgroups.Usage()
-        return JailUsage(self.limits, self.enforced, used.memory_peak, used.memory_limit_hit or self.thrashed,
-                         used.oom_killed or self.thrashed, used.pids_limit_hit)
+        used = self.cgroup.usage() if self.cgroup else cgroups.Usage(self.memory_peak)
+        killed = self.thrashed or self.killed_for_memory > 0
+        return JailUsage(self.limits, self.enforced, used.memory_peak, used.memory_limit_hit or killed,
+                         used.oom_killed or killed, used.pids_limit_hit)
 
     def close(self) -> None:
+        self._watching.set()
         if self.cgroup:
-            self._watching.set()
             self.cgroup.remove()
             self.cgroup = None
         kill_uid(self.uid)
         if self.lease:
             self.lease.release()
             self.lease = None
+
+
+def memory_of(pid: int) -> int:
+    """Bytes of memory pid holds that the kernel cannot give back without swap: its share (PSS:
+    pages shared by n processes count 1/n in each) of anonymous and shared-memory pages, and of
+    swapped ones; 0 once it has ended. File pages (the code of Python and torch) are left out,
+    as they can be dropped and read again."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            lines = f.read().splitlines()[1:]  # the first names the range: no field
+    except PermissionError:  # not ours to look into: what statm says, which anyone may read
+        return _private_resident(pid)
+    except OSError:
+        return 0
+    kb = {}
+    for line in lines:
+        key, _, value = line.partition(b":")
+        kb[key] = int(value.split()[0])
+    if b"Pss_Anon" not in kb:  # Linux before 5.8: all of it, file pages too
+        return (kb.get(b"Pss", 0) + kb.get(b"SwapPss", 0)) * 1024
+    return (kb[b"Pss_Anon"] + kb.get(b"Pss_Shmem", 0) + kb.get(b"SwapPss", 0)) * 1024
+
+
+def _private_resident(pid: int) -> int:
+    """Bytes of pid's resident pages that are not file or shared-memory pages (statm), 0 if ended."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            _size, resident, shared, *_ = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return 0
+    return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _kill(pid: int, started: int) -> bool:
+    """SIGKILL pid if it is still the process that started at `started` (not a later one of the same pid)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:  # the pidfd holds this process: checked once, signalled as checked
+        if start_time(pid) != started:
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 @functools.cache

@@ -61,6 +61,41 @@ def outlived(folder: Path = LOCK_DIR, first: int = BASE_UID, count: int = UID_CO
     return left
 
 
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/pid/stat from the third (state) on; None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The name (field 2) may hold spaces and parentheses: the fields after it follow its last ')'.
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def start_time(pid: int) -> int | None:
+    """When pid started, in clock ticks since boot (None: no such process): with the pid, one
+    process for good, where a pid alone may be a later process's after the first one ended."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def descendants(pid: int, started: int) -> dict[int, int]:
+    """{pid: start time} of pid (if it is still the process that started at `started`) and of
+    every process below it, from one pass over /proc; {} once it has ended."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (fields := _stat(entry.name)):
+            children.setdefault(int(fields[1]), []).append((int(entry.name), int(fields[19])))
+    if start_time(pid) != started:
+        return {}
+    found, todo = {}, [(pid, started)]
+    while todo:
+        child, born = todo.pop()
+        found[child] = born
+        todo += children.get(child, [])
+    return found
+
+
 def kill_until_gone(find, wait_s: float = 10, kill_at_once=None) -> list[int]:
     """SIGKILL the processes find() names until it names none; those still there after wait_s.
 

@@ -15,12 +15,15 @@ A submission's kernel (and every rank it launches) runs inside `bwrap` with:
   The solutions, the reference answers, the gradebook, nbgrader's folders,
   other students' work and the rest of the course tree are not in it at all;
 - limits for the whole jail in a cgroup (grader.cgroups: memory, processes,
-  CPU); where none can be made, only the rlimits below, and the console says so;
+  CPU); where none can be made (a grader not root, no delegated cgroup), the
+  rlimits below, and the grader sums the memory of the jail's processes every
+  WATCHDOG_S and kills the largest past the limit (grader.jail); the console
+  says which;
 - rlimits, a second line: memory per process (RLIMIT_DATA: unlike RLIMIT_AS it
   does not count the large address-space reservations CUDA makes), processes
   and threads per uid (RLIMIT_NPROC), file size (RLIMIT_FSIZE), no core dumps;
 - a seccomp filter (grader.seccomp): no ptrace, no new namespaces, no mounts;
-- an environment from an allowlist (JAIL_ENV_NAMES), not the grader's;
+- an environment from an allowlist of exact names (JAIL_ENV_NAMES), not the grader's;
 - when the grader runs as root, a uid held by this jail alone (grader.jail_uids).
 
 grader.jail makes one on the host (folder, cgroup, uid), and after it ends says
@@ -39,8 +42,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import course
+from course import grading
+from course.errors import TIMEOUT_VARIABLE
+from course.placement import RANKS_VARIABLE
 
 from . import cgroups, seccomp
+from .jail_uids import start_time
 
 #: Where the editable install imports `course` from; the jail gets a copy of its package.
 TREE_HOME = Path(course.__file__).resolve().parent.parent
@@ -53,17 +60,32 @@ SANDBOX_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
 # c10d looks up its peers' names; with DNS in the list, every lookup waits for
 # a network that is not there and prints a warning into the student's output.
 SANDBOX_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\n"
-#: The grader's environment variables the jail gets (besides HOME, TMPDIR, PYTHONPATH, set).
-JAIL_ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "NBGRADER_EXECUTION",
-                  "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS",
-                  "PYDEVD_DISABLE_FILE_VALIDATION", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                  "OPENBLAS_NUM_THREADS", "JUPYTER_NO_CONFIG",
-                  # torch's CPU instruction set: the judge's values are recorded outside the jail with
-                  # the grader's, and the kernel must compute as they were computed
-                  "ATEN_CPU_CAPABILITY"}
-JAIL_ENV_PREFIXES = ("LC_", "COURSE_", "CUDA_", "NVIDIA_", "NCCL_", "GLOO_")
+#: The grader's environment variables the jail gets (besides HOME, TMPDIR, PYTHONPATH, set), by their
+#: exact names: no prefix, so that an instructor's COURSE_SECRET_TOKEN or NCCL_ANYTHING stays outside.
+JAIL_ENV_NAMES = frozenset({
+    "PATH", "LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "NBGRADER_EXECUTION",
+    "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES",
+    "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS",
+    "PYDEVD_DISABLE_FILE_VALIDATION", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS", "JUPYTER_NO_CONFIG",
+    # torch's CPU instruction set: the judge's values are recorded outside the jail with
+    # the grader's, and the kernel must compute as they were computed
+    "ATEN_CPU_CAPABILITY",
+    # what the course reads while graded: a launch's ranks and their deadline, the judge's
+    # socket and where (not) to find stored values. Recording (COURSE_REFERENCE_RECORD,
+    # _SEED) is never jailed: in a jail it would only make the kernel try to record.
+    TIMEOUT_VARIABLE, RANKS_VARIABLE, grading.JUDGE_ENV, grading.DIR_ENV,
+    # which GPUs, and how NCCL may reach them on this machine. Not GLOO_ or NCCL_SOCKET_IFNAME:
+    # the jail has the loopback only, and the course finds it.
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL",
+    "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE",
+})
 #: Seconds a graded launch waits for its ranks (course.launch reads $COURSE_RANK_TIMEOUT).
 GRADED_RANK_TIMEOUT_S = "120"
+#: In the jail's folder: the launcher's pid and start time. bwrap keeps the pid, and every process
+#: of the jail descends from it: where there is no cgroup, the grader finds the jail's processes so.
+LAUNCHER_FILE = "launcher.pid"
+WATCHDOG_S = 0.2  # how often that watchdog sums their memory
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,7 @@ class Spec:
     readonly: list[str] = field(default_factory=list)   # host paths bound read-only at the same path
     cgroup: dict | None = None    # grader.cgroups.Cgroup's fields; None: rlimits only
     cgroup_problem: str = ""      # why there is none
+    memory_watchdog: bool = False  # no cgroup: the grader holds the jail's total memory (grader.jail)
 
     @property
     def tree(self) -> Path: return Path(self.root) / "tree"            # /course inside
@@ -178,7 +201,7 @@ def workdir(lab: str) -> str:
 
 def jail_environment(spec: Spec, outside: dict[str, str]) -> dict[str, str]:
     """The kernel's environment: the allowlisted names of outside's, host paths of the jail's mapped in."""
-    env = {k: v for k, v in outside.items() if k in JAIL_ENV_NAMES or k.startswith(JAIL_ENV_PREFIXES)}
+    env = {k: v for k, v in outside.items() if k in JAIL_ENV_NAMES}
     judge = str(spec.judge_dir)
     for key, value in env.items():
         if value == judge or value.startswith(judge + "/"):
@@ -254,6 +277,13 @@ def _seccomp_fd() -> int:
     return fd
 
 
+def _record_launcher(spec: Spec) -> None:
+    """Write LAUNCHER_FILE: this process's pid and start time (for grader.jail's memory watchdog)."""
+    fd = os.open(Path(spec.root) / LAUNCHER_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()} {start_time(os.getpid())}\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m grader.sandbox SPEC LAB -- ARGV...``: join the cgroup, set the limits, exec bwrap."""
     argv = sys.argv[1:] if argv is None else argv
@@ -273,10 +303,16 @@ def main(argv: list[str] | None = None) -> None:
         cgroup.join()  # before bwrap: every process of the jail is born in it
         print(f"[grader] jail limits for the whole jail ({cgroup.description}): memory "
               f"{limits.memory_bytes / 2**30:g} GiB, {limits.processes} processes, {limits.cpus:g} CPUs", flush=True)
+    elif spec.memory_watchdog:
+        print(f"[grader] WARNING: no cgroup for this jail ({spec.cgroup_problem}); the grader sums its processes' "
+              f"memory every {WATCHDOG_S:g} s and kills past {limits.memory_bytes / 2**30:g} GiB; its other limits "
+              f"are per process (rlimits)", flush=True)
     else:
         print(f"[grader] WARNING: no cgroup for this jail ({spec.cgroup_problem}); its limits are per process "
-              f"only (rlimits): memory {limits.memory_bytes / 2**30:g} GiB per process", flush=True)
+              f"only (rlimits): memory {limits.memory_bytes / 2**30:g} GiB per process, the jail's total is "
+              "not enforced", flush=True)
     set_limits(limits)
+    _record_launcher(spec)
     bwrap = bwrap_argv(spec, lab, command, jail_environment(spec, dict(os.environ)), _seccomp_fd())
     os.execvp(bwrap[0], bwrap)
 

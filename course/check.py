@@ -114,6 +114,25 @@ def _compare_tensors(actual, expected: torch.Tensor, where: str, rtol, atol, at_
         f"allowed: {allowed}")
 
 
+def _compare_number(actual, expected: int | float, where: str, rtol, atol, at_least) -> None:
+    """A number compared as what the reference is: a count exactly, a float in float64 (by_expected_kind)."""
+    value = actual
+    if isinstance(actual, torch.Tensor):
+        if actual.numel() != 1 or actual.is_complex():
+            raise AssertionError(f"{where}: got a tensor of shape {tuple(actual.shape)}, expected the number "
+                                 f"{_shortest(torch.float64)(expected) if isinstance(expected, float) else expected}")
+        value = actual.detach().cpu().double().item() if actual.is_floating_point() else actual.item()
+    if not isinstance(value, (int, float)) or (isinstance(value, bool) and not isinstance(expected, bool)):
+        raise AssertionError(f"{where}: got {type(actual).__name__}, expected a number")
+    if isinstance(expected, int):          # a count (or a flag): nothing but the same integer
+        if value != expected or (isinstance(value, float) and not value.is_integer()):
+            raise AssertionError(f"{where}: got {_brief(value)}, expected {expected} (a count: exactly)")
+        return
+    float32 = TOLERANCES[torch.float32]
+    _compare_tensors(torch.tensor(float(value), dtype=torch.float64), torch.tensor(expected, dtype=torch.float64),
+                     where, float32[0] if rtol is None else rtol, float32[1] if atol is None else atol, at_least)
+
+
 def _brief(value, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -121,7 +140,7 @@ def _brief(value, limit: int = 80) -> str:
 
 def assert_close(actual, expected, name: str, *, rank: int | None = None,
                  rtol: float | None = None, atol: float | None = None,
-                 at_least: tuple[float, float] | None = None) -> None:
+                 at_least: tuple[float, float] | None = None, by_expected_kind: bool = False) -> None:
     """Raise AssertionError unless `actual` matches `expected` within tolerance.
 
     expected: a tensor, or a mapping / sequence of them (a state dict, a list of
@@ -131,6 +150,13 @@ def assert_close(actual, expected, name: str, *, rank: int | None = None,
     dtype's `tolerance`. at_least: (rtol, atol) below which no floating-point
     value's tolerance goes (integers stay exact), for values another machine
     computed (course.grading.ACROSS_MACHINES).
+
+    by_expected_kind: a number is compared as what `expected` is, whatever
+    `actual` arrives as (the grader's judge: what a submission sends must not
+    choose its own tolerance). An int is a count: equal exactly. A float is
+    compared in float64 under rtol/atol, by default float32's: the course's
+    numbers come from float32 unless a check says otherwise. A tensor's dtype
+    must match in any case.
     """
     where = _where(name, rank)
     if isinstance(expected, torch.Tensor):
@@ -144,17 +170,20 @@ def assert_close(actual, expected, name: str, *, rank: int | None = None,
             raise AssertionError(f"{where}: keys differ; missing {missing}, unexpected {extra}")
         for key in expected:
             assert_close(actual[key], expected[key], f"{name}[{key!r}]", rank=rank, rtol=rtol, atol=atol,
-                         at_least=at_least)
+                         at_least=at_least, by_expected_kind=by_expected_kind)
     elif isinstance(expected, Sequence) and not isinstance(expected, (str, bytes)):
         if not isinstance(actual, Sequence) or isinstance(actual, (str, bytes)):
             raise AssertionError(f"{where}: got {type(actual).__name__}, expected a sequence of {len(expected)}")
         if len(actual) != len(expected):
             raise AssertionError(f"{where}: {len(actual)} items, expected {len(expected)}")
         for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_close(a, e, f"{name}[{i}]", rank=rank, rtol=rtol, atol=atol, at_least=at_least)
+            assert_close(a, e, f"{name}[{i}]", rank=rank, rtol=rtol, atol=atol, at_least=at_least,
+                         by_expected_kind=by_expected_kind)
     elif isinstance(expected, str) or expected is None:
         if actual != expected:
             raise AssertionError(f"{where}: got {_brief(actual)}, expected {expected!r}")
+    elif isinstance(expected, (int, float)) and by_expected_kind:
+        _compare_number(actual, expected, where, rtol, atol, at_least)
     elif isinstance(expected, (int, float)):
         # A number compares in the dtype of the result (a float32 loss against a stored float).
         floating = isinstance(actual, torch.Tensor) and actual.is_floating_point()

@@ -170,14 +170,25 @@ def read_tolerances(path: Path) -> dict[str, tuple[float | None, float | None]]:
     return {k: (t[0], t[1]) for k, t in tolerances.items()}
 
 
-def write(path: Path, lab: str, values: dict, tolerances: dict | None = None) -> None:
-    """Write {key: value}, and {key: (rtol, atol)} where a check set its own, as one lab's
-    reference file (sorted, so diffs stay small)."""
+def read_checks(path: Path) -> dict[str, list[int | None]]:
+    """{key: the rank of each check the solution made of it, in order (None: no rank)}.
+
+    The judge holds a submission to the same checks: a test cell whose kernel sent
+    fewer (rank 0's alone, say) did not have all of its work judged.
+    """
+    return {k: list(ranks) for k, ranks in _load(path).get("checks", {}).items()}
+
+
+def write(path: Path, lab: str, values: dict, tolerances: dict | None = None,
+          checks: dict | None = None) -> None:
+    """Write {key: value}, {key: (rtol, atol)} where a check set its own, and {key: [rank of
+    each check]}, as one lab's reference file (sorted, so diffs stay small)."""
     # One value per line: a regenerated file's diff shows which values changed.
     lines = ",\n".join(f"  {json.dumps(k)}: {json.dumps(encode(values[k]))}" for k in sorted(values))
     own = {k: list(t) for k, t in sorted((tolerances or {}).items()) if k in values and t != (None, None)}
-    text = (f'{{"format": {FORMAT}, "lab": {json.dumps(lab)}, "tolerances": {json.dumps(own)}, "values": {{\n'
-            + lines + "\n}}\n")
+    made = {k: list(ranks) for k, ranks in sorted((checks or {}).items()) if k in values}
+    text = (f'{{"format": {FORMAT}, "lab": {json.dumps(lab)}, "tolerances": {json.dumps(own)}, '
+            f'"checks": {json.dumps(made)}, "values": {{\n' + lines + "\n}}\n")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -240,8 +251,10 @@ class Reference:
             path = self.path()
             values = read(path) if path.is_file() else {}
             tolerances = read_tolerances(path) if path.is_file() else {}
+            checks = read_checks(path) if path.is_file() else {}
             values[key], tolerances[key] = actual, (rtol, atol)
-            write(path, self.lab, values, tolerances)
+            checks.setdefault(key, []).append(rank)
+            write(path, self.lab, values, tolerances, checks)
             return
         stored = self._stored()
         if key not in stored:

@@ -19,7 +19,17 @@ The judge is authoritative:
   is root, as an unprivileged user.
 
 A test cell earns its points only if every key its source checks reached the
-judge while it ran, and every check made while it ran passed (`findings`).
+judge while it ran, on the same ranks and as many times as the solution's did
+in this run's recording (a kernel that forwards rank 0's checks alone has not
+had its other ranks judged), and every check made while it ran passed
+(`findings`).
+
+The judge compares by the reference's kind, never by what the request sends
+(`course.check.assert_close(..., by_expected_kind=True)`): a count is exact
+whatever dtype it arrives in, a number is held to the tolerance of its check.
+What it writes is bounded: each logged string is cut to MAX_MESSAGE characters
+and the whole log to MAX_LOG_BYTES; once full, it logs nothing more, so the
+checks that follow never reached the grader and earn nothing.
 
 Protocol, one request per connection: a JSON line {"op": "check", "lab", "key",
 "value" (course.grading.encode), "name", "rank"} answered {"ok": true|false}, or
@@ -35,17 +45,20 @@ import resource
 import socketserver
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from course import check, grading
 
 from .labs import source_text
+from .quoting import quoted
 
 MAX_REQUEST_BYTES = grading.MAX_JUDGED_BYTES  # a lab's largest answer is tens of kB of JSON
 MAX_CHECKS_PER_KEY = 64           # the tests check a key once per rank or per case, not more
 MAX_REQUESTS = 4000               # in one notebook
 MAX_MESSAGE = 600                 # characters of a comparison kept for the verdict
+MAX_LOG_BYTES = 4 << 20           # the judge's log: MAX_REQUESTS checks of a few hundred bytes fit
 CONNECTION_TIMEOUT_S = 30         # a client that sends nothing for this long is dropped
 MEMORY_BYTES = 2 << 30            # the judge process's own limit (RLIMIT_DATA)
 UNPRIVILEGED_UID = 65534          # nobody: the judge, started by root, drops to it
@@ -83,6 +96,7 @@ class Referee:
         self.required, self.cell_file, self.log = required, Path(cell_file), log
         self.counts: dict[str, int] = {}
         self.requests = 0
+        self.logged = 0                    # bytes written to the log
 
     def running_cell(self) -> str | None:
         try:
@@ -91,7 +105,15 @@ class Referee:
             return None
 
     def _record(self, **entry) -> None:
-        self.log.write(json.dumps(entry) + "\n")
+        if self.logged >= MAX_LOG_BYTES:
+            return
+        line = json.dumps({k: v[:MAX_MESSAGE] if isinstance(v, str) else v for k, v in entry.items()}) + "\n"
+        full = json.dumps({"op": "full", "why": f"the judge's log reached {MAX_LOG_BYTES >> 20} MB"}) + "\n"
+        if self.logged + len(line) + len(full) > MAX_LOG_BYTES:
+            line, self.logged = full, MAX_LOG_BYTES   # the last line it writes
+        else:
+            self.logged += len(line)
+        self.log.write(line)
         self.log.flush()
 
     def answer(self, line: bytes) -> dict:
@@ -105,35 +127,36 @@ class Referee:
         if self.requests > MAX_REQUESTS:
             return self._refuse(cell, key, f"more than {MAX_REQUESTS} requests from one notebook")
         if request.get("lab") != self.lab:
-            return self._refuse(cell, key, f"this is lab {self.lab}, not {request.get('lab')!r}")
+            return self._refuse(cell, key, f"this is lab {self.lab}, not {quoted(request.get('lab'), 80)}")
         if cell not in self.required:
             return self._refuse(cell, key, "it answers only while a graded test cell runs")
         if op == "seed":
             self._record(cell=cell, op="seed")
             return {"seed": self.seed}
         if op != "check" or not isinstance(key, str):
-            return self._refuse(cell, key, f"no such request {op!r}")
+            return self._refuse(cell, key, f"no such request {quoted(op, 80)}")
         if key not in self.required[cell]:
-            return self._refuse(cell, key, f"test cell {cell} does not check {key!r}")
+            return self._refuse(cell, key, f"test cell {cell} does not check {quoted(key, 80)}")
         self.counts[key] = self.counts.get(key, 0) + 1
         if self.counts[key] > MAX_CHECKS_PER_KEY:
             return self._refuse(cell, key, f"{key!r} was checked more than {MAX_CHECKS_PER_KEY} times")
         if key not in self.values:
             return self._refuse(cell, key, f"it has no reference value {key!r}")
-        name, rank = request.get("name"), request.get("rank")
-        name = name if isinstance(name, str) else key
-        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+        rank = request.get("rank")
+        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) and abs(rank) < 1 << 20 else None
         rtol, atol = self.tolerances.get(key, (None, None))
         try:
-            check.assert_close(grading.decode(request["value"]), self.values[key], name, rank=rank,
-                               rtol=rtol, atol=atol)
+            # Named by its key, not by the request's `name`: the verdict quotes the judge's words only.
+            check.assert_close(grading.decode(request["value"]), self.values[key], key, rank=rank,
+                               rtol=rtol, atol=atol, by_expected_kind=True)
             ok, message = True, ""
         except Exception as e:  # noqa: BLE001 -- a value that cannot be compared fails, in words
             ok, message = False, (str(e) or type(e).__name__)[:MAX_MESSAGE]
-        self._record(cell=cell, op="check", key=key, ok=ok, message=message)
+        self._record(cell=cell, op="check", key=key, rank=rank, ok=ok, message=message)
         return {"ok": ok}
 
     def _refuse(self, cell: str | None, key, why: str) -> dict:
+        why = why[:MAX_MESSAGE]            # a request's own words (its lab, its op) may be megabytes
         if self.requests <= MAX_REQUESTS + 1:  # the log stays bounded too
             self._record(cell=cell, op="refused", key=key if isinstance(key, str) else None, why=why)
         return {"refused": why}
@@ -210,6 +233,7 @@ class Judge:
     def __init__(self, lab: str, values: Path, seed: int, required: dict[str, list[str]],
                  socket_dir: Path, private_dir: Path, uid: int | None = None):
         self.lab, self.required = lab, required
+        self.expected = grading.read_checks(values)   # the ranks the solution checked each key on, this run
         self.socket_path = Path(socket_dir) / "judge.sock"
         self.cell_file = Path(private_dir) / "judge-cell"
         self.log_path = Path(private_dir) / "judge.log"
@@ -250,18 +274,35 @@ class Judge:
 
     def findings(self) -> dict[str, Finding]:
         """{grade_id: Finding} for every test cell with hidden checks."""
-        return findings(self.entries(), self.required)
+        return findings(self.entries(), self.required, self.expected)
 
 
-def findings(entries: list[dict], required: dict[str, list[str]]) -> dict[str, Finding]:
-    """What the judge's log says of each test cell that has hidden checks."""
+def _ranks(ranks) -> str:
+    """[0, 1, 2] as 'for ranks 0, 1, 2'; [None] as 'once'; [None, None] as '2 times'."""
+    if all(r is None for r in ranks):
+        return "once" if len(ranks) == 1 else f"{len(ranks)} times"
+    shown = ", ".join("-" if r is None else str(r) for r in sorted(ranks, key=lambda r: (r is None, r or 0)))
+    return f"for rank {shown}" if len(ranks) == 1 else f"for ranks {shown}"
+
+
+def findings(entries: list[dict], required: dict[str, list[str]],
+             expected: dict[str, list] | None = None) -> dict[str, Finding]:
+    """What the judge's log says of each test cell that has hidden checks.
+
+    expected: {key: the rank of each check the solution made of it}; a key whose checks arrived on
+    other ranks, or a different number of times, did not have all of its work judged.
+    """
+    expected = expected or {}
+    full = next((e for e in entries if e.get("op") == "full"), None)
     out = {}
     for grade_id, keys in required.items():
         mine = [e for e in entries if e.get("cell") == grade_id]
         refused = next((e for e in mine if e.get("op") == "refused"), None)
         failed = next((e for e in mine if e.get("op") == "check" and not e.get("ok")), None)
-        checked = {e.get("key") for e in mine if e.get("op") == "check"}
-        missing = [k for k in keys if k not in checked]
+        arrived = {key: Counter(e.get("rank") for e in mine if e.get("op") == "check" and e.get("key") == key)
+                   for key in keys}
+        missing = [k for k in keys if not arrived[k]]
+        partial = [k for k in keys if k in expected and arrived[k] and arrived[k] != Counter(expected[k])]
         if refused:
             out[grade_id] = Finding(False, f"the grader's judge refused a request made while it ran "
                                            f"({refused.get('why')})")
@@ -269,7 +310,13 @@ def findings(entries: list[dict], required: dict[str, list[str]]) -> dict[str, F
             out[grade_id] = Finding(False, f"its hidden check {failed['key']!r} failed",
                                     failed.get("message", ""))
         elif missing:
-            out[grade_id] = Finding(False, f"its hidden check {missing[0]!r} never reached the grader")
+            out[grade_id] = Finding(False, f"its hidden check {missing[0]!r} never reached the grader"
+                                    + (f" ({full['why']})" if full else ""))
+        elif partial:
+            key = partial[0]
+            out[grade_id] = Finding(False, f"its hidden check {key!r} reached the grader "
+                                           f"{_ranks(list(arrived[key].elements()))}, the solution's "
+                                           f"{_ranks(expected[key])}: not all of its work was judged")
         else:
             out[grade_id] = Finding(True)
     return out

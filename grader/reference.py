@@ -94,11 +94,15 @@ def compare(stored: Path, fresh: Path, labs: list[str] | None = None) -> list[st
         old, new = grading.read(Path(stored) / name), grading.read(Path(fresh) / name)
         old_tolerances = grading.read_tolerances(Path(stored) / name)
         new_tolerances = grading.read_tolerances(Path(fresh) / name)
+        old_checks, new_checks = grading.read_checks(Path(stored) / name), grading.read_checks(Path(fresh) / name)
         for key in sorted(set(old) | set(new)):
             if key not in new:
                 problems.append(f"{name}: {key!r} is stored but no longer recorded")
             elif key not in old:
                 problems.append(f"{name}: {key!r} is recorded but not stored")
+            elif old_checks.get(key) != new_checks.get(key):
+                problems.append(f"{name}: {key!r} is checked on ranks {new_checks.get(key)}, "
+                                f"stored as checked on {old_checks.get(key)}")
             elif old_tolerances.get(key) != new_tolerances.get(key):
                 problems.append(f"{name}: {key!r} is checked with tolerance {new_tolerances.get(key)}, "
                                 f"stored with {old_tolerances.get(key)}")

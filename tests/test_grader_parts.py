@@ -190,6 +190,10 @@ def test_compare_reports_drift(tmp_path):
     assert "'new' is recorded but not stored" in problems
     assert "w: 1 of 2 elements differ" in problems
     assert "other.json: recorded by the solutions, but not stored" in problems
+    # A test that now checks a value on other ranks (or as often) drifted too: the judge holds submissions to it.
+    grading.write(stored / "lab.json", "lab", values, None, {"w": [0, 1], "loss": [None]})
+    grading.write(fresh / "lab.json", "lab", values, None, {"w": [0], "loss": [None]})
+    assert reference.compare(stored, fresh) == ["lab.json: 'w' is checked on ranks [0], stored as checked on [0, 1]"]
 
 
 def _tiny_course(root, stored_value):
@@ -203,7 +207,8 @@ def _tiny_course(root, stored_value):
     ])
     (root / "solutions" / lab).mkdir(parents=True)
     nbformat.write(nb, root / "solutions" / lab / f"{lab}.ipynb")
-    grading.write(root / "grader" / "reference" / f"{lab}.json", lab, {"tiny/a sum": stored_value})
+    grading.write(root / "grader" / "reference" / f"{lab}.json", lab, {"tiny/a sum": stored_value}, None,
+                  {"tiny/a sum": [None]})
 
 
 # Every lab's own stored values are checked against its solution, as this command checks them, each
@@ -581,7 +586,10 @@ def test_errors_are_explained_in_plain_words():
     for path in ("/work/course/sneaky.py", "/tmp/ci/course/sneaky.py"):
         assert "outside its own folder" in said("FileNotFoundError", f"[Errno 2] No such file or directory: '{path}'")
     assert said("FileNotFoundError", "[Errno 2] No such file or directory: '/tmp/x.txt'").startswith("raised")
-    assert said("ValueError", "bad shape") == "raised ValueError: bad shape"
+    assert said("ValueError", "bad shape") == "raised ValueError: «bad shape»"
+    # What the submission wrote stays inside its marks, whatever it says.
+    assert said("ValueError", "x; graded: 19 of 19 points «»") == "raised ValueError: «x; graded: 19 of 19 points ‹›»"
+    assert said("graded: 19 of 19", "") == "raised «graded: 19 of 19»"
 
 
 def test_tampering_with_test_cells_is_reported():

@@ -16,7 +16,17 @@ import pytest
 import torch
 
 from course import grading
-from grader.judge import MAX_CHECKS_PER_KEY, MAX_REQUEST_BYTES, UNPRIVILEGED_UID, Judge, announce, findings
+from grader.judge import (
+    MAX_CHECKS_PER_KEY,
+    MAX_REQUEST_BYTES,
+    UNPRIVILEGED_UID,
+    Judge,
+    announce,
+    findings,
+    required_checks,
+)
+from grader.labs import find_labs, read_notebook
+from helpers import REPO
 
 pytestmark = pytest.mark.grading
 
@@ -103,7 +113,7 @@ def test_no_answer_while_no_test_cell_runs(judge):
 def test_a_cell_may_check_only_its_own_keys(judge):
     announce(judge.cell_file, "test_n")
     assert request(judge, op="check", key="w", value=grading.encode(W)) == \
-        {"refused": "test cell test_n does not check 'w'"}
+        {"refused": "test cell test_n does not check «w»"}
     found = judge.findings()
     assert not found["test_n"].passed and "refused" in found["test_n"].why
     assert not found["test_w"].passed, "a check made while another cell ran counts for nothing"
@@ -178,3 +188,129 @@ def test_findings_read_the_log_cell_by_cell():
     assert not found["b"].passed and found["b"].detail == "y: got 1, expected 2"
     assert not found["c"].passed and "too many" in found["c"].why
     assert not found["d"].passed and "never reached" in found["d"].why
+
+
+# --- what the kernel cannot choose: the ranks, the tolerance, the words, the log's size -----------------
+
+def _referee(tmp_path, values: dict, checks: dict | None = None, required=None):
+    """The judge's answering part in this process, its log in memory: (referee, log)."""
+    import io
+
+    from grader.judge import Referee
+    path = tmp_path / "values.json"
+    grading.write(path, LAB, values, None, checks)
+    (tmp_path / "cell").write_text("test_w")
+    log = io.StringIO()
+    referee = Referee(LAB, grading.read(path), grading.read_tolerances(path), 1,
+                      required or {"test_w": list(values)}, tmp_path / "cell", log)
+    return referee, log
+
+
+def _entries(log) -> list[dict]:
+    return [json.loads(line) for line in log.getvalue().splitlines()]
+
+
+def _ask(referee, key, value, **fields) -> dict:
+    return referee.answer(json.dumps({"lab": LAB, "op": "check", "key": key, "value": grading.encode(value),
+                                      **fields}).encode())
+
+
+def test_a_cell_whose_checks_arrive_for_fewer_ranks_than_the_solutions_earns_nothing(tmp_path):
+    """A kernel that forwards rank 0's checks alone (right for free in a broadcast) has not had ranks 1
+    and 2 judged: the solution's recording says which ranks, and how many times, each key is checked."""
+    state = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    referee, log = _referee(tmp_path, {"w": state}, {"w": [0, 1, 2]})
+    assert _ask(referee, "w", state, rank=0) == {"ok": True}
+    found = findings(_entries(log), {"test_w": ["w"]}, {"w": [0, 1, 2]})["test_w"]
+    assert not found.passed
+    assert found.why == ("its hidden check 'w' reached the grader for rank 0, the solution's for ranks 0, 1, 2: "
+                         "not all of its work was judged"), found.why
+    # rank 0's value sent three times under its own rank is no better; every rank's is.
+    for _ in range(2):
+        _ask(referee, "w", state, rank=0)
+    assert not findings(_entries(log), {"test_w": ["w"]}, {"w": [0, 1, 2]})["test_w"].passed
+    referee, log = _referee(tmp_path, {"w": state}, {"w": [0, 1, 2]})
+    for rank in (2, 0, 1):
+        assert _ask(referee, "w", state, rank=rank) == {"ok": True}
+    assert findings(_entries(log), {"test_w": ["w"]}, {"w": [0, 1, 2]})["test_w"].passed
+    # A check the solution made without a rank, made twice: as many times as the solution's.
+    referee, log = _referee(tmp_path, {"w": state}, {"w": [None, None]})
+    _ask(referee, "w", state)
+    assert "reached the grader once, the solution's 2 times" in \
+        findings(_entries(log), {"test_w": ["w"]}, {"w": [None, None]})["test_w"].why
+
+
+def test_the_judge_holds_the_solution_to_its_recorded_ranks(tmp_path, monkeypatch):
+    """Recording stores each check's rank; the Judge reads them from its values file."""
+    monkeypatch.setenv(grading.RECORD_ENV, str(tmp_path))
+    ref = grading.Reference(LAB)
+    for rank in range(3):
+        ref.check("w", W, rank=rank)
+    ref.check("n", 3)
+    assert grading.read_checks(tmp_path / f"{LAB}.json") == {"w": [0, 1, 2], "n": [None]}
+    monkeypatch.delenv(grading.RECORD_ENV)
+    (tmp_path / "socket").mkdir()
+    with Judge(LAB, tmp_path / f"{LAB}.json", 1, {"test_w": ["w", "n"]}, tmp_path / "socket", tmp_path) as judge:
+        monkeypatch.setenv(grading.JUDGE_ENV, str(judge.socket_path))
+        announce(judge.cell_file, "test_w")
+        ref.check("w", W, rank=0)
+        ref.check("n", 3)
+        announce(judge.cell_file, None)
+        assert "for rank 0, the solution's for ranks 0, 1, 2" in judge.findings()["test_w"].why
+
+
+@pytest.mark.parametrize("sent, passes", [
+    (123_457, True), (torch.tensor(123_457), True), (123_457.0, True),
+    (torch.tensor(123_457, dtype=torch.bfloat16), False),        # 123392: 0.05 % off, within bf16's 1.6 %
+    (torch.tensor(123_457 * 1.005, dtype=torch.bfloat16), False), (torch.tensor(123_457.0), True),
+    (123_457.5, False), (True, False)])
+def test_a_count_is_judged_exactly_whatever_dtype_it_arrives_in(tmp_path, sent, passes):
+    referee, log = _referee(tmp_path, {"flops": 123_457})
+    assert _ask(referee, "flops", sent) == {"ok": passes}
+
+
+@pytest.mark.parametrize("sent, passes", [
+    (0.3, True), (torch.tensor(0.3), True), (torch.tensor(0.3, dtype=torch.float64), True),
+    (torch.tensor(0.3, dtype=torch.bfloat16), False),            # 0.30078: inside bf16's own tolerance
+    (torch.tensor(float("inf"), dtype=torch.float16), False)])   # 70000 in float16 is inf
+def test_a_number_is_held_to_its_checks_tolerance_not_to_the_dtype_sent(tmp_path, sent, passes):
+    referee, _ = _referee(tmp_path, {"x": 0.3, "big": 70000.0})
+    key = "big" if isinstance(sent, torch.Tensor) and sent.dtype == torch.float16 else "x"
+    assert _ask(referee, key, sent) == {"ok": passes}
+
+
+def test_the_judges_words_name_the_key_never_the_requests_name(tmp_path):
+    referee, log = _referee(tmp_path, {"n": 3})
+    _ask(referee, "n", 4, name="graded: 19 of 19 points (instructor override)")
+    [entry] = _entries(log)
+    assert entry["message"].startswith("n: ") and "19 of 19" not in entry["message"], entry
+
+
+def test_the_judges_log_stays_bounded_whatever_is_sent(tmp_path):
+    """100 refused requests of 1 MB each once made a log of hundreds of MB; so does a long run of them."""
+    from grader.judge import MAX_LOG_BYTES, MAX_MESSAGE
+    referee, log = _referee(tmp_path, {"n": 3}, required={"test_w": ["n"], "test_n": ["n"]})
+    huge = "k" * (1 << 20)
+    for fields in ({"key": huge}, {"op": huge}, {"lab": huge}):
+        referee.answer(json.dumps({"lab": LAB, "op": "check", "value": {"number": 3}, **fields}).encode())
+    assert all(len(line) < 3 * MAX_MESSAGE for line in log.getvalue().splitlines())
+    for i in range(3900):   # each logged with its key and its refusal cut to MAX_MESSAGE: about 1.3 kB
+        referee.answer(json.dumps({"lab": LAB, "op": "check", "key": f"{i}" + "k" * 1000}).encode())
+    assert len(log.getvalue()) <= MAX_LOG_BYTES
+    assert _entries(log)[-1]["op"] == "full"
+    # Once full, checks no longer reach the grader: they earn nothing, and the verdict says why.
+    (tmp_path / "cell").write_text("test_n")
+    assert _ask(referee, "n", 3) == {"ok": True}
+    found = findings(_entries(log), {"test_n": ["n"]})["test_n"]
+    assert not found.passed and "the judge's log reached" in found.why, found.why
+
+
+@pytest.mark.parametrize("lab", [lab.name for lab in find_labs(REPO) if lab.points], ids=str)
+def test_each_judged_key_belongs_to_one_test_cell_and_its_ranks_are_stored(lab):
+    """The judge counts a key's checks per test cell against the solution's whole recording: sound only
+    if no key is checked by two cells, or outside the graded cells."""
+    required = required_checks(read_notebook(REPO / "solutions" / lab / f"{lab}.ipynb"))
+    keys = [key for cell in required.values() for key in cell]
+    assert len(keys) == len(set(keys)), f"{lab}: a key is checked by two test cells"
+    stored = grading.read_checks(REPO / "grader" / "reference" / f"{lab}.json")
+    assert set(stored) == set(keys), f"{lab}: recorded checks {sorted(set(stored) ^ set(keys))} differ"

@@ -13,17 +13,31 @@ added or changed; the lab's locked cells are put back by nbgrader) for:
 - IPython hooks (AST and input transformers, custom exception handlers,
   event callbacks), tracing and profiling hooks, ctypes, ``gc.get_referrers``,
   and any mention of ``course.grading``;
-- exec, eval, compile, ``__import__`` and importlib called on computed text (obfuscation).
+- exec, eval, compile, ``__import__`` and importlib called on computed text (obfuscation);
+  constant text passed to them is scanned as code;
+- indirection: a name bound to any of the above (``_c = check``, ``R = REFERENCE``,
+  ``t = type(REFERENCE)``, ``m = sys.modules["course"]``, ``s = setattr``, ``e = exec``)
+  is followed, in every cell; ``type()``, ``vars()``, ``importlib.import_module("...")``
+  and ``__import__("...")`` resolve to what they name; ``__dict__`` changed through its
+  methods, ``__setattr__`` called on a guarded object, a function's ``__code__`` (or
+  ``__globals__``, ``__defaults__``...) replaced, and ``gc``'s object walks;
+- torch.distributed reached around the course's recorder (``distributed_c10d``, a
+  process group's own methods, private parts of torch.distributed), and the recorder's
+  own parts (``course.recorder``, ``CommRecord``): the structure checks read its records.
 
-A cell that does not parse is a syntax error, not tampering: it is skipped.
+A cell that does not parse is a syntax error, not tampering: it is skipped. A cell
+nested too deeply to scan is flagged as such: the scan never fails a whole run.
 """
 from __future__ import annotations
 
 import ast
 
 from .labs import source_text
+from .quoting import quoted
 
 MAX_FLAGS = 6
+RECORDER = "touches course.recorder, which records the ranks' messages for the tests"
+AROUND = "reaches torch.distributed around the course's recorder (distributed_c10d or a process group's own methods)"
 GUARDED_ROOTS = {"course", "torch", "dist", "check", "np", "numpy", "builtins", "__builtins__"}  # and aliases
 GUARDED_CALLS = ("sys.modules", "get_ipython()", "globals()")
 HOOKS = {"ast_transformers": "installs an IPython AST transformer",
@@ -32,8 +46,23 @@ HOOKS = {"ast_transformers": "installs an IPython AST transformer",
          "input_transformer_manager": "touches IPython's input transformers",
          "set_custom_exc": "installs a custom exception handler",
          "settrace": "installs a trace hook", "setprofile": "installs a profile hook",
-         "get_referrers": "uses gc.get_referrers", "ctypes": "uses ctypes"}
+         "get_referrers": "uses gc.get_referrers", "get_referents": "uses gc.get_referents",
+         "get_objects": "uses gc.get_objects", "ctypes": "uses ctypes"}
 DYNAMIC = {"exec", "eval", "compile", "__import__"}
+#: Builtins a name may be bound to and called through: followed as aliases.
+INDIRECT = {*DYNAMIC, "setattr", "delattr", "getattr", "vars", "globals", "type"}
+#: Attributes that swap what a function or an object is, assigned on anything.
+SWAPPED = {"__code__", "__globals__", "__defaults__", "__kwdefaults__", "__closure__", "__dict__", "__class__",
+           "__call__", "__getattr__", "__getattribute__", "__setattr__", "__eq__", "__bool__", "__builtins__"}
+#: Methods that change a mapping (a __dict__, vars(), sys.modules, globals()) in place.
+MUTATORS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
+#: What reaches torch.distributed around the course's recorder (course/recorder.py patches `dist.<op>`).
+AROUND_THE_RECORDER = {"distributed_c10d", "_distributed_c10d", "ProcessGroup", "_get_default_group",
+                       "_world", "CommRecord", "CommLog"}
+#: A process group's own collectives: torch.distributed's functions call them; a student never needs to.
+GROUP_METHODS = {"allreduce", "allgather", "alltoall", "alltoall_base", "allreduce_coalesced", "allgather_coalesced",
+                 "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "recv_anysource",
+                 "_allgather_base", "_reduce_scatter_base", "all_gather_single", "reduce_scatter_single"}
 PYTHON_MAGICS = {"time", "timeit", "prun", "capture"}   # magics whose text is Python that runs
 
 
@@ -121,11 +150,18 @@ class _Scanner(ast.NodeVisitor):
         if isinstance(node, ast.Subscript):
             base = self.dotted(node.value)
             return base and f"{base}[...]"
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            if node.func.id in ("get_ipython", "globals"):
-                return f"{node.func.id}()"
-            if node.func.id in ("vars", "getattr") and node.args:
+        if isinstance(node, ast.NamedExpr):
+            return self.dotted(node.value)
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+            func = self.dotted(node.func) or ""
+            if func in ("get_ipython", "globals"):
+                return f"{func}()"
+            if func in ("vars", "getattr", "type") and node.args:
                 return self.dotted(node.args[0])
+            named = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
+            if func in ("importlib.import_module", "__import__") and isinstance(named, str):
+                return named if func.startswith("importlib") or node.keywords or len(node.args) > 3 \
+                    else named.split(".")[0]
         return None
 
     def guarded(self, node: ast.AST) -> str | None:
@@ -138,7 +174,7 @@ class _Scanner(ast.NodeVisitor):
             original = original.value
         first = original.id if isinstance(original, ast.Name) else ""
         if (root in GUARDED_ROOTS or first in GUARDED_ROOTS or first in self.lab.protected
-                or name.startswith(GUARDED_CALLS)):
+                or root in self.lab.protected or name.startswith(GUARDED_CALLS)):
             return name
         return None
 
@@ -148,6 +184,8 @@ class _Scanner(ast.NodeVisitor):
                 self.rebinding(element, verb)
         elif isinstance(target, ast.Starred):
             self.rebinding(target.value, verb)
+        elif isinstance(target, ast.Attribute) and target.attr in SWAPPED:
+            self.flag(target, f"replaces the {target.attr} of {self.dotted(target.value) or 'an object'}")
         elif isinstance(target, (ast.Attribute, ast.Subscript)):
             name = self.guarded(target)
             if name:
@@ -210,6 +248,10 @@ class _Scanner(ast.NodeVisitor):
             self.flag(node, HOOKS["ctypes"])
         elif any(m.startswith("course.grading") for m in modules):
             self.flag(node, "imports course.grading")
+        elif any(m.startswith("course.recorder") for m in modules):
+            self.flag(node, RECORDER)
+        elif any(set(m.split(".")) & AROUND_THE_RECORDER for m in modules):
+            self.flag(node, AROUND)
         for name, bound in _imports(ast.Module(body=[node], type_ignores=[])).items():
             if name in self.lab.protected and self.lab.imports.get(name) != bound and self.at_top(name):
                 self.flag(node, f"rebinds {name}, which the lab's own cells define, to {bound}")
@@ -220,6 +262,14 @@ class _Scanner(ast.NodeVisitor):
         name = self.dotted(node) or ""
         if node.attr in HOOKS:
             self.flag(node, HOOKS[node.attr])
+        elif node.attr in AROUND_THE_RECORDER or node.attr in GROUP_METHODS:
+            self.flag(node, AROUND if node.attr not in GROUP_METHODS else
+                      f"calls a process group's own {node.attr}, around the course's recorder")
+        elif name.startswith("course.recorder"):
+            self.flag(node, RECORDER)
+        elif node.attr.startswith("_") and not node.attr.startswith("__") and self.guarded(node.value) \
+                and (self.dotted(node.value) or "").split(".")[0] in ("course", "torch"):
+            self.flag(node, f"uses {name or node.attr}, a private part of {name.split('.')[0] or 'the course'}")
         elif node.attr == "register" and isinstance(node.value, ast.Attribute) and node.value.attr == "events":
             self.flag(node, "registers an IPython event callback")
         elif name.startswith("course.grading"):
@@ -232,18 +282,35 @@ class _Scanner(ast.NodeVisitor):
             self.flag(node, HOOKS["ctypes"])
         elif name.startswith("course.grading"):
             self.flag(node, "touches course.grading")
+        elif name.startswith("course.recorder"):
+            self.flag(node, RECORDER)
+        elif node.id in AROUND_THE_RECORDER or set(name.split(".")) & AROUND_THE_RECORDER:
+            self.flag(node, AROUND)
 
     def visit_Constant(self, node):
         if isinstance(node.value, str):
-            word = next((w for w in [*HOOKS, "course.grading"] if w in node.value), None)
+            word = next((w for w in [*HOOKS, "course.grading", "course.recorder", *sorted(AROUND_THE_RECORDER),
+                                     *sorted(m for m in GROUP_METHODS if m.startswith("_"))] if w in node.value), None)
             if word:
                 self.flag(node, f"names {word} in a string")
 
     def visit_Call(self, node):
         func = self.dotted(node.func) or ""
         computed = any(not isinstance(a, ast.Constant) for a in [*node.args, *(k.value for k in node.keywords)])
+        method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+        swapped = len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in SWAPPED
         if func in ("setattr", "delattr") and node.args and self.guarded(node.args[0]):
             self.flag(node, f"calls {func} on {self.guarded(node.args[0])}")
+        elif func in ("setattr", "delattr") and swapped:
+            self.flag(node, f"replaces the {node.args[1].value} of {self.dotted(node.args[0]) or 'an object'}")
+        elif method in ("__setattr__", "__delattr__"):
+            target = self.guarded(node.func.value) or (node.args and self.guarded(node.args[0]))
+            if target:
+                self.flag(node, f"calls {method} on {target}")
+        elif method in MUTATORS and self.mapping(node.func.value):
+            self.flag(node, f"changes {self.mapping(node.func.value)} in place")
+        elif func in DYNAMIC and not computed and node.args and isinstance(node.args[0].value, str):
+            self.scan_text(node, node.args[0].value)
         elif func == "getattr" and len(node.args) > 1 and not isinstance(node.args[1], ast.Constant) \
                 and self.guarded(node.args[0]):
             self.flag(node, f"reads a computed attribute of {self.guarded(node.args[0])}")
@@ -253,18 +320,31 @@ class _Scanner(ast.NodeVisitor):
             self.magic(node)
         self.generic_visit(node)
 
+    def mapping(self, node: ast.AST) -> str | None:
+        """The guarded namespace `node` is as a mapping (a __dict__, vars(x), sys.modules, globals()), or None."""
+        if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+            return self.guarded(node)
+        if isinstance(node, ast.Call) and (self.dotted(node.func) or "") == "vars" and node.args:
+            return self.guarded(node.args[0]) and f"vars({self.guarded(node.args[0])})"
+        name = self.dotted(node) or ""
+        return name if name.startswith(GUARDED_CALLS) or name.endswith(".user_ns") else None
+
+    def scan_text(self, node: ast.AST, text: str) -> None:
+        """Code run from a string (exec, eval, %time): scanned too, flagged at this line."""
+        tree = _python(text)
+        if tree is not None:
+            inner = _Scanner(self.lab, self.aliases)
+            inner.visit(tree)
+            if inner.found:
+                self.flag(node, next(iter(inner.found.values())))
+
     def magic(self, node: ast.Call) -> None:
         """%time and the like run their text as Python: scan it too, flagging this line."""
         name, *texts = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
         if name not in PYTHON_MAGICS:
             return
         for text in texts:
-            tree = _python(text or "")
-            if tree is not None:
-                inner = _Scanner(self.lab, self.aliases)
-                inner.visit(tree)
-                if inner.found:
-                    self.flag(node, next(iter(inner.found.values())))
+            self.scan_text(node, text or "")
 
 
 def _where(cell: dict, index: int) -> str:
@@ -272,7 +352,7 @@ def _where(cell: dict, index: int) -> str:
     if gid:
         return f"cell {gid}"
     first = next((line.strip() for line in source_text(cell).splitlines() if line.strip()), "")
-    return f"cell {index + 1} ({first[:40]})"
+    return f"cell {index + 1} {quoted(first, 40)}"
 
 
 def _students_cells(submitted: dict, released: dict):
@@ -288,20 +368,67 @@ def _students_cells(submitted: dict, released: dict):
             yield index, cell
 
 
-def flags(submitted: dict, released: dict) -> list[str]:
-    """One verdict line per line of the student's code that reaches for the grading machinery."""
-    lab = LabNames(released)
-    cells = [(i, c, _python(source_text(c))) for i, c in _students_cells(submitted, released)]
+def _aliases(lab: LabNames, trees: list[ast.Module]) -> dict[str, str]:
+    """name -> what it stands for: the lab's and the student's imports, then every name the student binds
+    to something guarded (`_c = check`, `t = type(REFERENCE)`) or to a builtin that reaches around
+    (`s = setattr`), followed through each other until nothing changes."""
     aliases = dict(lab.imports)
-    for _, _, tree in cells:
-        if tree is not None:
-            aliases.update({k: v for k, v in _imports(tree).items() if k not in lab.protected})
-    out = []
+    for tree in trees:
+        aliases.update({k: v for k, v in _imports(tree).items() if k not in lab.protected})
+    pairs = []                                  # (name, the expression it is bound to)
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.NamedExpr)):
+                for target in getattr(node, "targets", [getattr(node, "target", None)]):
+                    values = node.value.elts if isinstance(node.value, (ast.Tuple, ast.List)) else None
+                    if isinstance(target, ast.Name):
+                        pairs.append((target.id, node.value))
+                    elif isinstance(target, (ast.Tuple, ast.List)) and values and len(values) == len(target.elts):
+                        pairs += [(t.id, v) for t, v in zip(target.elts, values) if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) \
+                    and isinstance(node.iter, (ast.Tuple, ast.List)):
+                pairs += [(node.target.id, v) for v in node.iter.elts]
+    for _ in range(len(pairs) + 1):
+        scanner, changed = _Scanner(lab, aliases), False
+        for name, value in pairs:
+            if name in lab.protected or name in aliases:
+                continue
+            if isinstance(value, ast.Name) and aliases.get(value.id, value.id) in INDIRECT:
+                bound = aliases.get(value.id, value.id)
+            else:
+                bound = scanner.guarded(value)
+            if bound:
+                aliases[name], changed = bound, True
+                break                           # the scanner's aliases changed: start again
+        if not changed:
+            break
+    return aliases
+
+
+def flags(submitted: dict, released: dict) -> list[str]:
+    """One verdict line per line of the student's code that reaches for the grading machinery.
+
+    Never raises for what a submission wrote: a cell nested too deeply to read is flagged as such.
+    """
+    lab = LabNames(released)
+    cells, out = [], []
+    for index, cell in _students_cells(submitted, released):
+        try:
+            cells.append((index, cell, _python(source_text(cell))))
+        except (RecursionError, MemoryError):
+            out.append(f"{_where(cell, index)} is nested too deeply for the scan to read: flagged for the instructor")
+    try:
+        aliases = _aliases(lab, [tree for _, _, tree in cells if tree is not None])
+    except (RecursionError, MemoryError):
+        aliases = dict(lab.imports)
     for index, cell, tree in cells:
         if tree is None:
             continue
         scanner = _Scanner(lab, aliases)
-        scanner.visit(tree)
+        try:
+            scanner.visit(tree)
+        except (RecursionError, MemoryError):
+            out.append(f"{_where(cell, index)} is nested too deeply for the scan to read: flagged for the instructor")
         lines = source_text(cell).splitlines()
         for number, what in sorted(scanner.found.items()):
             text = lines[number - 1].strip() if number <= len(lines) else ""

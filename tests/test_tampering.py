@@ -8,6 +8,7 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from grader import tampering, verdict
+from grader.quoting import quoted
 from grader.tampering import flags
 from helpers import REPO, graded_labs
 from helpers.submissions import released, solved
@@ -55,6 +56,56 @@ ATTACKS = {
     "vars": ("vars(course.check)['assert_close'] = print", 1, "rebinds course.check[...]"),
     "string name": ("h = getattr(get_ipython(), 'ast_transformers')", 1, "ast_transformers"),
 }
+# Indirection: each form a second red team used to switch the checks off unseen (issue 33).
+ATTACKS.update({
+    "alias of check": ("_c = check\n_c.assert_close = print", 2, "rebinds course.check.assert_close"),
+    "alias of REFERENCE": ("R = REFERENCE\nreal = R.check\nR.check = lambda *a, **k: real(*a, **k)", 3,
+                           "rebinds REFERENCE.check"),
+    "alias of an alias": ("a = check\nb = a\nb.assert_close = print", 3, "rebinds course.check.assert_close"),
+    "alias in a tuple": ("x, c = 1, check\nc.assert_close = print", 2, "rebinds course.check.assert_close"),
+    "alias in a loop": ("for m in (check, course.check):\n    m.assert_close = print", 2,
+                        "rebinds course.check.assert_close"),
+    "alias in a function": ("def off():\n    c = REFERENCE\n    c.check = print\noff()", 3,
+                            "rebinds REFERENCE.check"),
+    "walrus alias": ("(c := check).assert_close = print", 1, "rebinds course.check.assert_close"),
+    "type()": ("type(REFERENCE).check = print", 1, "rebinds REFERENCE.check"),
+    "type() alias": ("T = type(REFERENCE)\nT.check = print", 2, "rebinds REFERENCE.check"),
+    "__dict__.update": ("REFERENCE.__dict__.update(check=print)", 1, "changes REFERENCE.__dict__ in place"),
+    "vars().update": ("vars(check).update(assert_close=print)", 1, "changes vars(course.check) in place"),
+    "setattr alias": ("s = setattr\ns(check, 'assert_close', print)", 2, "calls setattr on course.check"),
+    "setattr on an alias": ("c = check\nsetattr(c, 'assert_close', print)", 2, "calls setattr on course.check"),
+    "object.__setattr__": ("object.__setattr__(REFERENCE, 'check', print)", 1, "calls __setattr__ on REFERENCE"),
+    "__setattr__ method": ("REFERENCE.__setattr__('check', print)", 1, "calls __setattr__ on REFERENCE"),
+    "sys.modules alias": ("import sys\nm = sys.modules['course.check']\nm.assert_close = print", 3,
+                          "rebinds sys.modules[...].assert_close"),
+    "sys.modules update": ("import sys\nsys.modules.update(course=None)", 2, "changes sys.modules in place"),
+    "importlib by name": ("import importlib\nimportlib.import_module('course.check').assert_close = print", 2,
+                          "rebinds course.check.assert_close"),
+    "import_module alias": ("import importlib\nm = importlib.import_module('course.check')\nm.assert_close = print",
+                            3, "rebinds course.check.assert_close"),
+    "__import__ alias": ("m = __import__('course')\nm.check.assert_close = print", 2,
+                         "rebinds course.check.assert_close"),
+    "__code__ swap": ("f = check.assert_close\nf.__code__ = (lambda *a, **k: None).__code__", 2,
+                      "replaces the __code__ of course.check.assert_close"),
+    "__code__ by setattr": ("setattr(len, '__code__', None)", 1, "replaces the __code__ of len"),
+    "exec alias": ("e = exec\ne(''.join(['check.assert_close', ' = print']))", 2, "calls exec on computed text"),
+    "exec of constant text": ("exec('check.assert_close = print')", 1, "rebinds course.check.assert_close"),
+    "globals()": ("globals()['check'].assert_close = print", 1, "rebinds globals()[...].assert_close"),
+    "user_ns": ("get_ipython().user_ns['REFERENCE'].check = print", 1, "rebinds get_ipython().user_ns[...].check"),
+    "gc walk": ("import gc\nfound = gc.get_objects()", 2, "uses gc.get_objects"),
+    "distributed_c10d": ("import torch.distributed.distributed_c10d as c10d", 1, "around the course's recorder"),
+    "c10d attribute": ("def ring_all_reduce(t):\n    torch.distributed.distributed_c10d.all_reduce(t)", 2,
+                       "around the course's recorder"),
+    "process group method": ("def ring_all_reduce(t):\n    dist.group.WORLD.allreduce([t]).wait()", 2,
+                             "a process group's own allreduce"),
+    "recorder by hand": ("def ring_all_reduce(t):\n    course.recorder.active()._begin(None)", 2,
+                         "touches course.recorder"),
+    "recorder imported": ("from course.recorder import active", 1, "touches course.recorder"),
+    "recorder by name": ("import sys\nr = sys.modules['course.recorder']", 2, "names course.recorder in a string"),
+    "records made": ("record = course.comm.CommRecord(0, 'send', (1,), 'float32', 4, 2, 1, False, 'p2p', 4)", 1,
+                     "around the course's recorder"),
+    "private part of dist": ("g = dist._get_default_group()", 1, "around the course's recorder"),
+})
 
 
 def _with_cell(lab: str, source: str):
@@ -76,7 +127,7 @@ def test_each_attack_is_flagged_at_its_line(attack):
     nb, index = _with_cell(LAB, source)
     found = flags(nb, released(LAB))
     assert len(found) == 1, found
-    assert found[0].startswith(f"cell {index + 1} ({source.splitlines()[0][:40]}) line {line} "), found
+    assert found[0].startswith(f"cell {index + 1} {quoted(source.splitlines()[0], 40)} line {line} "), found
     assert words in found[0] and found[0].endswith(": flagged for the instructor"), found
 
 
@@ -98,7 +149,12 @@ def test_the_students_own_names_attributes_and_imports_are_theirs():
     nb, _ = _with_cell(LAB, "import torch\nimport torch.distributed as dist\nfrom course import check\n"
                             "import numpy as np\nmodel = torch.nn.Linear(2, 2)\nmodel.weight.data[0] = 1\n"
                             "def shard(x):\n    check = 3\n    return x\nexec('print(1)')\n"
-                            "setattr(model, 'bias', None)")
+                            "setattr(model, 'bias', None)\n"
+                            # names bound to what the course or torch return, not to the course itself
+                            "group = dist.group.WORLD\nrank = dist.get_rank()\nlayer = torch.nn.Linear(2, 2)\n"
+                            "layer.weight = torch.nn.Parameter(torch.zeros(2, 2))\nstate = vars(layer)\n"
+                            "kind = type(layer)\nfor t in (layer.weight, layer.bias):\n    t.grad = None\n"
+                            "results = course.launch\nd = dict(a=1)\nd.update(b=2)\n")
     assert flags(nb, released(LAB)) == []
 
 
@@ -139,3 +195,13 @@ def test_the_labs_own_cells_edited_by_the_student_are_not_flagged(lab):
         if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("locked"):
             cell.source += "\nprint('changed')"
     assert flags(nb, released(lab)) == []
+
+
+@pytest.mark.parametrize("source", ["x = " + "+".join(["1"] * 20_000), "x = " + "-" * 50_000 + "1",
+                                    "x = " + "[" * 190 + "]" * 190, "def f():\n" + "".join(
+                                        "    " * (i + 1) + "if x:\n" for i in range(95)) + "    " * 96 + "pass"])
+def test_a_cell_too_deep_to_scan_is_flagged_and_never_stops_the_run(source):
+    """A deeply nested expression once raised RecursionError in the grader itself, ending the class's run."""
+    nb, index = _with_cell(LAB, source + "\ncheck.assert_close = print")
+    found = flags(nb, released(LAB))
+    assert found and all(line.endswith("flagged for the instructor") for line in found), found

@@ -12,13 +12,16 @@ from pathlib import Path
 
 from .jail import JailUsage
 from .labs import source_text
+from .quoting import quoted, short
 from .sandbox import JAIL_COURSE, JAIL_HOME, WRITABLE_INSIDE, Limits
 from .sandboxed import OUTPUT_NOTE
 
 MAX_LINE = 240
 MAX_LINES = 12
 HIDDEN_PARTS = ("solutions", "reference", "gradebook", "grader/work")
-_OUTPUT_NOTE_RE = re.compile(re.escape(OUTPUT_NOTE.split("{")[0]) + r"(.*?); only")
+# The grader's own words about a size (sandboxed.megabytes): a cell that prints the note itself adds no other.
+_OUTPUT_NOTE_RE = re.compile(re.escape(OUTPUT_NOTE.split("{")[0])
+                             + r"((?:more than )?[0-9.]+ [kM]B(?: in one output)?); only")
 
 
 def _grade_id(cell) -> str | None:
@@ -26,8 +29,13 @@ def _grade_id(cell) -> str | None:
 
 
 def _short(text: str, limit: int = MAX_LINE) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return short(text, limit)
+
+
+def _exception_name(ename: str) -> str:
+    """A Python exception's name as it is; anything else a submission made up, quoted."""
+    python = all(part.isidentifier() for part in str(ename).split(".")) and len(ename) < 80
+    return ename if python else quoted(ename, 60)
 
 
 def tampering(submitted: dict, released: dict, tests: list[str]) -> list[str]:
@@ -55,10 +63,15 @@ def unmatchable(submitted: dict) -> str | None:
             "tests; download the lab again and copy the answers into it")
 
 
+NOT_ENFORCED = "on this machine the memory of the jail's processes together was not limited"
+
+
 def memory_limit(limits: Limits, usage: JailUsage | None = None) -> str:
-    """The memory limit as the verdict names it: of the whole jail (a cgroup), or per process (rlimits)."""
-    where = "of its jail" if usage is None or usage.per_jail else "per process"
-    return f"the {limits.memory_bytes / 2**30:g} GiB memory limit {where}"
+    """The memory limit as the verdict names it: of the whole jail (a cgroup, or the grader's
+    watchdog), or per process only (rlimits), which the verdict says plainly."""
+    if usage is None or usage.per_jail:
+        return f"the {limits.memory_bytes / 2**30:g} GiB memory limit of its jail"
+    return f"the {limits.memory_bytes / 2**30:g} GiB memory limit per process; {NOT_ENFORCED}"
 
 
 def _peak(usage: JailUsage) -> str:
@@ -66,7 +79,8 @@ def _peak(usage: JailUsage) -> str:
 
 
 def why_died(console: str, limits: Limits, usage: JailUsage | None = None) -> str:
-    """Why the kernel died, as a clause ('' when nothing says): the jail's cgroup first, then its console."""
+    """Why the kernel died, as a clause ('' when nothing says): the jail's cgroup or watchdog first, then
+    its console."""
     if usage is not None and usage.oom_killed:
         return f": it was killed for using more than {memory_limit(limits, usage)}{_peak(usage)}"
     if (usage is not None and usage.pids_limit_hit) or "Resource temporarily unavailable" in console \
@@ -78,7 +92,10 @@ def why_died(console: str, limits: Limits, usage: JailUsage | None = None) -> st
         return ": a segmentation fault"
     if "Fatal Python error" in console:
         line = next(x for x in console.splitlines() if "Fatal Python error" in x)
-        return f": {_short(line, 120)} ({memory_limit(limits, usage)})"
+        return f": {quoted(line, 120)} ({memory_limit(limits, usage)})"
+    if usage is not None and not usage.per_jail:  # the machine itself may have run out
+        return (f" (it crashed, or was killed for using too much of something; memory was limited to "
+                f"{limits.memory_bytes / 2**30:g} GiB per process, and {NOT_ENFORCED})")
     return " (it crashed, or was killed for using too much of something)"
 
 
@@ -87,7 +104,7 @@ def _where(cell, index: int) -> str:
     if gid:
         return f"cell {gid}"
     first = next((line.strip() for line in source_text(cell).splitlines() if line.strip()), "")
-    return f"cell {index + 1} ({_short(first, 40)})"
+    return f"cell {index + 1} {quoted(first, 40)}"
 
 
 def _outside_paths(evalue: str) -> list[str]:
@@ -113,6 +130,7 @@ def explain_error(output: dict, limits: Limits, cell_timeout: float | None) -> s
     """An error output as the reason a cell stopped, in plain words."""
     ename, evalue = output.get("ename", "Error"), str(output.get("evalue", ""))
     text = f"{ename}: {evalue}"
+    said = f"{_exception_name(ename)}: {quoted(evalue)}" if evalue.strip() else _exception_name(ename)
     if ename in ("CellTimeoutError", "KeyboardInterrupt"):  # only the grader interrupts a cell
         limit = f"the {cell_timeout:g} s limit" if cell_timeout else "its time limit"
         return f"ran past {limit} for one cell and was stopped (an endless loop, or ranks waiting on each other)"
@@ -125,12 +143,12 @@ def explain_error(output: dict, limits: Limits, cell_timeout: float | None) -> s
                                           "Temporary failure in name resolution")):
         return "tried to reach the network, which graded code cannot"
     if "Read-only file system" in evalue or (ename == "PermissionError" and "denied" in evalue):
-        return f"tried to write outside its own folder, which graded code cannot ({_short(text, 120)})"
+        return f"tried to write outside its own folder, which graded code cannot ({quoted(text, 120)})"
     if ename in ("FileNotFoundError", "PermissionError") and any(p in evalue for p in HIDDEN_PARTS):
         return "tried to read the course's solutions, reference answers or gradebook, which graded code cannot see"
     if ename == "FileNotFoundError" and _outside_paths(evalue):  # the jail has no such folder
-        return f"tried to write outside its own folder, or to read a file graded code cannot see ({_short(text, 120)})"
-    return f"raised {_short(text, 160)}"
+        return f"tried to write outside its own folder, or to read a file graded code cannot see ({quoted(text, 120)})"
+    return f"raised {said}"
 
 
 def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: float | None,
@@ -144,7 +162,8 @@ def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: 
             if output.get("output_type") == "error":
                 reason = explain_error(output, limits, cell_timeout)
                 if _grade_id(cell) in tests and reason.startswith("raised AssertionError"):
-                    reason = "failed: " + reason.removeprefix("raised AssertionError: ")
+                    reason = "failed" + (": " + reason.removeprefix("raised AssertionError: ")
+                                         if reason != "raised AssertionError" else "")
                 out.append(f"{_where(cell, index)} {reason}")
                 break
         for output in cell.get("outputs", []):

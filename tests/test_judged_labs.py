@@ -57,7 +57,7 @@ def test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise(round_
     # The cell's first error is its judged check, its last statement: every assert before it let
     # the stub through, and the judge's comparison is what failed.
     said = json.loads((round_trip_class["work"] / "status.json").read_text())["stub"][LAB]["verdict"]
-    assert any(line.startswith("cell test_elements_sent failed: elements sent for seeded layers does not match")
+    assert any(line.startswith("cell test_elements_sent failed: «elements sent for seeded layers does not match")
                for line in said), said
     assert any(line.startswith("test cell test_elements_sent, the grader's check: elements sent for seeded layers")
                for line in said), said

@@ -9,7 +9,11 @@ SUBMISSIONS may also be a zip of either layout, optionally inside one top
 folder (``unpack`` extracts its notebooks, and nothing else, safely).
 
 Anything else (a notebook that is no lab of the course, a file outside a
-student folder, a student id nbgrader cannot use) is reported, not graded.
+student folder, a student id nbgrader cannot use or one named like a lab) is
+reported, not graded, and the rest of the class is collected: only what
+concerns the whole run (no such folder, not a zip, a zip that unzips too big)
+is a GraderError. A lab notebook that could not be collected (damaged in the
+zip, too big) is a `Problem` that names its student and lab, for their verdict.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import re
 import shutil
 import stat
 import zipfile
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +34,8 @@ STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 SKIPPED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
 MAX_NOTEBOOK_BYTES = 100 << 20   # one notebook, unzipped
 MAX_ZIP_BYTES = 2 << 30          # all of a zip's notebooks, unzipped
+MAX_STUDENT_ID = 100             # characters
+LISTED_STRAYS = 5                # a student's notebooks that are no lab, listed one by one; the rest counted
 
 
 @dataclass(frozen=True)
@@ -38,31 +45,89 @@ class Submission:
     path: Path  # the notebook as handed in
 
 
+class Problem(str):
+    """A problem found while collecting, in words. Where it is one student's lab that could not be
+    collected, `student` and `lab` name it and `why` is its verdict's reason."""
+    student: str | None = None
+    lab: str | None = None
+    why: str = ""
+
+
+def _problem(text: str, student: str, lab: str, why: str) -> Problem:
+    problem = Problem(text)
+    problem.student, problem.lab, problem.why = student, lab, why
+    return problem
+
+
+def student_id_problem(name: str, labs: list[str]) -> str | None:
+    """Why `name` cannot be a student id, naming it safely (repr); None if it can."""
+    shown = repr(name) if len(name) <= 60 else repr(name[:60]) + "…"
+    if len(name) > MAX_STUDENT_ID or not STUDENT_ID_RE.fullmatch(name):
+        return f"{shown}: not a usable student id (letters, digits and _ . @ -, at most {MAX_STUDENT_ID})"
+    if name in labs:
+        return (f"{shown}: a folder named like a lab, not a student id; expected <student>/<lab>.ipynb "
+                "or <student>/<lab>/<lab>.ipynb")
+    return None
+
+
+def lab_of(parts: list[str] | tuple[str, ...], labs: list[str]) -> str | None:
+    """The lab of a notebook at `parts` (student first) in an accepted layout; None if none."""
+    if len(parts) not in (2, 3) or not parts[-1].endswith(".ipynb"):
+        return None
+    lab = parts[-1][: -len(".ipynb")]
+    if lab not in labs or (len(parts) == 3 and parts[1] != lab):
+        return None
+    return lab
+
+
+def _strays(student: str, paths: list[str], labs: list[str]) -> list[str]:
+    """The problems of a student's notebooks that are no lab to grade: the first few by name, the rest counted."""
+    out = [f"{path}: not a lab to grade (expected <student>/<lab>.ipynb or <student>/<lab>/<lab>.ipynb, "
+           f"with <lab> one of {', '.join(labs)})" for path in paths[:LISTED_STRAYS]]
+    if len(paths) > LISTED_STRAYS:
+        out.append(f"{student}/: {len(paths) - LISTED_STRAYS} more notebooks that are no lab to grade, not listed")
+    return out
+
+
 def find(folder: Path, labs: list[str]) -> tuple[list[Submission], list[str]]:
     """(submissions of the given labs, problems found) in folder, sorted by student then lab."""
     folder = Path(folder)
     if not folder.is_dir():
         raise GraderError(f"{folder}: no such folder of submissions")
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as e:
+        raise GraderError(f"{folder}: cannot read the folder of submissions ({e.strerror})") from None
     found, problems = {}, []
-    for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(".") or entry.name in SKIPPED:
+    for entry in entries:
+        if entry.name in SKIPPED:
+            continue
+        if entry.name.startswith("."):  # hidden: skipped, unless it holds a lab as a student's folder would
+            if entry.is_dir() and any((entry / f"{lab}.ipynb").is_file() or (entry / lab / f"{lab}.ipynb").is_file()
+                                      for lab in labs):
+                problems.append(student_id_problem(entry.name, labs))
             continue
         if not entry.is_dir():
-            problems.append(f"{entry.name}: not in a student folder; expected "
+            problems.append(f"{entry.name!r}: not in a student folder; expected "
                             f"{folder.name}/<student>/<lab>.ipynb")
             continue
-        if not STUDENT_ID_RE.match(entry.name):
-            problems.append(f"{entry.name}/: not a usable student id (letters, digits and _ . @ -)")
+        why = student_id_problem(entry.name, labs)
+        if why:
+            problems.append(why)
             continue
-        for notebook in sorted(entry.rglob("*.ipynb")):
+        try:
+            notebooks = sorted(entry.rglob("*.ipynb"))
+        except OSError as e:  # this student's folder alone
+            problems.append(f"{entry.name}/: its notebooks could not be listed ({e.strerror}); not graded")
+            continue
+        strays = []
+        for notebook in notebooks:
             relative = notebook.relative_to(folder)
             if any(part.startswith(".") or part in SKIPPED for part in relative.parts):
                 continue
-            lab = notebook.stem
-            depth_ok = len(relative.parts) == 2 or (len(relative.parts) == 3 and relative.parts[1] == lab)
-            if lab not in labs or not depth_ok:
-                problems.append(f"{relative}: not a lab to grade (expected <student>/<lab>.ipynb or "
-                                f"<student>/<lab>/<lab>.ipynb, with <lab> one of {', '.join(labs)})")
+            lab = lab_of(relative.parts, labs)
+            if lab is None:
+                strays.append(repr(str(relative))[1:-1])
                 continue
             key = (entry.name, lab)
             if key in found:
@@ -70,6 +135,7 @@ def find(folder: Path, labs: list[str]) -> tuple[list[Submission], list[str]]:
                                 f"grading {found[key].path.relative_to(folder)}")
                 continue
             found[key] = Submission(entry.name, lab, notebook)
+        problems += _strays(entry.name, strays, labs)
     return [found[k] for k in sorted(found)], problems
 
 
@@ -130,44 +196,98 @@ def restore_grading_metadata(notebook: dict, released: dict) -> list[str]:
     return notes
 
 
-def unpack(archive: Path, target: Path, labs: list[str]) -> tuple[Path, list[str]]:
-    """Extract the notebooks of a zip of submissions into target; (folder to grade, problems).
+def _shown(name: str) -> str:
+    """A name from a zip or a folder, its control characters escaped."""
+    return repr(name)[1:-1]
 
-    Only ``.ipynb`` members are written, each at most MAX_NOTEBOOK_BYTES, all
-    together at most MAX_ZIP_BYTES; absolute paths, ``..`` and links are refused.
+
+def unpack(archive: Path, target: Path, labs: list[str]) -> tuple[Path, list[str]]:
+    """Extract the lab notebooks of a zip of submissions into target; (folder to grade, problems).
+
+    Only the members that `find` would grade are written (<student>/<lab>.ipynb or
+    <student>/<lab>/<lab>.ipynb, with a usable student id), each at most
+    MAX_NOTEBOOK_BYTES, all together at most MAX_ZIP_BYTES; absolute paths, ``..``
+    and links are refused. A member that is damaged (a bad CRC, cut short) or too
+    big is a Problem of its student's lab; the others are still extracted.
     """
     try:
         zf = zipfile.ZipFile(archive)
     except (zipfile.BadZipFile, OSError) as e:
         raise GraderError(f"{archive}: not a zip file ({e})") from None
-    problems, members = [], []
+    problems, candidates = [], []
     with zf:
         for info in zf.infolist():
             parts = [p for p in info.filename.replace("\\", "/").split("/") if p]
             if info.is_dir() or not parts or not parts[-1].endswith(".ipynb"):
                 continue
             if info.filename.startswith("/") or ".." in parts or stat.S_ISLNK(info.external_attr >> 16):
-                problems.append(f"{info.filename}: refused (an absolute path, '..' or a link)")
-            elif any(p.startswith(".") or p in SKIPPED for p in parts):
+                problems.append(f"{_shown(info.filename)}: refused (an absolute path, '..' or a link)")
+            elif not any(p in SKIPPED or p.startswith("._") for p in parts):  # litter of editors and archivers
+                candidates.append((info, parts))
+
+        def accepted(parts: list[str]) -> bool:
+            return lab_of(parts, labs) is not None and student_id_problem(parts[0], labs) is None
+
+        # One folder around everything (e.g. submitted/), unless it is a single student's folder:
+        # whichever reading finds more submissions (a student named like a lab cannot tip it).
+        tops = {parts[0] for _, parts in candidates}
+        strip = len(tops) == 1 and (sum(accepted(parts[1:]) for _, parts in candidates)
+                                    > sum(accepted(parts) for _, parts in candidates))
+        members, strays, refused_ids = {}, defaultdict(list), set()
+        for info, parts in candidates:
+            parts = parts[1:] if strip else parts
+            if not parts:
                 continue
+            student, name = parts[0], _shown("/".join(parts))
+            if any(p.startswith(".") for p in parts[1:]) or (student.startswith(".") and not lab_of(parts, labs)):
+                continue  # hidden, as find skips it; a hidden folder that holds a lab is refused below
+            if len(parts) == 1:
+                problems.append(f"{name}: not in a student folder; expected <student>/<lab>.ipynb")
+                continue
+            why = student_id_problem(student, labs)
+            if why:
+                if student not in refused_ids:  # once per student, and no folder made for it
+                    refused_ids.add(student)
+                    problems.append(why)
+                continue
+            lab = lab_of(parts, labs)
+            if lab is None:
+                strays[student].append(name)
             elif info.file_size > MAX_NOTEBOOK_BYTES:
-                problems.append(f"{info.filename}: refused ({info.file_size >> 20} MB; a notebook may "
-                                f"have at most {MAX_NOTEBOOK_BYTES >> 20} MB)")
+                problems.append(_problem(
+                    f"{name}: refused ({info.file_size >> 20} MB; a notebook may have at most "
+                    f"{MAX_NOTEBOOK_BYTES >> 20} MB)", student, lab,
+                    f"the notebook is {info.file_size >> 20} MB; at most {MAX_NOTEBOOK_BYTES >> 20} MB are graded"))
+            elif tuple(parts) in members:
+                problems.append(f"{name}: a second copy in the zip; the first is graded")
             else:
-                members.append((info, parts))
-        if sum(info.file_size for info, _ in members) > MAX_ZIP_BYTES:
+                members[tuple(parts)] = (info, student, lab)
+        for student, paths in sorted(strays.items()):
+            problems += _strays(student, paths, labs)
+        if sum(info.file_size for info, _, _ in members.values()) > MAX_ZIP_BYTES:
             raise GraderError(f"{archive}: its notebooks unzip to more than {MAX_ZIP_BYTES >> 30} GB")
-        # One folder around everything (e.g. submitted/), unless it is a single student's folder.
-        tops = {parts[0] for _, parts in members}
-        strip = len(tops) == 1 and all(len(parts) >= 3 and parts[1] not in labs for _, parts in members)
         if target.exists():
             shutil.rmtree(target)
-        for info, parts in members:
-            path = target.joinpath(*parts[1:] if strip else parts)
+        target.mkdir(parents=True)
+        for parts, (info, student, lab) in members.items():
+            name = _shown("/".join(parts))
+            try:
+                with zf.open(info) as src:
+                    # file_size is what the zip claims; count what really comes out.
+                    data = _Capped(src, MAX_NOTEBOOK_BYTES).read()
+            except GraderError:
+                problems.append(_problem(f"{name}: refused (it unzips to more than the zip says)", student, lab,
+                                         "the notebook in the zip unzips to more than the zip says; refused"))
+                continue
+            except Exception as e:  # a bad CRC, a member cut short, a compression zipfile cannot read
+                what = _shown(str(e) or type(e).__name__)[:160]
+                problems.append(_problem(f"{name}: refused, damaged in the zip ({what})", student, lab,
+                                         f"the notebook is damaged in the zip and could not be unpacked ({what}); "
+                                         "ask for it again"))
+                continue
+            path = target.joinpath(*parts)
             path.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as src, path.open("wb") as dst:
-                # file_size is what the zip claims; count what really comes out.
-                shutil.copyfileobj(_Capped(src, MAX_NOTEBOOK_BYTES), dst)
+            path.write_bytes(data)
     return target, problems
 
 

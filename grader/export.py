@@ -10,6 +10,9 @@ as a real zero. Here each lab has four columns:
                         points; ..." or "not graded: <why>"
 
 then ``total score`` (graded labs only) and ``total max score``.
+
+A row that cannot be made (a gradebook query or a status entry that fails)
+says so in each lab's verdict; the other students' rows are written.
 """
 from __future__ import annotations
 
@@ -36,29 +39,50 @@ def rows(students: list[str], points: dict[str, float], status: dict, db_url: st
     out = []
     with Gradebook(db_url, course_id=course_id) as gradebook:
         for student in students:
-            row, total, total_max = {"student_id": student}, 0.0, 0.0
-            for lab, max_score in points.items():
-                entry = status.get(student, {}).get(lab)
-                row[f"{lab} max score"] = max_score
-                total_max += max_score
-                if entry is None:
-                    row.update({f"{lab} score": "", f"{lab} graded": "no",
-                                f"{lab} verdict": "not graded: no submission"})
-                    continue
-                score, lines = None, entry["verdict"]
-                if entry["graded"]:
-                    try:
-                        score = gradebook.find_submission(lab, student).score
-                    except MissingEntry:
-                        lines = ["not graded: the gradebook has no grade for it"]
-                if score is None:
-                    row.update({f"{lab} score": "", f"{lab} graded": "no", f"{lab} verdict": as_text(lines)})
-                else:
-                    total += score
-                    row.update({f"{lab} score": score, f"{lab} graded": "yes", f"{lab} verdict": as_text(lines)})
-            row["total score"], row["total max score"] = total, total_max
-            out.append(row)
+            try:
+                out.append(_row(gradebook, student, points, status))
+            except Exception as error:  # this student's row alone
+                out.append(_unexported_row(student, points, error))
+                try:  # a failed query leaves the session to be rolled back before the next one
+                    gradebook.db.rollback()
+                except Exception:
+                    pass
     return out
+
+
+def _row(gradebook: Gradebook, student: str, points: dict[str, float], status: dict) -> dict:
+    row, total, total_max = {"student_id": student}, 0.0, 0.0
+    for lab, max_score in points.items():
+        entry = status.get(student, {}).get(lab)
+        row[f"{lab} max score"] = max_score
+        total_max += max_score
+        if entry is None:
+            row.update({f"{lab} score": "", f"{lab} graded": "no",
+                        f"{lab} verdict": "not graded: no submission"})
+            continue
+        score, lines = None, entry["verdict"]
+        if entry["graded"]:
+            try:
+                score = gradebook.find_submission(lab, student).score
+            except MissingEntry:
+                lines = ["not graded: the gradebook has no grade for it"]
+        if score is None:
+            row.update({f"{lab} score": "", f"{lab} graded": "no", f"{lab} verdict": as_text(lines)})
+        else:
+            total += score
+            row.update({f"{lab} score": score, f"{lab} graded": "yes", f"{lab} verdict": as_text(lines)})
+    row["total score"], row["total max score"] = total, total_max
+    return row
+
+
+def _unexported_row(student: str, points: dict[str, float], error: Exception) -> dict:
+    """The row of a student whose grades could not be read: every lab says so, none counts."""
+    why = f"not graded: the grader could not export this student's grades: {type(error).__name__}"
+    row = {"student_id": student}
+    for lab, max_score in points.items():
+        row.update({f"{lab} score": "", f"{lab} max score": max_score, f"{lab} graded": "no", f"{lab} verdict": why})
+    row["total score"], row["total max score"] = 0.0, sum(points.values())
+    return row
 
 
 def write_csv(path: Path, students: list[str], points: dict[str, float], status: dict, db_url: str,

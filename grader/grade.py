@@ -11,6 +11,12 @@
    own recording is done;
 4. export: one CSV row per student (grader.export).
 
+A step that fails for one submission (collecting it, reading it, grading,
+scanning, merging or exporting it) is that submission's verdict alone, and the
+class goes on (grader.collect, grader.grade_submission, grader.export); only what
+concerns the whole run stops it (no sandbox, a lab whose recording failed, a
+folder of submissions that cannot be read).
+
 Everything goes under the work folder (default grader/work/, git-ignored).
 Finished submissions are recorded one by one in status.json with a
 fingerprint of the notebook and of the lab: a second run grades only what
@@ -31,7 +37,7 @@ from pathlib import Path
 from . import COURSE_ROOT, GraderError, collect, export, gradebook, jail, reference, sandbox, verdict
 from .autograde_worker import AutogradeWorker
 from .feedback_worker import FeedbackWorker
-from .grade_submission import SubmissionGrader
+from .grade_submission import SubmissionGrader, could_not, log_failure, not_graded
 from .labs import Lab, display_path, find_labs
 from .workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
 
@@ -71,11 +77,12 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         found, more = collect.find(submissions, list(infos))
         for problem in problems + more:
             say(f"skipped {problem}")
+        uncollected = _uncollected(problems + more, found, infos)
         status = ws.load_status()
         todo = []
         for submission in found:
             entry = status.get(submission.student, {}).get(submission.lab)
-            if regrade or not entry or entry.get("fingerprint") != fingerprint(submission, infos[submission.lab]):
+            if regrade or not entry or entry.get("fingerprint") != _fingerprint(submission, infos):
                 todo.append(submission)
         if len(todo) < len(found):
             say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept "
@@ -106,11 +113,16 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
             recordings[submission.lab].result()  # this lab's values are in `judged` (or its recording failed)
             gradebook_ready.result()
             slot = slots.get()
+            started = time.time()
             try:
                 entry = grader.grade(submission, slot)
+            except Exception as error:  # this student's alone: the class goes on (grader.grade_submission)
+                log_failure(ws, submission, "grade this notebook", error)
+                entry = not_graded(ws, submission, could_not("grade this notebook", error), started)
             finally:
                 slots.put(slot)
-            entry["fingerprint"] = fingerprint(submission, infos[submission.lab])
+            if mark := _fingerprint(submission, infos):
+                entry["fingerprint"] = mark  # none: the next run grades it again
             with grader.lock:
                 status.setdefault(submission.student, {})[submission.lab] = entry
                 ws.save_status(status)  # after each one: an interrupted run keeps what it graded
@@ -130,11 +142,34 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
                 worker.close()
         gradebook_ready.result()
         target = Path(csv_path) if csv_path else ws.root / "grades.csv"
-        students = sorted({s.student for s in found} | set(status))
-        export.write_csv(target, students, {lab: info.max_score for lab, info in infos.items()}, status,
+        graded = {**status, **{student: {**status.get(student, {}), **labs_}
+                               for student, labs_ in uncollected.items()}}
+        students = sorted({s.student for s in found} | set(graded))
+        export.write_csv(target, students, {lab: info.max_score for lab, info in infos.items()}, graded,
                          gradebook.db_url(ws.gradebook), root)
         say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
         return target
+
+
+def _fingerprint(submission: collect.Submission, infos: dict) -> str | None:
+    """The submission's fingerprint; None where its file cannot be read (grading it then says why)."""
+    try:
+        return fingerprint(submission, infos[submission.lab])
+    except OSError:
+        return None
+
+
+def _uncollected(problems: list[str], found: list[collect.Submission], infos: dict) -> dict[str, dict]:
+    """{student: {lab: status entry}} of the labs that could not be collected (damaged in the zip, too
+    big), for this run's CSV: "not graded" and why, rather than "no submission" or an earlier grade."""
+    handed_in = {(s.student, s.lab) for s in found}
+    out: dict[str, dict] = {}
+    for problem in problems:
+        if isinstance(problem, collect.Problem) and problem.lab in infos \
+                and (problem.student, problem.lab) not in handed_in:
+            out.setdefault(problem.student, {})[problem.lab] = {
+                "graded": False, "verdict": verdict.lines(graded=False, why_not=problem.why)}
+    return out
 
 
 def record_judged_values(ws: Workspace, root: Path, lab: Lab, say=print) -> tuple[Path, int]:

@@ -11,6 +11,13 @@
    removed, the verdict on top; a page with the verdict where nothing could
    be graded;
 4. the private gradebook's scores are merged into the class gradebook.
+
+Each step's failure, whatever it raises (a notebook nested too deep for a
+parser, a renderer or gradebook that fails), is this submission's verdict
+alone, never the run's: what it must not vouch for is not graded (a notebook
+that cannot be read, scores that cannot be read or merged), what it only
+reports on says so in the verdict (a tampering scan that could not run is
+flagged for the instructor). The traceback goes to logs/<student>/<lab>.errors.log.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ import shutil
 import tempfile
 import threading
 import time
+import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +42,15 @@ from .jail import Jail
 from .judge import UNPRIVILEGED_UID, Judge
 from .judged_execute import CELL_FILE_ENV
 from .labs import course_config
+from .quoting import quoted
 from .sandboxed import SPEC_ENV
 from .workspace import LabInfo, Workspace
 
 
 def _last_error(log: str) -> str:
+    """nbgrader's last error line, quoted: it may carry what the submission raised or printed."""
     lines = [line.strip() for line in log.splitlines() if "ERROR" in line or "Error" in line]
-    return lines[-1][:300] if lines else "no error message"
+    return quoted(lines[-1], 160) if lines else "no error message"
 
 
 def inspect_autograded(path: Path) -> tuple[bool, str]:
@@ -59,6 +69,39 @@ def inspect_autograded(path: Path) -> tuple[bool, str]:
     ids = ", ".join(c.metadata["nbgrader"]["grade_id"] for _, c in not_run)
     return False, (f"execution stopped {last} (the kernel died or was stopped), so the tests "
                    f"{ids} never ran")
+
+
+def could_not(step: str, error: BaseException) -> str:
+    """The verdict's words for a step of grading that failed; only the exception's type, as the
+    student sees it too (its message may name the grader's own paths)."""
+    return f"the grader could not {step}: {type(error).__name__}"
+
+
+def errors_log(ws: Workspace, submission: collect.Submission) -> Path:
+    return ws.root / "logs" / submission.student / f"{submission.lab}.errors.log"
+
+
+def log_failure(ws: Workspace, submission: collect.Submission, step: str, error: BaseException) -> None:
+    """The traceback of a failed step, for the instructor: logs/<student>/<lab>.errors.log."""
+    try:
+        path = errors_log(ws, submission)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=20))
+        with path.open("a", encoding="utf-8") as log:
+            log.write(f"===== the grader could not {step}\n{text[-20000:]}\n")
+    except Exception:  # the verdict says what failed; a log that cannot be written adds nothing
+        pass
+
+
+def not_graded(ws: Workspace, submission: collect.Submission, why: str, started: float) -> dict:
+    """A status entry: not graded, and why; its feedback page too, where one can be written."""
+    lines = verdict.lines(graded=False, why_not=why)
+    try:
+        verdict.write_page(ws.feedback / submission.student / submission.lab / f"{submission.lab}.html",
+                           submission.student, submission.lab, lines)
+    except Exception as error:  # the CSV still says why
+        log_failure(ws, submission, "write the feedback page of this notebook", error)
+    return {"graded": False, "verdict": lines, "seconds": round(time.time() - started, 1)}
 
 
 def _tail(path: Path, chars: int = 20000) -> str:
@@ -91,12 +134,16 @@ class SubmissionGrader:
         """Autograde, judge and give feedback for one student's lab; returns its status entry."""
         started = time.time()
         lab = self.labs[submission.lab]
-        why = collect.unreadable(submission.path)
-        submitted = None if why else collect.parse_notebook(submission.path)
-        why = why or verdict.unmatchable(submitted)
+        errors_log(self.ws, submission).unlink(missing_ok=True)  # an earlier run's
+        try:
+            why = collect.unreadable(submission.path)
+            submitted = None if why else collect.parse_notebook(submission.path)
+            why = why or verdict.unmatchable(submitted)
+            restored = [] if why else collect.place(submission, submitted, self.ws.submitted, lab.released)
+        except Exception as error:  # e.g. RecursionError: JSON nested deeper than the parser goes
+            why = self._failed(submission, "read this notebook", error)
         if why:
             return self._not_graded(submission, why, started)
-        restored = collect.place(submission, submitted, self.ws.submitted, lab.released)
         jail = Path(tempfile.mkdtemp(prefix="grader-"))  # short: unix socket paths are limited
         box = usage = None  # the jail's jail.Jail, and what it used
         try:
@@ -142,26 +189,38 @@ class SubmissionGrader:
                 problem = (problem + "; " if problem else "") + f"{len(leftovers)} processes outlived the jail"
             if not graded:
                 return self._not_graded(submission, problem, started)
-            found = judge.findings() if judge else {}
-            scores = gradebook.cell_scores(private, self.course_id, lab.name, submission.student)
-            unverified = {gid: f.why for gid, f in found.items() if not f.passed and scores.get(gid, 0) > 0}
-            gradebook.zero_cells(private, self.course_id, lab.name, submission.student, list(unverified))
-            judged_failures = {gid: f.detail for gid, f in found.items() if f.detail}
-            done = nbformat.read(autograded, as_version=4)
-            lines = verdict.lines(
-                graded=True, score=gradebook.score(private, self.course_id, lab.name, submission.student),
-                max_score=lab.max_score,
-                tampered=verdict.tampering(submitted, lab.released, list(lab.points))
-                + tampering.flags(submitted, lab.released) + restored,
-                ran=verdict.execution(done, list(lab.points), self.limits, self.cell_timeout, usage),
-                unverified=unverified, judged=judged_failures)
-            problem = self.feedback[slot].write(autograded, self._page(submission), gradebook.db_url(private),
-                                                submission.student, lab.name, lines,
-                                                hidden_lines=lab.hidden_lines, lab_markdown=lab.markdown)
+            try:  # the points: what the grade rests on, so no grade without them
+                found = judge.findings() if judge else {}
+                scores = gradebook.cell_scores(private, self.course_id, lab.name, submission.student)
+                unverified = {gid: f.why for gid, f in found.items() if not f.passed and scores.get(gid, 0) > 0}
+                gradebook.zero_cells(private, self.course_id, lab.name, submission.student, list(unverified))
+                judged_failures = {gid: f.detail for gid, f in found.items() if f.detail}
+                score = gradebook.score(private, self.course_id, lab.name, submission.student)
+            except Exception as error:
+                return self._not_graded(submission, self._failed(submission, "score this notebook", error), started)
+            lines = verdict.lines(graded=True, score=score, max_score=lab.max_score,
+                                  tampered=self._tampering(submission, submitted, lab) + restored,
+                                  ran=self._ran(submission, autograded, lab, usage),
+                                  unverified=unverified, judged=judged_failures)
+            try:
+                problem = self.feedback[slot].write(autograded, self._page(submission), gradebook.db_url(private),
+                                                    submission.student, lab.name, lines,
+                                                    hidden_lines=lab.hidden_lines, lab_markdown=lab.markdown)
+            except Exception as error:
+                problem = self._failed(submission, "render the feedback page of this notebook", error)
             if problem:
                 lines.append(f"no feedback page: {problem}")
-            with self.lock:
-                gradebook.merge(private, self.ws.gradebook, self.course_id, lab.name, submission.student)
+                try:  # the verdict alone, rather than no page or an earlier run's
+                    verdict.write_page(self._page(submission), submission.student, submission.lab, lines)
+                except Exception as error:  # the verdict already says there is no page
+                    log_failure(self.ws, submission, "write the feedback page of this notebook", error)
+            try:
+                with self.lock:
+                    gradebook.merge(private, self.ws.gradebook, self.course_id, lab.name, submission.student)
+            except Exception as error:  # the class gradebook may hold another grade: the export must not show it
+                return self._not_graded(
+                    submission, self._failed(submission, "merge this notebook's grade into the class gradebook", error),
+                    started)
             return {"graded": True, "verdict": lines, "seconds": round(time.time() - started, 1)}
         finally:
             if box:
@@ -169,19 +228,46 @@ class SubmissionGrader:
             self._keep_logs(jail, submission)
             shutil.rmtree(jail, ignore_errors=True)
 
+    def _tampering(self, submission: collect.Submission, submitted: dict, lab: LabInfo) -> list[str]:
+        """What the student did to the tests, and the lines the scan flags; a scan that could not
+        run is itself flagged: the grade is given, but not vouched for."""
+        try:
+            edited = verdict.tampering(submitted, lab.released, list(lab.points))
+        except Exception as error:
+            why = self._failed(submission, "compare this notebook's test cells with the lab's", error)
+            edited = [f"{why}; flagged for the instructor to compare by hand"]
+        try:
+            return edited + tampering.flags(submitted, lab.released)
+        except Exception as error:  # e.g. RecursionError on an expression nested thousands deep
+            why = self._failed(submission, "scan this notebook for tampering", error)
+            return [f"{why}; flagged for the instructor to read by hand", *edited]
+
+    def _ran(self, submission: collect.Submission, autograded: Path, lab: LabInfo, usage) -> list[str]:
+        """What each cell raised or what cut it short, as verdict.execution says it."""
+        try:
+            done = nbformat.read(autograded, as_version=4)
+            return verdict.execution(done, list(lab.points), self.limits, self.cell_timeout, usage)
+        except Exception as error:
+            return [self._failed(submission, "report how this notebook's cells ran", error)]
+
+    def _failed(self, submission: collect.Submission, step: str, error: Exception) -> str:
+        log_failure(self.ws, submission, step, error)
+        return could_not(step, error)
+
     def _page(self, submission: collect.Submission) -> Path:
         return self.ws.feedback / submission.student / submission.lab / f"{submission.lab}.html"
 
     def _keep_logs(self, jail: Path, submission: collect.Submission) -> None:
         """nbgrader's log and the tail of the kernel's console, for the instructor: logs/<student>/<lab>.log."""
-        parts = [(name, _tail(jail / name)) for name in ("autograde.log", "console.log")]
-        text = "".join(f"===== {name}\n{body}\n" for name, body in parts if body)
-        if text:
-            target = self.ws.root / "logs" / submission.student / f"{submission.lab}.log"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
+        try:
+            parts = [(name, _tail(jail / name)) for name in ("autograde.log", "console.log")]
+            text = "".join(f"===== {name}\n{body}\n" for name, body in parts if body)
+            if text:
+                target = self.ws.root / "logs" / submission.student / f"{submission.lab}.log"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text, encoding="utf-8")
+        except OSError as error:  # the grade stands without its log
+            log_failure(self.ws, submission, "keep the logs of this notebook", error)
 
     def _not_graded(self, submission: collect.Submission, why: str, started: float) -> dict:
-        lines = verdict.lines(graded=False, why_not=why)
-        verdict.write_page(self._page(submission), submission.student, submission.lab, lines)
-        return {"graded": False, "verdict": lines, "seconds": round(time.time() - started, 1)}
+        return not_graded(self.ws, submission, why, started)

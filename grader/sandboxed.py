@@ -6,27 +6,122 @@ and points GRADER_SANDBOX_SPEC at the jail's grader.sandbox.Spec). Its kernel
 manager talks to the kernel over unix sockets in the jail (zmq's ipc
 transport): the jail has no network to reach a TCP port, and submissions
 graded side by side never race for port numbers.
+
+What the kernel sends is bounded before Python holds it: zmq refuses a frame
+(one part of a message) larger than the cell's output cap plus FRAME_SLACK on
+the output channel (ZMQ_MAXMSGSIZE; an output that large could never be kept),
+and larger than OTHER_FRAME_BYTES on the others. zmq ends a connection that
+sends such a frame and does not make it again by itself: `CappedChannel`
+watches for that and connects again, and the cell gets a note.
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
+from queue import Empty
 
+import zmq
+from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
+from traitlets import DottedObjectName, Integer, Type
+from zmq.utils.monitor import recv_monitor_message
 
 from . import sandbox
 
 SPEC_ENV = "GRADER_SANDBOX_SPEC"
 OUTPUT_NOTE = "[grader] this cell printed {printed}; only the first {kept} are kept."
 NOTEBOOK_OUTPUT_NOTE = "[grader] the notebook's output passed {kept}; this cell's output past that is not kept."
+#: The output channel takes frames up to the cell's output cap plus this (a message's JSON is a
+#: little longer than what it adds to the notebook; a cell's code comes in a frame of its own).
+FRAME_SLACK = 1 << 20
+#: The other channels' frames (replies: an error's reply repeats its message): up to this.
+OTHER_FRAME_BYTES = 256 << 20
+#: How often a wait for a message looks whether zmq cut the channel off.
+RECONNECT_CHECK_S = 0.1
 
 
 def megabytes(n: int) -> str:
     return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} kB"
+
+
+class CappedChannel(AsyncZMQSocketChannel):
+    """A channel to the kernel that connects again after zmq cut it off for a frame past its cap.
+
+    zmq (ZMQ_MAXMSGSIZE) ends the connection at the frame's size, before it reads the frame,
+    and never reconnects a connection it ended so: a monitor of the socket reports it, and each
+    wait for a message looks every RECONNECT_CHECK_S and connects again. What the kernel sent
+    in between is lost; `cut` counts the times.
+    """
+
+    def __init__(self, socket, session, loop=None):
+        super().__init__(socket, session, loop)
+        self.url = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.cut = 0
+        address = f"inproc://grader-monitor-{id(self):x}"
+        socket.monitor(address, zmq.EVENT_DISCONNECTED)
+        # A plain socket on the same zmq context (inproc needs it), read without waiting.
+        self._context = zmq.Context.shadow(socket.context.underlying)
+        self._events = self._context.socket(zmq.PAIR)
+        self._events.linger = 0
+        self._events.connect(address)
+
+    def reconnect_if_cut(self) -> None:
+        cut = False
+        while self._events is not None and self._events.poll(0):
+            cut |= recv_monitor_message(self._events)["event"] == zmq.EVENT_DISCONNECTED
+        if cut and self.socket is not None:
+            self.cut += 1
+            try:
+                self.socket.disconnect(self.url)
+            except zmq.ZMQError:
+                pass
+            self.socket.connect(self.url)
+
+    async def get_msg(self, timeout: float | None = None) -> dict:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.reconnect_if_cut()
+            left = RECONNECT_CHECK_S if deadline is None else min(RECONNECT_CHECK_S, deadline - time.monotonic())
+            try:
+                return await super().get_msg(timeout=max(left, 0))
+            except Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    def close(self) -> None:
+        if self._events is not None:
+            if self.socket is not None:
+                self.socket.disable_monitor()  # first: a monitor with no reader could block zmq
+            self._events.close()
+            self._events = None
+        super().close()
+
+    stop = close
+
+
+class SandboxedKernelClient(AsyncKernelClient):
+    """The kernel's client, each socket with its frame cap set before it connects (see the module)."""
+    iopub_frame_bytes = Integer(OTHER_FRAME_BYTES)
+
+    shell_channel_class = Type(CappedChannel)
+    iopub_channel_class = Type(CappedChannel)
+    stdin_channel_class = Type(CappedChannel)
+    control_channel_class = Type(CappedChannel)
+
+    def _create_connected_socket(self, channel: str, identity: bytes | None = None):
+        # Sockets take the context's options when they are made (the heartbeat's too, made apart).
+        self.context.setsockopt(zmq.MAXMSGSIZE, self.iopub_frame_bytes if channel == "iopub" else OTHER_FRAME_BYTES)
+        try:
+            return super()._create_connected_socket(channel, identity)
+        finally:
+            self.context.setsockopt(zmq.MAXMSGSIZE, OTHER_FRAME_BYTES)
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -48,6 +143,14 @@ class SandboxedKernelManager(AsyncKernelManager):
         self.transport = "ipc"
         self.connection_file = str(self.jail.kernel_dir / "kernel.json")
         self.ip = str(self.jail.kernel_dir / "k")
+        self.sealed = False
+
+    client_class = DottedObjectName("grader.sandboxed.SandboxedKernelClient")
+    client_factory = Type(SandboxedKernelClient, klass=AsyncKernelClient)
+
+    def client(self, **kwargs) -> SandboxedKernelClient:
+        output_bytes = sandbox.Limits(**self.jail.limits).output_bytes
+        return super().client(iopub_frame_bytes=output_bytes + FRAME_SLACK, **kwargs)
 
     def write_connection_file(self, **kwargs) -> None:
         super().write_connection_file(**kwargs)
@@ -56,9 +159,13 @@ class SandboxedKernelManager(AsyncKernelManager):
             os.chmod(self.connection_file, 0o640, follow_symlinks=False)
 
     def seal(self) -> None:
-        """The kernel has bound its sockets: from now on it may not add, remove or replace files here."""
-        if self.jail.uid is not None:
+        """The kernel has bound its sockets: from now on it may not add, remove or replace files here.
+
+        (Where the grader is not root, the kernel's uid owns the folder and no mode keeps it out.)
+        """
+        if self.jail.uid is not None and not self.sealed:
             os.chmod(self.jail.kernel_dir, 0o750)
+            self.sealed = True
 
     def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
@@ -107,12 +214,20 @@ class SandboxedExecute(Execute):
     Every iopub message that adds to the notebook counts against `output_bytes`
     per cell and `notebook_output_bytes` for the whole notebook: printed text,
     displays, display updates (each rewrites every output of its display id,
-    so it counts once per output it rewrites) and widget messages. Past a cap,
-    messages are dropped and the cell gets a note. An error is always kept
-    (nbgrader fails a test cell by its error output), truncated; clear_output
-    never removes one. Capping here, as messages arrive, keeps a cell that
-    prints for minutes from filling the grader's memory; nbgrader's
-    LimitOutput trims only afterwards.
+    so it counts once per output it rewrites) and widget messages, their
+    binary buffers included. Past a cap, messages are dropped and the cell gets
+    a note; a frame too large to keep is refused by zmq before it is read
+    (`CappedChannel`), and the cell gets a note too. An error is always kept
+    (nbgrader fails a test cell by its error output), truncated, from the
+    execute reply where its message was refused; clear_output never removes
+    one. Capping here, as messages arrive, keeps a cell that prints for
+    minutes from filling the grader's memory; nbgrader's LimitOutput trims
+    only afterwards. Widget state is never written into the notebook
+    (metadata ``widgets``): nothing grades it, and a browser would run it.
+
+    The kernel's folder is sealed (SandboxedKernelManager.seal) once the kernel
+    answers, on the synchronous path that nbconvert's ExecutePreprocessor takes
+    as on the asynchronous one, and again before each cell in any case.
     """
 
     def __init__(self, **kwargs):
@@ -123,15 +238,52 @@ class SandboxedExecute(Execute):
         self._printed: dict[int, int] = {}
         self._notebook_printed = 0
         self._notes: dict[int, dict] = {}
+        self._too_big: set[int] = set()  # cells a frame of which zmq refused
+        self.frame_bytes = self.output_bytes + FRAME_SLACK
 
     async def async_start_new_kernel_client(self):
         kc = await super().async_start_new_kernel_client()
         self.km.seal()  # it answered, so its sockets are bound
         return kc
 
+    # nbclient binds the synchronous name to its own coroutine: ExecutePreprocessor.preprocess,
+    # which nbgrader runs, would never call the one above.
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)
+
+    def preprocess_cell(self, cell, resources, index):
+        self.km.seal()  # whatever started the kernel: before any of the notebook's code runs
+        channel = getattr(self.kc, "iopub_channel", None) if self.kc else None
+        cut = getattr(channel, "cut", 0)
+        cell, resources = super().preprocess_cell(cell, resources, index)
+        if channel is not None:
+            channel.reconnect_if_cut()
+            if channel.cut > cut and self._kernel_alive():
+                self._too_big.add(index)
+                self._note(cell.outputs, index)
+        return cell, resources
+
+    def _kernel_alive(self) -> bool:
+        # A dead kernel's connection ends too; that is not an output too large.
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        return process is None or process.poll() is None
+
+    def on_cell_executed(self, **kwargs):
+        # nbgrader adds the reply's error where no error output came (its message was refused): bounded too.
+        content = (kwargs.get("execute_reply") or {}).get("content") or {}
+        if content.get("status") == "error":
+            kwargs["execute_reply"]["content"] = _truncated_error(content)
+        return super().on_cell_executed(**kwargs)
+
+    def set_widgets_metadata(self) -> None:
+        """Never: widget state is not graded, and would run in the browser of whoever opens the notebook."""
+
+    def _get_buffer_data(self, msg):
+        return []  # a widget's binary buffers are only for set_widgets_metadata
+
     def _size(self, msg: dict) -> int:
         content = msg.get("content", {})
         size = len(json.dumps(content, default=str))
+        size += sum(memoryview(b).nbytes for b in msg.get("buffers") or [])  # a widget's binary data
         transient = content.get("transient") or {}
         display_id = transient.get("display_id") if isinstance(transient, dict) else None
         if display_id and msg["msg_type"] in ("display_data", "update_display_data", "execute_result"):
@@ -176,8 +328,11 @@ class SandboxedExecute(Execute):
             note = new_output("stream", name="stdout", text="")
             outs.append(note)
             self._notes[cell_index] = note
-        printed = self._printed[cell_index]
-        if self._notebook_printed > self.notebook_output_bytes and printed <= self.output_bytes:
+        printed = self._printed.get(cell_index, 0)
+        if cell_index in self._too_big:
+            note["text"] = OUTPUT_NOTE.format(printed=f"more than {megabytes(self.frame_bytes)} in one output",
+                                              kept=megabytes(self.output_bytes)) + "\n"
+        elif self._notebook_printed > self.notebook_output_bytes and printed <= self.output_bytes:
             note["text"] = NOTEBOOK_OUTPUT_NOTE.format(kept=megabytes(self.notebook_output_bytes)) + "\n"
         else:
             note["text"] = OUTPUT_NOTE.format(printed=megabytes(printed), kept=megabytes(self.output_bytes)) + "\n"

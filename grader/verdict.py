@@ -14,7 +14,7 @@ from .jail import JailUsage
 from .labs import source_text
 from .quoting import quoted, short
 from .sandbox import JAIL_COURSE, JAIL_HOME, WRITABLE_INSIDE, Limits
-from .sandboxed import OUTPUT_NOTE
+from .sandboxed import NOTEBOOK_OUTPUT_NOTE, OUTPUT_NOTE
 
 MAX_LINE = 240
 MAX_LINES = 12
@@ -22,6 +22,7 @@ HIDDEN_PARTS = ("solutions", "reference", "gradebook", "grader/work")
 # The grader's own words about a size (sandboxed.megabytes): a cell that prints the note itself adds no other.
 _OUTPUT_NOTE_RE = re.compile(re.escape(OUTPUT_NOTE.split("{")[0])
                              + r"((?:more than )?[0-9.]+ [kM]B(?: in one output)?); only")
+_NOTEBOOK_NOTE_RE = re.compile(re.escape(NOTEBOOK_OUTPUT_NOTE.split("{")[0]) + r"[0-9.]+ [kM]B; this cell")
 
 
 def _grade_id(cell) -> str | None:
@@ -171,6 +172,9 @@ def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: 
             if output.get("output_type") == "stream" and note:
                 out.append(f"{_where(cell, index)} printed {note.group(1)}; only the first "
                            f"{limits.output_bytes >> 10} kB are kept in the graded notebook")
+            elif output.get("output_type") == "stream" and _NOTEBOOK_NOTE_RE.search(str(output.get("text", ""))):
+                out.append(f"{_where(cell, index)}: its output past the notebook's "
+                           f"{limits.notebook_output_bytes >> 10} kB in all is not kept in the graded notebook")
     if usage is not None and usage.oom_killed:  # a rank or child, since the kernel lived
         out.append(f"a process was killed for using more than {memory_limit(limits, usage)}{_peak(usage)}")
     return out

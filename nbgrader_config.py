@@ -9,6 +9,7 @@ Layout: solutions/<lab>/<lab>.ipynb (instructor source) -> labs/<lab>/<lab>.ipyn
 grader/work/, which .gitignore keeps out of the repository.
 """
 
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -86,22 +87,39 @@ c.Execute.skip_cells_with_tag = "nbgrader-skip-5c1e9a07d3b84f26a9e0b71c4d62f8e3"
 # Under `python -m grader grade`, the kernel runs in a sandbox (grader/sandbox.py),
 # and the judge (grader/judge.py) must know which test cell runs: the same
 # preprocessors as nbgrader's, with Execute swapped for one that tells the judge,
-# jailed unless the instructor asked for --unsafe.
-if os.environ.get("GRADER_JUDGE_CELL_FILE"):
+# jailed unless the instructor asked for --unsafe. A jail is asked for by its spec
+# alone: a lab whose tests check no reference value has no judge, and still a jail.
+# Last, the autograded notebook is made inert (grader/feedback_safety.py): formgrader
+# and nbgrader's own generate_feedback render its outputs, its markdown and raw cells
+# as they are, and the student's scripts would run in the instructor's browser. That
+# step is nbgrader's too wherever grader/ can be imported (formgrader's own autograde).
+if os.environ.get("GRADER_SANDBOX_SPEC"):
+    _execute = "grader.judged_execute.JudgedSandboxedExecute"
+elif os.environ.get("GRADER_JUDGE_CELL_FILE"):
+    _execute = "grader.judged_execute.JudgedExecute"
+else:
+    _execute = "nbgrader.preprocessors.Execute"
+if _execute != "nbgrader.preprocessors.Execute" or importlib.util.find_spec("grader") is not None:
     c.Autograde.autograde_preprocessors = [
-        "grader.judged_execute.JudgedSandboxedExecute" if os.environ.get("GRADER_SANDBOX_SPEC")
-        else "grader.judged_execute.JudgedExecute",
+        _execute,
         "nbgrader.preprocessors.IgnorePattern",
         "nbconvert.preprocessors.ClearMetadataPreprocessor",
         "nbgrader.preprocessors.LimitOutput",
         "nbgrader.preprocessors.SaveAutoGrades",
         "nbgrader.preprocessors.AssignLatePenalties",
         "nbgrader.preprocessors.CheckCellMetadata",
+        "grader.feedback_safety.InertNotebook",
     ]
 
 # A graded test cell deleted from a submission is restored from the gradebook
 # and run, instead of silently dropping out of the grading.
 c.OverwriteCells.add_missing_cells = True
+
+# formgrader shows an autograded notebook through an HTMLExporter of this config, and
+# nbgrader's generate_feedback through another: each makes it inert first too, which
+# covers a notebook autograded before that step existed, or by another tool.
+if importlib.util.find_spec("grader") is not None:
+    c.HTMLExporter.preprocessors = ["grader.feedback_safety.InertNotebook"]
 
 # --- Feedback ---------------------------------------------------------------
 # nbgrader 0.9.6 shows hidden tests in the feedback HTML; grader.feedback

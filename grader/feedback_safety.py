@@ -18,14 +18,22 @@ autograded notebook from what the page may safely show:
 
 The page's Content-Security-Policy (grader.feedback) forbids scripts as well,
 so whatever this misses does not run.
+
+The autograded notebook itself is opened by formgrader and rendered by
+nbgrader's own generate_feedback, without that policy: `InertNotebook`,
+autograde's last step (nbgrader_config.py), rewrites it with the same outputs,
+and shows markdown and raw cells whose HTML could run as text.
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import re
+from html.parser import HTMLParser
 
+from nbconvert.preprocessors import Preprocessor
 from nbformat import NotebookNode, from_dict
+from traitlets import Bool
 
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 MIN_HIDDEN_LINE = 20
@@ -107,7 +115,7 @@ def _data_output(output: dict, hidden: HiddenLines) -> dict:
     if "text/plain" in data:
         kept["text/plain"] = hidden.scrub(_text(data["text/plain"]))
     elif left_out:
-        kept["text/plain"] = f"[{', '.join(left_out)} output, not shown: feedback pages show text and images only]"
+        kept["text/plain"] = f"[{', '.join(left_out)} output, not shown: graded notebooks show text and images only]"
     safe = {"output_type": output["output_type"], "data": kept, "metadata": kept_meta}
     if output["output_type"] == "execute_result":
         safe["execution_count"] = _size(output.get("execution_count"))
@@ -167,3 +175,117 @@ def make_inert(nb: NotebookNode, lab_markdown: list[str], hidden: list[str]) -> 
         cells.append(safe)
     # Not the submission's: its language_info names the lexer, and an unknown one fails the page.
     return from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": NOTEBOOK_METADATA, "cells": cells})
+
+
+# --- The autograded notebook itself ------------------------------------------------------------
+# formgrader shows it to the instructor, and nbgrader's own generate_feedback renders it, each with
+# nbconvert's templates: outputs as they are, markdown cells through markdown2html (raw HTML kept),
+# raw cells verbatim. `make_notebook_inert` rewrites it in place so that either shows nothing
+# that could run: the same outputs as the feedback pages (text and checked PNG or JPEG), markdown
+# and raw cells whose HTML is not plainly harmless shown as text, no widget state.
+
+#: What markdown2html may make of a markdown cell for it to render as it is.
+SAFE_TAGS = frozenset("a abbr b blockquote br caption code del details dd div dl dt em h1 h2 h3 h4 h5 h6 hr i img "
+                      "ins kbd li ol p pre s span strong sub summary sup table tbody td tfoot th thead tr u ul".split())
+SAFE_ATTRIBUTES = frozenset("href src alt title width height align colspan rowspan start class id".split())
+_SAFE_URL = re.compile(r"^(https?://|mailto:|#|attachment:|[^:]*$)", re.I)  # no other scheme
+#: MathJax commands that make links, load extensions or set styles and ids.
+_UNSAFE_TEX = re.compile(r"\\(href|url|unicode|require|style|class|cssId|html)\b")
+SHOWN_AS_TEXT = "[grader] this cell's HTML could run in a browser: it is shown as text."
+
+
+class _Markup(HTMLParser):
+    """The tags and attributes of an HTML fragment that are not on the lists above."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.unsafe: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in SAFE_TAGS:
+            self.unsafe.append(tag)
+        for name, value in attrs:
+            if name not in SAFE_ATTRIBUTES or (name in ("href", "src") and not _SAFE_URL.match((value or "").strip())):
+                self.unsafe.append(f"{tag} {name}={value!r}")
+
+    handle_startendtag = handle_starttag
+
+    def handle_decl(self, decl):
+        self.unsafe.append(f"<!{decl}>")
+
+    def handle_pi(self, data):
+        self.unsafe.append(f"<?{data}>")
+
+    def unknown_decl(self, data):
+        self.unsafe.append(f"<![{data}]>")
+
+
+def unsafe_markdown(source: str) -> list[str]:
+    """What in a markdown cell could run when nbconvert renders it ([] if nothing)."""
+    from nbconvert.filters.markdown import markdown2html
+
+    parser = _Markup()
+    parser.feed(markdown2html(source))
+    parser.close()
+    return parser.unsafe + [f"\\{m.group(1)}" for m in _UNSAFE_TEX.finditer(source)]
+
+
+def as_text(source: str) -> str:
+    """Markdown that shows source as it is, in a code block (a fence longer than any in it)."""
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", source)), default=0))
+    return f"{SHOWN_AS_TEXT}\n\n{fence}text\n{source}\n{fence}\n"
+
+
+def _attachments(value) -> dict:
+    kept = {}
+    for name, bundle in (value or {}).items() if isinstance(value, dict) else ():
+        images = {mime: _image(bundle[mime], head) for mime, head in IMAGE_HEADS.items()
+                  if isinstance(bundle, dict) and mime in bundle}
+        images = {mime: data for mime, data in images.items() if data is not None}
+        if images and _SAFE_ID.match(str(name)):
+            kept[name] = images
+    return kept
+
+
+def make_notebook_inert(nb: NotebookNode) -> NotebookNode:
+    """Rewrite the autograded notebook, in place, so that no template renders anything of it that runs.
+
+    Grading reads only what stays as it was: error and stream outputs, cell sources and nbgrader metadata.
+    """
+    nb.metadata.pop("widgets", None)
+    nothing_hidden = HiddenLines([])
+    for index, cell in enumerate(nb.cells):
+        if not _SAFE_ID.match(str(cell.get("id", "cell"))):
+            cell["id"] = f"cell-{index}"
+        meta = cell.setdefault("metadata", {})
+        if isinstance(meta.get("tags"), list):
+            meta["tags"] = [t for t in meta["tags"] if isinstance(t, str) and _SAFE_ID.match(t)]
+        if "nbgrader" in meta and not _SAFE_ID.match(str((meta["nbgrader"] or {}).get("grade_id", "x"))):
+            del meta["nbgrader"]  # formgrader writes the grade_id into the page unescaped; no lab's looks so
+        if cell.cell_type == "code":
+            cell.outputs = [from_dict(_output(o, nothing_hidden)) for o in cell.get("outputs", [])
+                            if isinstance(o, dict)]
+            continue
+        source = _text(cell.get("source", ""))
+        if cell.cell_type == "raw":  # rendered verbatim as HTML: shown as text instead
+            cell.cell_type = "markdown"
+            meta.pop("format", None), meta.pop("raw_mimetype", None)
+            cell.source = as_text(source)
+        elif cell.cell_type == "markdown" and unsafe_markdown(source):
+            cell.source = as_text(source)
+        if cell.cell_type == "markdown":
+            attachments = _attachments(cell.get("attachments"))
+            if attachments:
+                cell["attachments"] = attachments
+            else:
+                cell.pop("attachments", None)
+    return nb
+
+
+class InertNotebook(Preprocessor):
+    """nbgrader autograde's last step: the notebook it writes is rendered safely (`make_notebook_inert`)."""
+
+    enabled = Bool(True)  # nbconvert's preprocessors are off unless told (nbgrader's own ClearMetadata is)
+
+    def preprocess(self, nb, resources):
+        return make_notebook_inert(nb), resources

@@ -243,3 +243,108 @@ def test_opening_the_hostile_page_in_a_browser_runs_nothing_of_the_students(grad
         assert page.locator("marquee").count() == 0
         assert "owned by the student" in page.locator("body").inner_text()   # shown, as text
         assert page.locator("pre.student-markdown").count() == 1
+
+
+# --- the autograded notebook itself: formgrader and nbgrader's generate_feedback render it -------
+
+def _nbgrader_html(nb, template: str, course_config: bool = False) -> str:
+    """nb as formgrader ('formgrade') or nbgrader's generate_feedback ('feedback') renders it,
+    with the course's nbgrader_config.py where course_config (as both do), else without."""
+    import os
+
+    from nbconvert import HTMLExporter
+    from nbgrader.server_extensions.formgrader import handlers
+    from traitlets.config import Config
+
+    from grader.labs import course_config as load
+
+    c = load() if course_config else Config()
+    c.HTMLExporter.template_name = template
+    c.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    c.HTMLExporter.extra_template_paths = [os.path.join(os.path.dirname(handlers.__file__), "static", "node_modules",
+                                                        "bootstrap", "dist", "css")]
+    resources = {"base_url": "/", "assignment_id": LAB, "notebook_id": LAB, "submission_id": "s", "index": 0,
+                 "total": 1, "student": "s", "last_name": "l", "first_name": "f", "notebook_path": "p",
+                 "nbgrader": {"notebook": LAB, "score": 0, "max_score": 1, "late_penalty": 0}}
+    nb = nbformat.from_dict(nb)
+    for cell in nb.cells:  # what nbgrader's GetGrades adds before the feedback template
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            cell.metadata.nbgrader.setdefault("score", 0)
+    return HTMLExporter(config=c).from_notebook_node(nb, resources=resources)[0]
+
+
+def _students_markup(nb, template: str) -> list[str]:
+    """The active markup of nb's page that an empty notebook's page (the template's own scripts) lacks."""
+    own = active_markup(_nbgrader_html(nbformat.v4.new_notebook(), template))
+    return [tag for tag in active_markup(_nbgrader_html(nb, template)) if tag not in own]
+
+
+def _autograded_with_scripts() -> nbformat.NotebookNode:
+    from nbformat.v4 import new_raw_cell
+
+    return nbformat.from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {"widgets": {
+        "application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2, "version_minor": 0}}}, "cells": [
+        new_code_cell("x", outputs=[
+            new_output("display_data", data={"text/html": "<script>alert(1)</script>", "text/plain": "<HTML>"}),
+            new_output("display_data", data={"application/javascript": "alert(2)"}),
+            new_output("display_data", data={"text/markdown": "<img src=x onerror=alert(3)>"}),
+            new_output("execute_result", data={"image/svg+xml": "<svg onload=alert(4)></svg>"}, execution_count=1),
+            new_output("stream", name="stderr", text="warned"),
+            new_output("error", ename="ValueError", evalue="<b>no</b>", traceback=["ValueError"])],
+            metadata={"nbgrader": {"grade": True, "grade_id": "test_a", "points": 1, "solution": False,
+                                   "locked": True, "schema_version": 3}}),
+        new_markdown_cell(f"{STUDENT_MARKDOWN}\n\n```\nhis code\n```"),
+        new_markdown_cell("$\\href{javascript:alert(5)}{click}$"),
+        new_raw_cell("<script>alert(6)</script>"),
+        new_markdown_cell(LAB_MARKDOWN)]})
+
+
+@pytest.mark.parametrize("template", ["formgrade", "feedback"])
+def test_the_autograded_notebook_runs_nothing_of_the_students_in_formgrader_or_nbgrader_feedback(template):
+    from grader.feedback_safety import SHOWN_AS_TEXT, InertNotebook
+
+    nb = _autograded_with_scripts()
+    assert _students_markup(nb, template), "nbgrader's page runs these as they are: this tests nothing"
+    inert, _ = InertNotebook()(nb, {})
+    assert _students_markup(inert, template) == []
+    page = _nbgrader_html(inert, template)
+    assert "alert(" not in page.replace("&lt;", "<").split(SHOWN_AS_TEXT)[0], "an output kept a script's text"
+    assert "widgets" not in inert.metadata
+    code = inert.cells[0]
+    # What grading reads stays: the error and the stderr output (nbgrader's score), the cell's metadata.
+    assert [o.output_type for o in code.outputs][-2:] == ["stream", "error"]
+    assert code.outputs[-2].name == "stderr" and code.outputs[-1].evalue == "<b>no</b>"
+    assert code.metadata.nbgrader.grade_id == "test_a"
+    assert [c.source.startswith(SHOWN_AS_TEXT) for c in inert.cells[1:]] == [True, True, True, False]
+    assert "<b>markdown</b> renders" in page  # the lab's own markdown is left as it was
+
+
+@pytest.mark.parametrize("template", ["formgrade", "feedback"])
+def test_formgrader_and_nbgrader_feedback_make_a_notebook_autograded_before_inert_too(template):
+    nb = _autograded_with_scripts()
+    assert _students_markup(nb, template)
+    own = active_markup(_nbgrader_html(nbformat.v4.new_notebook(), template, course_config=True))
+    assert [t for t in active_markup(_nbgrader_html(nb, template, course_config=True)) if t not in own] == []
+
+
+def test_the_course_ends_every_autograde_with_the_inert_step_and_jails_on_a_spec_alone(monkeypatch):
+    from grader.labs import course_config
+
+    for name in ("GRADER_SANDBOX_SPEC", "GRADER_JUDGE_CELL_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    steps = list(course_config().Autograde.autograde_preprocessors)
+    assert steps[0] == "nbgrader.preprocessors.Execute" and steps[-1] == "grader.feedback_safety.InertNotebook"
+    monkeypatch.setenv("GRADER_SANDBOX_SPEC", "/nowhere/sandbox.json")  # no judge: a lab that records no value
+    steps = list(course_config().Autograde.autograde_preprocessors)
+    assert steps[0] == "grader.judged_execute.JudgedSandboxedExecute", steps
+    assert steps[-1] == "grader.feedback_safety.InertNotebook"
+
+
+@pytest.mark.grading
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_the_hostile_autograded_notebook_runs_nothing_in_formgrader(graded):
+    autograded = graded["work"] / "autograded" / "hostile" / LAB / f"{LAB}.ipynb"
+    nb = nbformat.read(autograded, as_version=4)
+    assert "IPython.core.display.HTML object" in autograded.read_text(), "the student's cells did not run"
+    for template in ("formgrade", "feedback"):
+        assert _students_markup(nb, template) == [], template

@@ -112,6 +112,10 @@ def step_flops(model):
 ''',
 }
 
+# The reference's count of the forward's FLOPs.
+STEP_FLOPS_FORWARD = ("    forward = sum(2 * layer.in_features * layer.out_features\n"
+                      "                  for layer in model.modules() if isinstance(layer, torch.nn.Linear))\n")
+
 # The classic mistakes, each in one exercise, and the test cell that must catch it.
 MISTAKES = {
     "laps measured from start()": (
@@ -170,12 +174,41 @@ MISTAKES = {
     "only the model's direct children looked at: the Linears nested in Sequentials missed": (
         {"step_flops": [("for layer in model.modules()", "for layer in model.children()")]},
         "test_step_flops"),
+    "Linears looked for one level below the children only: those nested deeper missed": (
+        {"step_flops": [("for layer in model.modules()",
+                         "for child in model.children() for layer in (child, *child.children())")]},
+        "test_step_flops"),
+    "recursion into Sequentials only: the Linears inside a module of another kind missed": (
+        {"step_flops": [(STEP_FLOPS_FORWARD,
+                         "    def linears(module):\n"
+                         "        for child in module.children():\n"
+                         "            if isinstance(child, torch.nn.Sequential):\n"
+                         "                yield from linears(child)\n"
+                         "            elif isinstance(child, torch.nn.Linear):\n"
+                         "                yield child\n"
+                         "    forward = sum(2 * layer.in_features * layer.out_features\n"
+                         "                  for layer in linears(model))\n")]},
+        "test_step_flops"),
     "the biases counted too": (
         {"step_flops": [("2 * layer.in_features * layer.out_features",
                          "2 * layer.in_features * layer.out_features + layer.out_features")]},
         "test_step_flops"),
 }
 
+# More correct answers, each graded beside the mistakes.
+ALSO_CORRECT = {
+    # The Linears collected by model.apply, which visits every submodule at every depth.
+    "step_flops collecting the Linears with model.apply": {
+        "step_flops": '''
+def step_flops(model):
+    linears = []
+    model.apply(lambda module: linears.append(module) if isinstance(module, torch.nn.Linear) else None)
+    return sum(6 * layer.weight.shape[0] * layer.weight.shape[1] for layer in linears)
+''',
+    },
+}
+
 
 (test_every_exercise_is_graded, test_correct_answers_get_every_point,
- test_each_mistake_costs_exactly_its_exercise) = fairness_tests(LAB, DIFFERENT, MISTAKES)
+ test_each_mistake_costs_exactly_its_exercise, test_other_correct_answers_get_every_point) = fairness_tests(
+    LAB, DIFFERENT, MISTAKES, ALSO_CORRECT)

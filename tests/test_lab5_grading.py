@@ -211,6 +211,24 @@ MISTAKES = {
                              "            seen.add(storage.data_ptr())\n            total += storage.nbytes()\n",
                              "            total += tensor.numel() * tensor.element_size()\n")]},
         "test_memory_by_kind"),
+    "a storage held by two kinds counted in each: the storages seen kept per kind": (
+        {"memory_by_kind": [("    seen = set()\n\n    def held(tensors):\n        total = 0\n",
+                             "    def held(tensors):\n        seen = set()\n        total = 0\n")]},
+        "test_memory_by_kind"),
+    "a storage held by two kinds counted in the last, not the first": (
+        {"memory_by_kind": [('''    return {"parameters": held(updated),
+            "gradients": held(p.grad for p in updated if p.grad is not None),
+            "optimizer state": held(state)}''', '''    state_bytes = held(state)
+    gradient_bytes = held(p.grad for p in updated if p.grad is not None)
+    return {"parameters": held(updated), "gradients": gradient_bytes, "optimizer state": state_bytes}''')]},
+        "test_memory_by_kind"),
+    "a freed storage counted at its tensor's size, not at its size now": (
+        {"memory_by_kind": [("total += storage.nbytes()", "total += tensor.numel() * tensor.element_size()")]},
+        "test_memory_by_kind"),
+    "the model's parameters only: a sharded optimizer's own tensors left out": (
+        {"memory_by_kind": [("updated = list(model.parameters()) + [p for group in optimizer.param_groups "
+                             "for p in group[\"params\"]]", "updated = list(model.parameters())")]},
+        "test_memory_by_kind"),
     "Adam's second buffer forgotten": (
         {"memory_by_kind": [("for value in per_parameter.values()\n             if isinstance(value, torch.Tensor)]",
                              "for key, value in per_parameter.items()\n"

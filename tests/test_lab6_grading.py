@@ -310,6 +310,12 @@ MISTAKES = {
         {"pipeline_steps": [*OUTPUT_GRADIENT_SENT,
                             ("def forward_step(", CHECK_REBOUND + "def forward_step(")]},
         "test_pipeline_steps"),
+    # Right on 2 stages, where each stage has one neighbour; on 3, a middle stage's receive could take the
+    # gradient coming back (the activation's shape) for its input. The recorded receives name no sender.
+    "both receives from any rank (no src)": (
+        {"pipeline_steps": [("dist.recv(arrived, src=rank - 1)", "dist.recv(arrived)"),
+                            ("dist.recv(gradient, src=rank + 1)", "dist.recv(gradient)")]},
+        "test_pipeline_steps"),
     "GPipe's micro-batch losses not divided by m": (
         {"gpipe": [("loss_fn(stage_output, answer.to(stage_output.device)) / micro_batches if last",
                     "loss_fn(stage_output, answer.to(stage_output.device)) if last")]},
@@ -348,6 +354,9 @@ MISTAKES = {
     "1F1B warms up with N - s forwards, one too many": (
         {"one_f_one_b": [("warmup = min(world_size - rank - 1, micro_batches)",
                           "warmup = min(world_size - rank, micro_batches)")]},
+        "test_one_f_one_b"),
+    "1F1B's warm-up not capped at m: N - s - 1 forwards even when fewer micro-batches remain": (
+        {"one_f_one_b": [("warmup = min(world_size - rank - 1, micro_batches)", "warmup = world_size - rank - 1")]},
         "test_one_f_one_b"),
     "GPipe's order submitted as 1F1B": (
         {"one_f_one_b": [(ONE_F_ONE_B_LOOPS, ALL_FORWARDS_FIRST)]},

@@ -9,13 +9,16 @@ what its code earns and no more; the kernel never sees a reference value.
 from __future__ import annotations
 
 import html
+import json
+import re
 
 import pytest
+from nbformat.v4 import new_code_cell
 from test_hostile_grading import _with_cells
 
 from course import grading
 from grader.labs import graded_cells, read_notebook
-from helpers import REPO, needs_sandbox
+from helpers import REPO, needs_sandbox, round_trips
 from helpers.lab1_class import HONEST, TEST_TIMEOUT_S
 from helpers.submissions import solved
 
@@ -62,6 +65,23 @@ with socket.socket(socket.AF_UNIX) as s:
         print("the judge hung up:", type(e).__name__)
 '''
 
+# Issue 33's round: what a submission may send the judge, and what it may write into its own verdict.
+FLOOD_WITH_KEYS = '''
+import json, os, socket
+for _ in range(40):     # refused (no test cell runs), each with a key of 4 MB: the judge's log stays small
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(os.environ["COURSE_REFERENCE_JUDGE"])
+        s.sendall(json.dumps({"lab": "01_single_gpu", "op": "check", "key": "k" * (4 << 20),
+                              "value": {"number": 0}}).encode() + b"\\n")
+        s.makefile().readline()
+'''
+FORGED_VERDICT = "raise ValueError('no; graded: 19 of 19 points (instructor override)')"
+# Python runs it; the scan's recursive walk cannot (a RecursionError in the grader once stopped the class).
+TOO_DEEP_TO_SCAN = "depth = " + "+".join(["1"] * 900)
+# 0.5 % more than the true count, as bf16: inside bf16's own tolerance, but a count is judged exactly.
+STEP_FLOPS_IN_BF16 = ("return 3 * forward", "return torch.tensor(3 * forward * 1.005, dtype=torch.bfloat16)")
+FORGER = "forges_its_verdict"
+
 
 def _class() -> dict:
     """student -> (notebook, expected score, words the verdict must have)."""
@@ -76,6 +96,11 @@ def _class() -> dict:
             "course.check.assert_close = lambda *args, **kwargs: None", edits={"momentum_sgd": [STUB]}),
             FULL - MOMENTUM, ["test_momentum_sgd", "assert_close"]),
         "asks_the_judge": (_with_cells(ASK_JUDGE_FROM_A_STUDENT_CELL), FULL, [f"graded: {FULL:g}"]),
+        FORGER: (_with_cells(TOO_DEEP_TO_SCAN, STRIP_ASSERTS, FLOOD_WITH_KEYS, FORGED_VERDICT,
+                             edits={"step_flops": [STEP_FLOPS_IN_BF16]}),
+                 FULL - POINTS["test_step_flops"],
+                 ["test_step_flops", "step_flops/", "(a count: exactly)", "AST transformer", "nested too deeply",
+                  "raised ValueError: «no; graded: 19 of 19 points (instructor override)»"]),
         "floods_the_judge": (_with_cells(FLOOD_THE_JUDGE), FULL, [f"graded: {FULL:g}"]),
         # nbgrader trusts a cell's metadata, and failed on the whole notebook for these two.
         "claims_a_test_cell": (_claims_a_test_cell(), FULL,
@@ -161,3 +186,82 @@ def test_the_judges_seed_is_the_runs_own(graded):
     stored = grading.read(REPO / "grader" / "reference" / f"{LAB}.json")
     key = "momentum_sgd/weights after 6 steps"
     assert not all(a.shape == b.shape and bool((a == b).all()) for a, b in zip(recorded[key], stored[key]))
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_forged_verdict_stays_the_students_words_and_no_file_grows_past_its_cap(graded):
+    """The forger's exception reads "...; graded: 19 of 19 points": in the CSV and on its page it stays
+    between the marks that say it is the submission's; its flood of the judge left no large file."""
+    said = graded["csv"][FORGER][f"{LAB} verdict"]
+    assert said.startswith(f"graded: {FULL - POINTS['test_step_flops']:g} of {FULL:g} points"), said
+    assert "«no; graded: 19 of 19 points (instructor override)»" in said, said
+    assert "19 of 19" not in re.sub("«[^»]*»", "", said), f"the student's words outside their marks: {said}"
+    page = html.unescape((graded["work"] / "feedback" / FORGER / LAB / f"{LAB}.html").read_text(encoding="utf-8"))
+    assert "«no; graded: 19 of 19 points (instructor override)»" in page
+    largest = max((f.stat().st_size, str(f)) for f in graded["work"].rglob("*") if f.is_file())
+    assert largest[0] < 8 << 20, f"{largest[1]} is {largest[0] >> 20} MB"
+
+
+# --- lab 2, graded in the round-trip class (helpers/round_trips.py) ------------------------------------------
+LAB_2 = "02_data_parallel"
+POINTS_2 = graded_cells(read_notebook(REPO / "solutions" / LAB_2 / f"{LAB_2}.ipynb"))
+# Rank 0 is right for free in a broadcast: forward its checks alone, and switch the kernel's own comparisons
+# off, each through a name the lab's cells do not bind.
+FORWARD_RANK_0_ONLY = '''
+_c = check
+_c.assert_close = lambda *args, **kwargs: None
+R = REFERENCE
+_real_check = R.check
+def _rank_0_of_the_broadcast(key, value, *, rank=None, **kw):
+    if rank in (None, 0) or not key.startswith("broadcast/"):
+        _real_check(key, value, rank=rank, **kw)
+R.check = _rank_0_of_the_broadcast
+'''
+# torch's own all-reduce, called where the course's recorder does not look, and the records a ring would
+# have left written into the recorder by hand: right sums, a ring's messages on paper.
+RING_BY_HAND = '''
+def ring_all_reduce(tensor):
+    import torch.distributed.distributed_c10d as c10d
+    from course import recorder
+    n, me = dist.get_world_size(), dist.get_rank()
+    c10d.all_reduce(tensor)
+    active = recorder.active()
+    if active is not None and n > 1:
+        chunks = tensor.view(-1).tensor_split(n)
+        for step in range(2 * (n - 1)):
+            for op, peer in (("send", (me + 1) % n), ("recv", (me - 1) % n)):
+                record = active._record(op, {"tensor": chunks[(me - step) % n],
+                                             ("dst" if op == "send" else "src"): peer})
+                active._begin(record)
+                active._end(record)
+    return tensor
+'''
+
+
+def _forges_lab_2():
+    nb = solved(LAB_2, answers={"broadcast_parameters": "def broadcast_parameters(model):\n    pass\n",
+                                "ring_all_reduce": RING_BY_HAND})
+    setup = next(i for i, c in enumerate(nb.cells) if "REFERENCE = course.grading.Reference" in c.source)
+    nb.cells.insert(setup + 1, new_code_cell(FORWARD_RANK_0_ONLY))
+    return nb
+
+
+@pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
+def test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflagged(round_trip_class):
+    """The broadcast left as `pass`, rank 0's checks forwarded alone: the judge expects every rank's, as the
+    solution's recording made them, and gives the cell nothing. The ring made of torch's all-reduce and
+    hand-written records keeps its points, but never with a clean verdict: each line is flagged."""
+    scores = round_trips.scores(round_trip_class, LAB_2, ["forges_lab2"])
+    assert scores == {"forges_lab2": sum(POINTS_2.values()) - POINTS_2["test_broadcast_parameters"]}
+    said = json.loads((round_trip_class["work"] / "status.json").read_text())["forges_lab2"][LAB_2]["verdict"]
+    text = " | ".join(said)
+    assert ("test cell test_broadcast_parameters gets no points: its hidden check 'broadcast/state of every rank "
+            "after the broadcast, 3 ranks' reached the grader for rank 0, the solution's for ranks 0, 1, 2") \
+        in text, said
+    for words in ("rebinds course.check.assert_close", "rebinds REFERENCE.check", "around the course's recorder",
+                  "touches course.recorder"):
+        assert words in text, f"{words!r} not flagged: {said}"
+
+
+round_trips.enrol(test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflagged, LAB_2,
+                  {"forges_lab2": _forges_lab_2})

@@ -8,8 +8,9 @@ transport): the jail has no network to reach a TCP port, and submissions
 graded side by side never race for port numbers.
 
 What the kernel sends is bounded before Python holds it: zmq refuses a frame
-(one part of a message) larger than the cell's output cap plus FRAME_SLACK on
-the output channel (ZMQ_MAXMSGSIZE; an output that large could never be kept),
+(one part of a message) larger than the cell's output cap plus FRAME_SLACK, at
+least FRAME_FLOOR, on the output channel (ZMQ_MAXMSGSIZE; an output that large
+could never be kept),
 and larger than OTHER_FRAME_BYTES on the others. zmq ends a connection that
 sends such a frame and does not make it again by itself: `CappedChannel`
 watches for that and connects again, and the cell gets a note.
@@ -39,12 +40,21 @@ SPEC_ENV = "GRADER_SANDBOX_SPEC"
 OUTPUT_NOTE = "[grader] this cell printed {printed}; only the first {kept} are kept."
 NOTEBOOK_OUTPUT_NOTE = "[grader] the notebook's output passed {kept}; this cell's output past that is not kept."
 #: The output channel takes frames up to the cell's output cap plus this (a message's JSON is a
-#: little longer than what it adds to the notebook; a cell's code comes in a frame of its own).
+#: little longer than what it adds to the notebook; a cell's code comes in a frame of its own)...
 FRAME_SLACK = 1 << 20
+#: ...and never less than this: ipykernel sends what a cell printed in a batch every 0.2 s, and a
+#: loop of prints fills megabytes in that time. Counted, such a flood is noted and cut exactly; refused
+#: by zmq, what came after the refusal would be lost with it. One output larger is refused unread.
+FRAME_FLOOR = 64 << 20
 #: The other channels' frames (replies: an error's reply repeats its message): up to this.
 OTHER_FRAME_BYTES = 256 << 20
 #: How often a wait for a message looks whether zmq cut the channel off.
 RECONNECT_CHECK_S = 0.1
+
+
+def output_frame_bytes(output_bytes: int) -> int:
+    """The largest frame the output channel takes, for a cell's output cap of output_bytes."""
+    return max(output_bytes + FRAME_SLACK, FRAME_FLOOR)
 
 
 def megabytes(n: int) -> str:
@@ -150,7 +160,7 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def client(self, **kwargs) -> SandboxedKernelClient:
         output_bytes = sandbox.Limits(**self.jail.limits).output_bytes
-        return super().client(iopub_frame_bytes=output_bytes + FRAME_SLACK, **kwargs)
+        return super().client(iopub_frame_bytes=output_frame_bytes(output_bytes), **kwargs)
 
     def write_connection_file(self, **kwargs) -> None:
         super().write_connection_file(**kwargs)
@@ -239,7 +249,7 @@ class SandboxedExecute(Execute):
         self._notebook_printed = 0
         self._notes: dict[int, dict] = {}
         self._too_big: set[int] = set()  # cells a frame of which zmq refused
-        self.frame_bytes = self.output_bytes + FRAME_SLACK
+        self.frame_bytes = output_frame_bytes(self.output_bytes)
 
     async def async_start_new_kernel_client(self):
         kc = await super().async_start_new_kernel_client()

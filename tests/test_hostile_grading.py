@@ -125,7 +125,8 @@ def _class(port: int, work) -> dict:
             f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)"),
             FULL, ["tried to reach the network"]),
         "floods_output": (_with_cells("for line in range(400_000):\n    print('spam ' * 25)"),
-                          FULL, ["printed", "MB; only the first 1024 kB are kept"]),
+                          # printed N MB in all, or more than the frame cap in one message: both are cut
+                          FULL, ["printed", " MB", "; only the first 1024 kB are kept"]),
     }
 
 

@@ -286,17 +286,19 @@ def test_the_judges_words_name_the_key_never_the_requests_name(tmp_path):
     assert entry["message"].startswith("n: ") and "19 of 19" not in entry["message"], entry
 
 
-def test_the_judges_log_stays_bounded_whatever_is_sent(tmp_path):
-    """100 refused requests of 1 MB each once made a log of hundreds of MB; so does a long run of them."""
-    from grader.judge import MAX_LOG_BYTES, MAX_MESSAGE
+def test_the_judges_log_stays_bounded_whatever_is_sent(tmp_path, monkeypatch):
+    """100 refused requests of 8 MB each once made a log of 762 MiB. Each entry is cut, the requests
+    logged are bounded (MAX_REQUESTS), and the log as a whole too: here a cap of 200 kB to reach."""
+    from grader import judge
     referee, log = _referee(tmp_path, {"n": 3}, required={"test_w": ["n"], "test_n": ["n"]})
     huge = "k" * (1 << 20)
     for fields in ({"key": huge}, {"op": huge}, {"lab": huge}):
         referee.answer(json.dumps({"lab": LAB, "op": "check", "value": {"number": 3}, **fields}).encode())
-    assert all(len(line) < 3 * MAX_MESSAGE for line in log.getvalue().splitlines())
-    for i in range(3900):   # each logged with its key and its refusal cut to MAX_MESSAGE: about 1.3 kB
+    assert all(len(line) < 3 * judge.MAX_MESSAGE for line in log.getvalue().splitlines())
+    monkeypatch.setattr(judge, "MAX_LOG_BYTES", 200_000)
+    for i in range(400):    # each logged with its key cut to MAX_MESSAGE: about 750 bytes
         referee.answer(json.dumps({"lab": LAB, "op": "check", "key": f"{i}" + "k" * 1000}).encode())
-    assert len(log.getvalue()) <= MAX_LOG_BYTES
+    assert len(log.getvalue()) <= judge.MAX_LOG_BYTES
     assert _entries(log)[-1]["op"] == "full"
     # Once full, checks no longer reach the grader: they earn nothing, and the verdict says why.
     (tmp_path / "cell").write_text("test_n")

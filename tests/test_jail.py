@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -20,29 +18,21 @@ from grader import cgroups, sandbox, seccomp
 from grader.jail import Jail
 from grader.jail_uids import processes_of
 from helpers import needs_sandbox
+from helpers.jails import jail_in, run_in_jail
 
 pytestmark = [pytest.mark.grading, needs_sandbox()]
 
 LIMITS = sandbox.Limits(memory_bytes=1 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
 
 
-def _run(jail: Jail, code: str, env: dict | None = None, timeout: float = 180) -> str:
-    """Run code in the jail; its console (the program's stdout and stderr, and the launcher's line)."""
-    command = sandbox.launch_command(jail.spec, "lab1", [sys.executable, "-c", textwrap.dedent(code)])
-    subprocess.run(command, env={**os.environ, **(env or {})}, timeout=timeout, check=False)
-    return jail.spec.console.read_text(errors="replace")
-
-
 @pytest.fixture
 def jail(tmp_path):
-    (tmp_path / "jail").mkdir()
-    made = Jail(tmp_path / "jail", LIMITS)
-    yield made
-    made.close()
+    with jail_in(tmp_path, LIMITS) as made:
+        yield made
 
 
 def test_the_kernel_works_in_a_folder_of_its_own_and_sees_no_host_path(jail, tmp_path):
-    console = _run(jail, f"""
+    console = run_in_jail(jail, f"""
         import os, course
         print("cwd", os.getcwd())
         print("course", course.__file__)
@@ -64,7 +54,7 @@ def test_the_kernel_works_in_a_folder_of_its_own_and_sees_no_host_path(jail, tmp
 
 
 def test_the_environment_is_an_allowlist_and_the_judge_has_a_neutral_path(jail):
-    console = _run(jail, """
+    console = run_in_jail(jail, """
         import os
         for key in ("GRADER_SECRET", "COURSE_THING", "COURSE_REFERENCE_JUDGE", "HOME", "PYTHONPATH"):
             print(key, "=", os.environ.get(key))
@@ -77,7 +67,7 @@ def test_the_environment_is_an_allowlist_and_the_judge_has_a_neutral_path(jail):
 
 
 def test_ptrace_mounts_and_nested_user_namespaces_are_refused(jail):
-    console = _run(jail, """
+    console = run_in_jail(jail, """
         import ctypes, os, subprocess
         libc = ctypes.CDLL(None, use_errno=True)
         def errno_of(result):
@@ -99,7 +89,7 @@ def test_ptrace_mounts_and_nested_user_namespaces_are_refused(jail):
 
 @pytest.mark.timeout(300)
 def test_the_labs_still_run_torch_ranks_over_gloo_in_a_forkserver(jail):
-    console = _run(jail, """
+    console = run_in_jail(jail, """
         import course, torch, torch.distributed as dist
         def total():
             t = torch.ones(1) * (dist.get_rank() + 1)
@@ -113,7 +103,7 @@ def test_the_labs_still_run_torch_ranks_over_gloo_in_a_forkserver(jail):
 def test_memory_is_limited_per_jail_not_per_process(jail):
     if not jail.cgroup:
         pytest.skip(f"no cgroup here: {jail.spec.cgroup_problem}")
-    console = _run(jail, """
+    console = run_in_jail(jail, """
         import subprocess, sys
         hold = "x = bytearray(600 << 20)\\nfor i in range(0, len(x), 4096): x[i] = 1\\nimport time; time.sleep(5)"
         children = [subprocess.Popen([sys.executable, "-c", hold]) for _ in range(3)]
@@ -128,7 +118,7 @@ def test_memory_is_limited_per_jail_not_per_process(jail):
 def test_the_process_limit_counts_the_whole_jail(jail):
     if not jail.cgroup:
         pytest.skip(f"no cgroup here: {jail.spec.cgroup_problem}")
-    _run(jail, """
+    run_in_jail(jail, """
         import subprocess
         sleepers = []
         try:
@@ -141,7 +131,7 @@ def test_the_process_limit_counts_the_whole_jail(jail):
 
 
 def test_what_the_jail_writes_is_capped_and_stays_in_it(jail, tmp_path):
-    console = _run(jail, """
+    console = run_in_jail(jail, """
         import os
         for folder in ("/home/student/lab1", "/tmp", "/dev/shm"):
             try:
@@ -160,7 +150,7 @@ def test_without_a_cgroup_the_rlimits_remain_and_the_console_says_so(tmp_path):
     (tmp_path / "jail").mkdir()
     jail = Jail(tmp_path / "jail", LIMITS, use_cgroup=False)
     try:
-        console = _run(jail, """
+        console = run_in_jail(jail, """
             import resource
             print("data limit", resource.getrlimit(resource.RLIMIT_DATA)[0])
             try:

@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from grader import sandbox, seccomp, verdict
-from grader.jail import Jail, JailUsage
+from grader.jail import JailUsage
 from grader.jail_uids import descendants, start_time
 from helpers import REPO, needs_sandbox
+from helpers.jails import jail_in, run_in_jail
 
 pytestmark = pytest.mark.grading
 
@@ -40,20 +41,11 @@ SPLIT_BOMB = """
 """
 
 
-def _run(jail: Jail, code: str, env: dict | None = None, timeout: float = 180) -> str:
-    """Run code in the jail; its console (the program's stdout and stderr, and the launcher's line)."""
-    command = sandbox.launch_command(jail.spec, "lab1", [sys.executable, "-c", textwrap.dedent(code)])
-    subprocess.run(command, env={**os.environ, **(env or {})}, timeout=timeout, check=False)
-    return jail.spec.console.read_text(errors="replace")
-
-
 @pytest.fixture
 def bare_jail(tmp_path):
     """A jail with no cgroup: the rlimits and the grader's watchdog, as for a grader not root."""
-    (tmp_path / "jail").mkdir()
-    made = Jail(tmp_path / "jail", LIMITS, use_cgroup=False)
-    yield made
-    made.close()
+    with jail_in(tmp_path, LIMITS, use_cgroup=False) as made:
+        yield made
 
 
 # --------------------------------------------------------------------------
@@ -123,7 +115,7 @@ def test_the_socket_call_numbers_match_the_kernel_headers():
 
 @needs_sandbox()
 def test_in_the_jail_io_uring_and_other_socket_families_are_refused(bare_jail):
-    console = _run(bare_jail, """
+    console = run_in_jail(bare_jail, """
         import ctypes, os, socket
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
@@ -184,7 +176,7 @@ def test_the_environment_passes_by_exact_names_only(tmp_path):
 
 @needs_sandbox()
 def test_an_instructors_course_variables_stay_outside_the_jail(bare_jail):
-    console = _run(bare_jail, """
+    console = run_in_jail(bare_jail, """
         import os
         print("seen", sorted(k for k in os.environ if k.startswith(("COURSE_", "NCCL_", "GLOO_"))))
     """, env={"COURSE_SECRET_TOKEN": "s3cret", "COURSE_ANYTHING_ELSE": "1", "COURSE_RANKS": "3",
@@ -216,7 +208,7 @@ def test_descendants_are_a_process_and_every_process_below_it():
 
 @needs_sandbox()
 def test_memory_split_over_processes_is_held_to_the_jails_limit_without_a_cgroup(bare_jail):
-    console = _run(bare_jail, SPLIT_BOMB)
+    console = run_in_jail(bare_jail, SPLIT_BOMB)
     usage = bare_jail.usage()
     assert "exits [-9, 0, 0]" in console, console  # the largest, once; the rest then fit
     assert usage.enforced == "watchdog" and usage.per_jail and usage.oom_killed and usage.memory_limit_hit
@@ -228,7 +220,7 @@ def test_memory_split_over_processes_is_held_to_the_jails_limit_without_a_cgroup
 @needs_sandbox()
 @pytest.mark.timeout(300)
 def test_ranks_over_gloo_in_a_jail_without_a_cgroup_fit_and_are_not_killed(bare_jail):
-    console = _run(bare_jail, """
+    console = run_in_jail(bare_jail, """
         import course, torch, torch.distributed as dist
         def total():
             t = torch.ones(1) * (dist.get_rank() + 1)

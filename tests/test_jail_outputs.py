@@ -20,6 +20,7 @@ from grader import sandbox, sandboxed, verdict
 from grader.jail import Jail
 from grader.sandboxed import SPEC_ENV, SandboxedExecute
 from helpers import needs_sandbox
+from helpers.jails import jail_in
 
 pytestmark = [pytest.mark.grading, needs_sandbox()]
 
@@ -32,10 +33,8 @@ GROWTH_BOUND = 64 << 20
 
 @pytest.fixture
 def jail(tmp_path):
-    (tmp_path / "jail").mkdir()
-    made = Jail(tmp_path / "jail", LIMITS)
-    yield made
-    made.close()
+    with jail_in(tmp_path, LIMITS) as made:
+        yield made
 
 
 def _execute(jail: Jail, folder, *sources: str, monkeypatch) -> nbformat.NotebookNode:

@@ -7,6 +7,7 @@ the skip mark of tests that start the grader's jail; and one module per helper:
 - forked_cells: many variants of one notebook run in one process, forked where each
   first differs (the fairness tests' planted mistakes and other correct answers).
 - lab_server: a JupyterLab server started with the command a Makefile target runs.
+- jails: the grader's jail made in a test's folder (`jail_in`), code run inside it (`run_in_jail`).
 - browser: headless Chromium driving JupyterLab (`chromium`, `Notebook`).
 - kernel_session: a script, not a module: one Jupyter kernel through the launcher's
   notebook scenarios, in a process of its own (tests/test_launch_contexts.py).

@@ -127,7 +127,7 @@ def find(folder: Path, labs: list[str]) -> tuple[list[Submission], list[str]]:
                 continue
             lab = lab_of(relative.parts, labs)
             if lab is None:
-                strays.append(repr(str(relative))[1:-1])
+                strays.append(_shown(str(relative)))
                 continue
             key = (entry.name, lab)
             if key in found:

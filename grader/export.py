@@ -23,7 +23,7 @@ from nbgrader.api import Gradebook, MissingEntry
 
 from . import nbgrader_cli
 from .labs import course_config
-from .verdict import as_text
+from .verdict import as_text, could_not
 
 
 def columns(labs: list[str]) -> list[str]:
@@ -77,7 +77,7 @@ def _row(gradebook: Gradebook, student: str, points: dict[str, float], status: d
 
 def _unexported_row(student: str, points: dict[str, float], error: Exception) -> dict:
     """The row of a student whose grades could not be read: every lab says so, none counts."""
-    why = f"not graded: the grader could not export this student's grades: {type(error).__name__}"
+    why = "not graded: " + could_not("export this student's grades", error)
     row = {"student_id": student}
     for lab, max_score in points.items():
         row.update({f"{lab} score": "", f"{lab} max score": max_score, f"{lab} graded": "no", f"{lab} verdict": why})

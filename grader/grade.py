@@ -37,7 +37,7 @@ from pathlib import Path
 from . import COURSE_ROOT, GraderError, collect, export, gradebook, jail, reference, sandbox, verdict
 from .autograde_worker import AutogradeWorker
 from .feedback_worker import FeedbackWorker
-from .grade_submission import SubmissionGrader, could_not, log_failure, not_graded
+from .grade_submission import SubmissionGrader, log_failure, not_graded
 from .labs import Lab, display_path, find_labs
 from .workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
 
@@ -118,7 +118,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
                 entry = grader.grade(submission, slot)
             except Exception as error:  # this student's alone: the class goes on (grader.grade_submission)
                 log_failure(ws, submission, "grade this notebook", error)
-                entry = not_graded(ws, submission, could_not("grade this notebook", error), started)
+                entry = not_graded(ws, submission, verdict.could_not("grade this notebook", error), started)
             finally:
                 slots.put(slot)
             if mark := _fingerprint(submission, infos):

@@ -71,10 +71,8 @@ def inspect_autograded(path: Path) -> tuple[bool, str]:
                    f"{ids} never ran")
 
 
-def could_not(step: str, error: BaseException) -> str:
-    """The verdict's words for a step of grading that failed; only the exception's type, as the
-    student sees it too (its message may name the grader's own paths)."""
-    return f"the grader could not {step}: {type(error).__name__}"
+def feedback_page(ws: Workspace, submission: collect.Submission) -> Path:
+    return ws.feedback / submission.student / submission.lab / f"{submission.lab}.html"
 
 
 def errors_log(ws: Workspace, submission: collect.Submission) -> Path:
@@ -97,8 +95,7 @@ def not_graded(ws: Workspace, submission: collect.Submission, why: str, started:
     """A status entry: not graded, and why; its feedback page too, where one can be written."""
     lines = verdict.lines(graded=False, why_not=why)
     try:
-        verdict.write_page(ws.feedback / submission.student / submission.lab / f"{submission.lab}.html",
-                           submission.student, submission.lab, lines)
+        verdict.write_page(feedback_page(ws, submission), submission.student, submission.lab, lines)
     except Exception as error:  # the CSV still says why
         log_failure(ws, submission, "write the feedback page of this notebook", error)
     return {"graded": False, "verdict": lines, "seconds": round(time.time() - started, 1)}
@@ -203,15 +200,15 @@ class SubmissionGrader:
                                   ran=self._ran(submission, autograded, lab, usage),
                                   unverified=unverified, judged=judged_failures)
             try:
-                problem = self.feedback[slot].write(autograded, self._page(submission), gradebook.db_url(private),
-                                                    submission.student, lab.name, lines,
+                problem = self.feedback[slot].write(autograded, feedback_page(self.ws, submission),
+                                                    gradebook.db_url(private), submission.student, lab.name, lines,
                                                     hidden_lines=lab.hidden_lines, lab_markdown=lab.markdown)
             except Exception as error:
                 problem = self._failed(submission, "render the feedback page of this notebook", error)
             if problem:
                 lines.append(f"no feedback page: {problem}")
                 try:  # the verdict alone, rather than no page or an earlier run's
-                    verdict.write_page(self._page(submission), submission.student, submission.lab, lines)
+                    verdict.write_page(feedback_page(self.ws, submission), submission.student, submission.lab, lines)
                 except Exception as error:  # the verdict already says there is no page
                     log_failure(self.ws, submission, "write the feedback page of this notebook", error)
             try:
@@ -252,10 +249,7 @@ class SubmissionGrader:
 
     def _failed(self, submission: collect.Submission, step: str, error: Exception) -> str:
         log_failure(self.ws, submission, step, error)
-        return could_not(step, error)
-
-    def _page(self, submission: collect.Submission) -> Path:
-        return self.ws.feedback / submission.student / submission.lab / f"{submission.lab}.html"
+        return verdict.could_not(step, error)
 
     def _keep_logs(self, jail: Path, submission: collect.Submission) -> None:
         """nbgrader's log and the tail of the kernel's console, for the instructor: logs/<student>/<lab>.log."""

@@ -10,10 +10,10 @@ graded side by side never race for port numbers.
 What the kernel sends is bounded before Python holds it: zmq refuses a frame
 (one part of a message) larger than the cell's output cap plus FRAME_SLACK, at
 least FRAME_FLOOR, on the output channel (ZMQ_MAXMSGSIZE; an output that large
-could never be kept),
-and larger than OTHER_FRAME_BYTES on the others. zmq ends a connection that
-sends such a frame and does not make it again by itself: `CappedChannel`
-watches for that and connects again, and the cell gets a note.
+could never be kept), and larger than OTHER_FRAME_BYTES on the others. zmq
+ends a connection that sends such a frame and does not make it again by
+itself: `CappedChannel` watches for that and connects again, and the cell gets
+a note.
 """
 from __future__ import annotations
 

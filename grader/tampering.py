@@ -388,8 +388,9 @@ def _aliases(lab: LabNames, trees: list[ast.Module]) -> dict[str, str]:
             elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) \
                     and isinstance(node.iter, (ast.Tuple, ast.List)):
                 pairs += [(node.target.id, v) for v in node.iter.elts]
-    for _ in range(len(pairs) + 1):
-        scanner, changed = _Scanner(lab, aliases), False
+    scanner, changed = _Scanner(lab, aliases), True   # the scanner reads `aliases` as it grows
+    while changed:                                      # each pass binds a name or ends: at most len(pairs)
+        changed = False
         for name, value in pairs:
             if name in lab.protected or name in aliases:
                 continue
@@ -399,9 +400,6 @@ def _aliases(lab: LabNames, trees: list[ast.Module]) -> dict[str, str]:
                 bound = scanner.guarded(value)
             if bound:
                 aliases[name], changed = bound, True
-                break                           # the scanner's aliases changed: start again
-        if not changed:
-            break
     return aliases
 
 

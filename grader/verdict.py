@@ -29,14 +29,16 @@ def _grade_id(cell) -> str | None:
     return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
-def _short(text: str, limit: int = MAX_LINE) -> str:
-    return short(text, limit)
-
-
 def _exception_name(ename: str) -> str:
     """A Python exception's name as it is; anything else a submission made up, quoted."""
     python = all(part.isidentifier() for part in str(ename).split(".")) and len(ename) < 80
     return ename if python else quoted(ename, 60)
+
+
+def could_not(step: str, error: BaseException) -> str:
+    """The verdict's words for a step of grading that failed; only the exception's type, as the
+    student sees it too (its message may name the grader's own paths)."""
+    return f"the grader could not {step}: {type(error).__name__}"
 
 
 def tampering(submitted: dict, released: dict, tests: list[str]) -> list[str]:
@@ -194,7 +196,7 @@ def lines(*, graded: bool, why_not: str = "", score: float | None = None, max_sc
     out += [f"test cell {gid}, the grader's check: {detail}" for gid, detail in (judged or {}).items()]
     if len(out) > MAX_LINES:
         out = out[: MAX_LINES - 1] + [f"… and {len(out) - MAX_LINES + 1} more"]
-    return [_short(line) for line in out]
+    return [short(line, MAX_LINE) for line in out]
 
 
 def as_text(verdict: list[str]) -> str:

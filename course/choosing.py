@@ -13,16 +13,12 @@ placed tp innermost, then dp, then pp (Megatron's order): a group leaves its nod
 Memory per rank (`evaluate`): the training state of ceil(P/(tp·pp)) parameters under ZeRO over dp
 (`course.memory.per_rank`), plus activations on the first stage, which keeps the most: L/pp layers × the
 micro-batches alive (1F1B: min(pp, m); GPipe: m) × one layer's activations for one micro-batch of b samples:
-- a transformer layer, Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-  Models"), Eq. 2, no recomputation, no sequence parallelism: s·b·h·(10 + 24/tp + 5·a·s/(h·tp)) bytes with
-  16-bit activations (34·s·b·h + 5·a·s²·b at tp = 1); in fp32 twice that (its 1-byte dropout masks too:
-  an overcount of 2·s·b·h + a·s²·b). `recompute="selective"`: Korthikanti's selective recomputation
-  (attention's scores recomputed in backward, as FlashAttention does too) drops the 5·a·s/(h·tp) term, its
-  few percent of extra FLOPs left out; `recompute="full"` (activation checkpointing, as Narayanan et al.
-  2021 train GPT-3 175B): each layer keeps only its input, 2·s·b·h bytes, and one layer at a time
-  rebuilds all of its own, at the cost of a second forward: 8·P FLOPs a token instead of 6;
+- a transformer layer, `course.activations.layer_bytes` (Korthikanti et al. 2022, Table 2) for the
+  `recompute` chosen, "selective" by default (attention's scores recomputed, as FlashAttention does),
+  and `sequence_parallel` (off by default), scaled from its 16 bits to the parameters' dtype (fp32: twice);
 - the labs' MLP, each Linear's input, as `course.memory.mlp_activation_bytes` counts it; tp splits
-  the inputs of the row-split layers (every second one, lab 3's pairing).
+  the inputs of the row-split layers (every second one, lab 3's pairing); "full" keeps each stage's input
+  and rebuilds one micro-batch's; "selective" and sequence parallelism change nothing (no attention).
 Left out: embeddings and logits (their parameters are in P, spread evenly over the stages), buffers,
 fragmentation.
 
@@ -34,26 +30,30 @@ parameters again for each micro-batch's forward and backward: m·RS + AG and m·
 a transformer layer all-reduces b·s·h activations twice forward and twice backward (Megatron), per
 micro-batch, and the MLP sends lab 3's split-weight collectives (`memory.sent_per_step`); pp, a middle
 stage sends each micro-batch's boundary activations (b·s·h) forward and their gradients back, each tp rank
-the whole tensor. Activations travel in the parameters' dtype.
+the whole tensor (with SP its 1/tp slice of the sequence). Sequence parallelism sends what tp sends: each
+all-reduce becomes a reduce-scatter and an all-gather, the same bytes in the same ring steps (Korthikanti
+et al.). Gradients travel in their dtype, parameters and activations in the parameters' (bf16 with fp32
+gradients: a gradient reduced in 4 bytes, a parameter gathered in 2).
 
-Step time: compute 6·P·tokens / (GPUs · peak · efficiency) (Kaplan et al. 2020's 6 FLOPs per parameter
-per token; attention's s² FLOPs left out), the peak and the efficiency of the cluster's `timemodel.Processor`
-(half of the peak, assumed), stretched by the pipeline bubble: 1/(1 − (pp−1)/(m+pp−1)). Then communication
-by the alpha-beta model (`course.timemodel`): tp over the node's link; dp and pp over the node's link,
-or the network's when their group crosses nodes. Nothing overlaps: the parts add up (real runs hide
-much of dp behind backward, and pay for tp inside it). An upper bound to compare layouts by, not a forecast.
+Step time: compute FLOPs / (GPUs · peak · efficiency), the peak and the efficiency of the cluster's
+`timemodel.Processor` (half of the peak, assumed), stretched by the pipeline bubble: 1/(1 − (pp−1)/(m+pp−1)).
+FLOPs: `course.activations.training_flop`, 6·P a token plus attention's, and the forward that recomputation
+runs again ("full": 4/3 of the FLOPs). Then communication by the alpha-beta model (`course.timemodel`): tp
+over the node's link; dp and pp over the node's link, or the network's when their group crosses nodes.
+Nothing overlaps: the parts add up (real runs hide much of dp behind backward, and pay for tp inside it).
+An upper bound to compare layouts by, not a forecast.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from course import memory, pipeline, sizes, timemodel, transfer
+from course import activations, memory, pipeline, sizes, timemodel, transfer
 from course.memory import GpuMemory
 from course.timemodel import Link, Processor
 
 SCHEDULES = ("1f1b", "gpipe")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = activations.RECOMPUTE
 ZERO_STAGES = (0, 1, 2, 3)
 #: micro-batches offered per layout: pp times these (pp = 1: gradient accumulation)
 MICRO_BATCH_FACTORS = (1, 2, 4, 8)
@@ -102,7 +102,9 @@ class Cluster:
     between: Link                      # between nodes, per GPU
 
     def processor_for(self, precision: str) -> Processor:
-        return self.tensor_processor if precision == "mixed" and self.tensor_processor else self.processor
+        """The tensor cores' peak where the model computes in 16 bits and the GPU has them."""
+        sixteen = sizes.DTYPE_BYTES[memory.PRECISIONS[precision].parameters] == 2
+        return self.tensor_processor if sixteen and self.tensor_processor else self.processor
 
 
 # Presets missing from course.memory and course.timemodel, with their sources.
@@ -200,29 +202,31 @@ def _stage_dense(model: Model, layout: Layout) -> list[sizes.Dense]:
 
 
 def activation_bytes(model: Model, layout: Layout, micro_batch: int, *, precision: str,
-                     schedule: str = "1f1b", recompute: str = "none") -> float:
+                     schedule: str = "1f1b", recompute: str = "selective", sequence_parallel: bool = False) -> float:
     """Activations the first stage keeps at its peak (see the module docstring)."""
     alive = pipeline.peak_micro_batches(schedule, 0, layout.pp, layout.m)
     per_stage, tp = model.layers // layout.pp, layout.tp
+    scale = sizes.DTYPE_BYTES[memory.PRECISIONS[precision].parameters] / 2     # the paper counts 16 bits
     if model.is_mlp:
-        dtype = memory.PRECISIONS[precision].parameters
         inputs = [w / tp if i % 2 else w for i, w in enumerate(model.widths[:per_stage])]   # row layers split
-        return alive * sizes.nbytes(micro_batch * sum(inputs), dtype)
-    s, h, a = model.sequence, model.hidden, model.heads
-    attention = 0 if recompute == "selective" else 5 * a * s / (h * tp)
-    layer = s * micro_batch * h * (10 + 24 / tp + attention)                               # Korthikanti, Eq. 2
-    if recompute == "full":                     # the layers' inputs, and one layer rebuilt at a time
-        return (alive * per_stage * 2 * s * micro_batch * h + layer) * (2 if precision == "fp32" else 1)
-    return alive * per_stage * layer * (2 if precision == "fp32" else 1)
+        if recompute == "full":                    # each micro-batch's stage input, one micro-batch rebuilt
+            return 2 * scale * micro_batch * (alive * model.widths[0] + sum(inputs))
+        return 2 * scale * alive * micro_batch * sum(inputs)
+    shape = (model.sequence, micro_batch, model.hidden, model.heads, tp)
+    kept = alive * per_stage * activations.layer_bytes(*shape, recompute=recompute,
+                                                       sequence_parallel=sequence_parallel)
+    if recompute == "full":                        # and one layer at a time rebuilds all it keeps
+        kept += activations.layer_bytes(*shape, recompute="none", sequence_parallel=sequence_parallel)
+    return scale * kept
 
 
 def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, precision: str = "mixed",
-             optimizer: str = "adam", schedule: str = "1f1b", recompute: str = "none") -> Option:
+             optimizer: str = "adam", schedule: str = "1f1b", recompute: str = "selective",
+             sequence_parallel: bool = False) -> Option:
     """One layout's memory per rank, bytes per rank per step and step time (the module docstring's model)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    activations.check(recompute, sequence_parallel)
     if precision not in memory.PRECISIONS:
         raise ValueError(f"precision must be one of {list(memory.PRECISIONS)}, got {precision!r}")
     if layout.tp > cluster.gpus_per_node:
@@ -240,14 +244,17 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
     gpus, b = dp * tp * pp, batch // (dp * m)
     dtype = memory.PRECISIONS[precision].parameters
     held = math.ceil(model.parameters / (tp * pp))
-    activations = activation_bytes(model, layout, b, precision=precision, schedule=schedule, recompute=recompute)
-    state = memory.per_rank(held, dp, layout.scheme, optimizer=optimizer, precision=precision, activations=activations)
+    kept = activation_bytes(model, layout, b, precision=precision, schedule=schedule, recompute=recompute,
+                            sequence_parallel=sequence_parallel)
+    state = memory.per_rank(held, dp, layout.scheme, optimizer=optimizer, precision=precision, activations=kept)
 
     per_node = cluster.gpus_per_node
     dp_link = cluster.inside if tp * dp <= per_node else cluster.between      # dp spans tp·dp ranks
     pp_link = cluster.inside if gpus <= per_node else cluster.between          # pp spans them all
-    sent = {"dp": _dp_sent(held, layout, dtype), "tp": 0.0, "pp": 0.0}
-    seconds = {"dp": _dp_seconds(held, layout, dtype, dp_link), "tp": 0.0, "pp": 0.0}
+    dtypes = memory.PRECISIONS[precision]              # gradients reduced in theirs, parameters gathered in theirs
+    sent = {"dp": memory.sent_per_step(held, dp, layout.scheme, dtype=dtypes.gradients, gather_dtype=dtype,
+                                       micro_batches=m), "tp": 0.0, "pp": 0.0}
+    seconds = {"dp": _dp_seconds(held, layout, dtypes, dp_link), "tp": 0.0, "pp": 0.0}
     if tp > 1 and model.is_mlp:
         stage = _stage_dense(model, layout)
         per_micro = memory.sent_per_step(sum(d.weights for d in stage), tp, "split weights", dtype=dtype,
@@ -263,11 +270,13 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         sent["tp"] = collectives * transfer.ring_all_reduce(activation, tp)
         seconds["tp"] = collectives * timemodel.ring_all_reduce_seconds(activation, tp, cluster.inside)
     if pp > 1:
-        boundary = sizes.nbytes(b * model.sequence * model.hidden, dtype)
+        boundary = sizes.nbytes(b * model.sequence * model.hidden, dtype) / (tp if sequence_parallel else 1)
         sends = m * (2 if pp > 2 else 1)         # a middle stage sends forward and back; with 2, each one way
         sent["pp"] = sends * boundary
         seconds["pp"] = sends * pp_link.seconds(boundary)
-    flop = (8 if recompute == "full" else 6) * model.parameters * batch * model.sequence
+    flop = activations.training_flop(model.parameters, layers=model.layers, sequence=model.sequence,
+                                     hidden=0 if model.is_mlp else model.hidden, tokens=batch * model.sequence,
+                                     recompute=recompute)
     compute = cluster.processor_for(precision).seconds(flop / gpus)
     bubble = pipeline.bubble_fraction(pp, m)
     seconds = {"compute": compute, "bubble": compute / (1 - bubble) - compute, **seconds}
@@ -275,30 +284,26 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
                   {**seconds, "total": sum(seconds.values())}, state["total"] <= cluster.memory.nbytes)
 
 
-def _dp_collectives(layout: Layout) -> int:
-    """How many reduce-scatters and all-gathers (each N-1 ring steps) ZeRO runs a step, m micro-batches."""
-    return {1: 2, 2: layout.m + 1, 3: 3 * layout.m}[layout.zero]
+def _dp_collectives(layout: Layout) -> tuple[int, int]:
+    """How many all-gathers of the parameters and reduce-scatters of the gradients ZeRO runs a step."""
+    return {1: (1, 1), 2: (1, layout.m), 3: (2 * layout.m, layout.m)}[layout.zero]
 
 
-def _dp_sent(held: int, layout: Layout, dtype: str) -> float:
-    if layout.zero < 2 or layout.m == 1:
-        return memory.sent_per_step(held, layout.dp, layout.scheme, dtype=dtype)
-    padded = sizes.nbytes(layout.dp * memory.shard(held, layout.dp), dtype)
-    return _dp_collectives(layout) * transfer.ring_all_gather(padded, layout.dp)   # a reduce-scatter sends as much
-
-
-def _dp_seconds(held: int, layout: Layout, dtype: str, link: Link) -> float:
+def _dp_seconds(held: int, layout: Layout, dtypes: memory.Precision, link: Link) -> float:
     if layout.dp == 1:
         return 0.0
     if layout.zero == 0:
-        return timemodel.ring_all_reduce_seconds(sizes.nbytes(held, dtype), layout.dp, link)
-    padded = sizes.nbytes(layout.dp * memory.shard(held, layout.dp), dtype)
+        return timemodel.ring_all_reduce_seconds(sizes.nbytes(held, dtypes.gradients), layout.dp, link)
+    padded = layout.dp * memory.shard(held, layout.dp)
+    gathers, reduces = _dp_collectives(layout)
     # a reduce-scatter takes an all-gather's N-1 steps of the same chunks
-    return _dp_collectives(layout) * timemodel.ring_all_gather_seconds(padded, layout.dp, link)
+    return sum(count * timemodel.ring_all_gather_seconds(sizes.nbytes(padded, dtype), layout.dp, link)
+               for count, dtype in ((gathers, dtypes.parameters), (reduces, dtypes.gradients)))
 
 
 def options(model: Model, cluster: Cluster, batch: int, *, nodes: int = 1, precision: str = "mixed",
-            optimizer: str = "adam", schedule: str = "1f1b", recompute: str = "none") -> list[Option]:
+            optimizer: str = "adam", schedule: str = "1f1b", recompute: str = "selective",
+            sequence_parallel: bool = False) -> list[Option]:
     """Every layout of `nodes` nodes (`layouts`, and each with micro-batches of one sample) that `model`
     can run with `batch` samples a step, fastest first."""
     if not isinstance(model, Model) or not isinstance(cluster, Cluster):
@@ -311,7 +316,7 @@ def options(model: Model, cluster: Cluster, batch: int, *, nodes: int = 1, preci
                       - set(offered))
     runnable = [layout for layout in offered if not why_not(model, batch, layout)]
     found = [evaluate(model, cluster, batch, layout, precision=precision, optimizer=optimizer, schedule=schedule,
-                      recompute=recompute) for layout in runnable]
+                      recompute=recompute, sequence_parallel=sequence_parallel) for layout in runnable]
     # ties (to 9 digits: ZeRO-1's ring takes data parallelism's time) go to fewer bytes, then less memory
     return sorted(found, key=lambda o: (_digits(o.seconds["total"]), o.sent["total"], o.memory["total"], o.layout))
 

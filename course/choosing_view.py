@@ -7,7 +7,9 @@ Left: one marker per layout (`course.choosing.options`, whose docstring states t
 assumes): x the bytes each rank sends per step, y the predicted step time, both logarithmic; the colour
 says which parallelisms the layout uses (dp, dp+zero, tp, pp and their mixes), a hollow marker one that
 does not fit in the GPU's memory; a star the fastest that fits, named. A layout that sends nothing
-(one GPU) is drawn at 1 byte. Right: the five fastest layouts that fit.
+(one GPU) is drawn at 1 byte. Right: the five fastest layouts that fit. The activations menu
+(`ACTIVATIONS`) says what each transformer layer keeps for its backward (`course.activations`, Korthikanti
+et al. 2022): by default all but attention's s² scores, which are recomputed, as FlashAttention does.
 
 Measured dots: the labs' real runs, {"lab", "scheme", "ranks", "sent", "seconds"} (bytes per rank per step,
 and the measured step time, which may be missing). They are drawn only when the model is the labs' MLP and
@@ -35,6 +37,15 @@ BATCHES = tuple(2**k for k in range(3, 13))      # 8 to 4096 samples
 RUN_SETTINGS = {"model": choosing.LAB_MLP, "cluster": choosing.LOCAL}
 MEASURED_KEYS = {"lab", "scheme", "ranks", "sent"}
 TOP = 5
+#: the activations menu: what each layer keeps (`course.activations`), as (recompute, sequence_parallel);
+#: the first is the default, what FlashAttention-era training does at the least
+ACTIVATIONS = {
+    "attention recomputed (FlashAttention)": ("selective", False),
+    "attention recomputed + sequence parallelism": ("selective", True),
+    "every layer recomputed (checkpointing)": ("full", False),
+    "everything stored (the s² attention scores too)": ("none", False),
+}
+DEFAULT_ACTIVATIONS = next(iter(ACTIVATIONS))
 
 
 def _named(what: str, name: str, choices: Mapping):
@@ -58,25 +69,25 @@ def _check_measured(measured) -> list[dict]:
     return runs
 
 
-def _options(model: str, cluster: str, nodes: int, batch: int | None, precision: str, recompute: str):
+def _options(model: str, cluster: str, nodes: int, batch: int | None, precision: str, activations: str):
     chosen, where = _named("model", model, choosing.MODELS), _named("cluster", cluster, choosing.CLUSTERS)
+    recompute, sequence_parallel = _named("activations", activations, ACTIVATIONS)
     batch = chosen.batch if batch is None else batch
     return chosen, where, batch, choosing.options(chosen, where, batch, nodes=nodes, precision=precision,
-                                                  recompute=recompute)
+                                                  recompute=recompute, sequence_parallel=sequence_parallel)
 
 
-def _headline(chosen, where, nodes, batch, precision, recompute) -> str:
-    kept = {"none": "activations kept", "selective": "attention recomputed", "full": "layers recomputed"}.get(
-        recompute, recompute)
-    return (f"{chosen.name}, batch {batch}, {precision} precision, {kept}, on {nodes} node{'s' * (nodes > 1)} "
-            f"of {where.name}: {nodes * where.gpus_per_node} ranks")
+def _headline(chosen, where, nodes, batch, precision, activations) -> str:
+    return (f"{chosen.name}, batch {batch}, {precision} precision, {activations}, on {nodes} "
+            f"node{'s' * (nodes > 1)} of {where.name}: {nodes * where.gpus_per_node} ranks")
 
 
 def draw(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER, nodes: int = 8,
-         batch: int | None = None, precision: str = "mixed", recompute: str = "none",
+         batch: int | None = None, precision: str = "mixed", activations: str = DEFAULT_ACTIVATIONS,
          measured: Sequence[Mapping] | None = None):
-    """The view as a matplotlib Figure (see the module docstring); batch None: the model's own."""
-    chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, recompute)
+    """The view as a matplotlib Figure (see the module docstring); batch None: the model's own;
+    activations: a key of ACTIVATIONS."""
+    chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, activations)
     runs = _check_measured(measured) if (model, cluster) == tuple(RUN_SETTINGS.values()) else []
     best = choosing.fastest(found)
     fig, (ax, table_ax) = plt.subplots(1, 2, figsize=(15, 5.2), layout="constrained", width_ratios=(1.6, 1))
@@ -114,7 +125,7 @@ def draw(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER, nod
                 transform=ax.transAxes, ha="center")
     ax.set_xlabel("bytes sent per rank per step")
     ax.set_ylabel("predicted step time (s)")
-    ax.set_title(_headline(chosen, where, nodes, batch, precision, recompute), fontsize="medium", wrap=True)
+    ax.set_title(_headline(chosen, where, nodes, batch, precision, activations), fontsize="medium", wrap=True)
     _table(table_ax, found, where)
     table_ax.legend(*ax.get_legend_handles_labels(), fontsize="small", frameon=False, loc="lower center", ncol=2)
     return fig
@@ -138,16 +149,17 @@ def _table(ax, found, where) -> None:
 
 
 def describe(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER, nodes: int = 8,
-             batch: int | None = None, precision: str = "mixed", recompute: str = "none") -> str:
+             batch: int | None = None, precision: str = "mixed", activations: str = DEFAULT_ACTIVATIONS) -> str:
     """The figure's numbers in markdown: how many layouts, how many fit, the fastest, the five fastest."""
-    chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, recompute)
+    chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, activations)
     gpus = nodes * where.gpus_per_node
     fitting = [o for o in found if o.fits]
-    head = (f"**{_headline(chosen, where, nodes, batch, precision, recompute)}:** {len(found)} layouts run "
+    head = (f"**{_headline(chosen, where, nodes, batch, precision, activations)}:** {len(found)} layouts run "
             f"this batch, {len(fitting)} fit in {in_units(where.memory.nbytes)} a rank.")
     best = choosing.fastest(found)
     if best is None:
-        return head + (" None fits: more nodes, a smaller batch, or recomputation." if found else
+        return head + (" None fits: more nodes, a smaller batch, sequence parallelism or recomputing every "
+                       "layer." if found else
                        f" None runs: the batch must split into dp × m micro-batches on {gpus} GPUs.")
     parts = ", ".join(f"{part} {best.seconds[part]:.3g} s" for part in ("compute", "bubble", "tp", "dp", "pp"))
     rows = "\n".join(f"| {layout_words(o.layout)} | {in_units(o.memory['total'])} | {in_units(o.sent['total'])} | "
@@ -157,16 +169,36 @@ def describe(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER,
             f"| layout | memory a rank | sent a rank a step | step |\n|---|---|---|---|\n{rows}")
 
 
+def fastest_table(*, models: Sequence[str], nodes: Sequence[int], activations: Sequence[str] = (DEFAULT_ACTIVATIONS,),
+                  cluster: str = choosing.H100_CLUSTER, precision: str = "mixed") -> str:
+    """The fastest layout that fits for each model × nodes × activations, at each model's own batch, in
+    markdown: which parallelisms it uses, its memory a rank (activations among it), its step."""
+    rows = []
+    for model in models:
+        for count in nodes:
+            for kept in activations:
+                chosen, where, batch, found = _options(model, cluster, count, None, precision, kept)
+                best = choosing.fastest(found)
+                fit = f"{sum(o.fits for o in found)} of {len(found)}"
+                rows.append(f"| {model} | {count} ({count * where.gpus_per_node}) | {kept} | {fit} | " + (
+                    f"{layout_words(best.layout)} | {best.layout.uses} | {in_units(best.memory['total'])} "
+                    f"({in_units(best.memory['activations'])}) | {best.seconds['total']:.3g} s |" if best
+                    else "none fits | | | |"))
+    return ("| model | nodes (GPUs) | activations | layouts that fit | the fastest that fits | it uses | "
+            "memory a rank (activations) | step |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+
+
 def show(measured: Sequence[Mapping] | None = None, **start):
     """The view with menus (a static figure under grading or headless). measured: the labs' runs,
     [{"lab", "scheme", "ranks", "sent", "seconds"}], drawn while the model is the labs' MLP and the
-    cluster this machine; `start`: model, cluster, nodes, batch, precision, recompute."""
+    cluster this machine; `start`: model, cluster, nodes, batch, precision, activations."""
     import ipywidgets as w
 
     _check_measured(measured)
     values = {"model": "GPT-3 6.7B", "cluster": choosing.H100_CLUSTER, "nodes": 8, "batch": None,
-              "precision": "mixed", "recompute": "none", **start}
+              "precision": "mixed", "activations": DEFAULT_ACTIVATIONS, **start}
     _named("model", values["model"], choosing.MODELS)
+    _named("activations", values["activations"], ACTIVATIONS)
     if values["batch"] is None:
         values["batch"] = choosing.MODELS[values["model"]].batch
     controls = {
@@ -180,8 +212,7 @@ def show(measured: Sequence[Mapping] | None = None, **start):
                             value=values["batch"], description="global batch (samples)", style=STYLE),
         "precision": w.Dropdown(options=list(memory.PRECISIONS), value=values["precision"],
                                 description="precision", style=STYLE),
-        "recompute": w.Dropdown(options=[("kept", "none"), ("attention recomputed", "selective"),
-                                         ("every layer recomputed", "full")],
-                                value=values["recompute"], description="activations", style=STYLE),
+        "activations": w.Dropdown(options=list(ACTIVATIONS), value=values["activations"], description="activations",
+                                  style=STYLE),
     }
     return show_view(draw, describe, controls, measured, RUN_SETTINGS)

@@ -1,14 +1,16 @@
-"""course.choosing: every layout of a model on a cluster, by hand count.
+"""course.choosing and course.activations: every layout of a model on a cluster, by hand count.
 
-Layouts listed by hand; memory by hand and equal to course.memory.per_rank; Korthikanti's
-activations by hand; bytes and the bubble's stretch by hand; what never fits, never runs,
-never crosses a node; the fastest is fitting and minimal; bad arguments refused in words.
+Layouts listed by hand; memory by hand and equal to course.memory.per_rank; Korthikanti's Table 2
+by hand and the savings and FLOPs the paper states; the default (attention recomputed) and
+LLaMA-2 70B's 73.6 GB; sequence parallelism's bytes; lab 6's claim on the presets; bytes and the
+bubble's stretch by hand; what never fits, never runs, never crosses a node; the fastest is fitting
+and minimal; bad arguments refused in words.
 """
 from __future__ import annotations
 
 import pytest
 
-from course import choosing, memory, timemodel
+from course import activations, choosing, memory, timemodel
 from course.choosing import CLUSTERS, LAB_MLP, LOCAL, MODELS, Layout
 
 MLP = MODELS[LAB_MLP]
@@ -62,24 +64,136 @@ def test_memory_of_the_labs_mlp_by_hand():
     assert split.memory["activations"] == 2 * 32 * (64 + 32 + 64 + 32) * 4
 
 
-def test_transformer_activations_are_korthikantis():
+# Korthikanti et al. 2022, Table 3's models (s = 2048, t = 8): (a, h, L)
+GPT3_175B, MT_NLG_530B, ONE_T = (96, 12288, 96), (128, 20480, 105), (160, 25600, 128)
+
+
+def test_layer_activations_are_korthikantis_table_2_by_hand():
+    s, b, h, a = 2048, 2, 4096, 32
+    sbh = s * b * h
+    table = {("none", False, 1): sbh * (34 + 5 * a * s / h),                   # Eq. 1
+             ("none", False, 4): sbh * (10 + 24 / 4 + 5 * a * s / (h * 4)),    # Eq. 2
+             ("none", True, 4): sbh / 4 * (34 + 5 * a * s / h),                # Eq. 3
+             ("selective", False, 4): sbh * (10 + 24 / 4),
+             ("selective", True, 4): 34 * sbh / 4,
+             ("full", False, 4): 2 * sbh,
+             ("full", True, 4): 2 * sbh / 4}
+    for (recompute, sp, tp), expected in table.items():
+        got = activations.layer_bytes(s, b, h, a, tp, recompute=recompute, sequence_parallel=sp)
+        assert got == pytest.approx(expected, rel=1e-12), (recompute, sp, tp)
+    # without tensor parallelism, sequence parallelism has nothing to split
+    assert activations.layer_bytes(s, b, h, a, 1, recompute="selective", sequence_parallel=True) == 34 * sbh
+
+
+def test_the_papers_savings():
+    def saved(model, **kw):
+        a, h, _ = model
+        stored, selective = (activations.layer_bytes(2048, 1, h, a, 8, recompute=r, **kw)
+                             for r in ("none", "selective"))
+        return 1 - selective / stored
+    # "5as/h = 80" for GPT-3: selective recomputation saves 80/114 = 70 %, 65 % for MT-NLG (5as/h = 64)
+    assert 5 * 96 * 2048 / 12288 == 80 and round(saved(GPT3_175B, sequence_parallel=True), 2) == 0.70
+    assert round(saved(MT_NLG_530B, sequence_parallel=True), 2) == 0.65
+    # both together, against tensor parallelism alone: "about 5x" less activation memory
+    for a, h, _ in (GPT3_175B, MT_NLG_530B, ONE_T):
+        baseline = activations.layer_bytes(2048, 1, h, a, 8, recompute="none")
+        both = activations.layer_bytes(2048, 1, h, a, 8, recompute="selective", sequence_parallel=True)
+        assert 4.9 <= baseline / both <= 5.5
+
+
+def test_recomputations_flops_by_hand():
+    for _, h, layers in (GPT3_175B, MT_NLG_530B):
+        s, batch = 2048, 8
+        p, tokens = 12 * layers * h * h, batch * s             # the layers' weights: 12h² each
+        flop = {r: activations.training_flop(p, layers=layers, sequence=s, hidden=h, tokens=tokens, recompute=r)
+                for r in activations.RECOMPUTE}
+        # Narayanan et al. 2021: 72·B·s·L·h²·(1 + s/(6h)) without recomputation
+        assert flop["none"] == pytest.approx(72 * batch * s * layers * h * h * (1 + s / (6 * h)))
+        assert flop["full"] == pytest.approx(4 / 3 * flop["none"])                     # a second forward
+        assert flop["selective"] - flop["none"] == 4 * layers * s * h * tokens          # attention's forward again
+    # selective adds attention's forward, 4·L·s·h a token: s/(18h + 3s) of the step, under 1 % for GPT-3
+    for _, h, layers in (GPT3_175B, MT_NLG_530B):
+        flop = [activations.training_flop(12 * layers * h * h, layers=layers, sequence=2048, hidden=h, tokens=2048,
+                                          recompute=r) for r in ("none", "selective")]
+        assert flop[1] / flop[0] - 1 == pytest.approx(2048 / (18 * h + 3 * 2048)) and flop[1] / flop[0] < 1.01
+
+
+def test_transformer_activations_per_stage():
     gpt = MODELS["GPT-3 1.3B"]                      # s = 2048, h = 2048, a = 16, 24 layers
-    whole = choosing.activation_bytes(gpt, Layout(1, 0, 1, 1, 1), 1, precision="mixed")
+    whole = choosing.activation_bytes(gpt, Layout(1, 0, 1, 1, 1), 1, precision="mixed", recompute="none")
     assert whole == 24 * (34 * 2048 * 2048 + 5 * 16 * 2048**2)               # 34sbh + 5as²b a layer
-    split = choosing.activation_bytes(gpt, Layout(1, 0, 2, 4, 8), 2, precision="mixed")
+    split = choosing.activation_bytes(gpt, Layout(1, 0, 2, 4, 8), 2, precision="mixed", recompute="none")
     assert split == pytest.approx(4 * 6 * 2048 * 2 * 2048 * (10 + 24 / 2 + 5 * 16 * 2048 / (2048 * 2)))
-    recomputed = choosing.activation_bytes(gpt, Layout(1, 0, 1, 1, 1), 1, precision="fp32", recompute="selective")
-    assert recomputed == 2 * 24 * 34 * 2048 * 2048
+    # the default: attention recomputed; fp32 activations twice the paper's 16 bits
+    default = choosing.activation_bytes(gpt, Layout(1, 0, 1, 1, 1), 1, precision="fp32")
+    assert default == 2 * 24 * 34 * 2048 * 2048
+    sp = choosing.activation_bytes(gpt, Layout(1, 0, 2, 4, 8), 2, precision="mixed", sequence_parallel=True)
+    assert sp == pytest.approx(4 * 6 * 34 * 2048 * 2 * 2048 / 2)
     # full: 4 stages of 6 layers, 4 micro-batches of 2 alive, each layer's 16-bit input; one layer rebuilt
     full = choosing.activation_bytes(gpt, Layout(1, 0, 1, 4, 8), 2, precision="mixed", recompute="full")
     assert full == 4 * 6 * 2 * 2048 * 2 * 2048 + 2048 * 2 * 2048 * (34 + 5 * 16 * 2048 / 2048)
+    full_sp = choosing.activation_bytes(gpt, Layout(1, 0, 2, 4, 8), 2, precision="mixed", recompute="full",
+                                        sequence_parallel=True)
+    assert full_sp == pytest.approx((4 * 6 * 2 + (34 + 5 * 16 * 2048 / 2048)) * 2048 * 2 * 2048 / 2)
+
+
+def test_the_mlp_recomputed_keeps_each_stage_input():
+    full = choosing.evaluate(MLP, LOCAL_MACHINE, 64, Layout(1, 0, 1, 2, 4), precision="fp32", recompute="full")
+    # min(pp, m) = 2 micro-batches of 16 alive, each the stage's 64-wide input; one's 4 layer inputs rebuilt
+    assert full.memory["activations"] == (2 * 16 * 64 + 16 * 4 * 64) * 4
+    for kept in ("none", "selective"):
+        option = choosing.evaluate(MLP, LOCAL_MACHINE, 64, Layout(1, 0, 2, 2, 4), precision="fp32", recompute=kept,
+                                   sequence_parallel=True)
+        assert option.memory["activations"] == 2 * 16 * (64 + 32 + 64 + 32) * 4     # no attention, no sequence
 
 
 def test_recomputation_trades_memory_for_a_second_forward():
     gpt, layout = MODELS["GPT-3 175B"], Layout(dp=8, zero=1, tp=8, pp=16, m=96)     # 2 samples a micro-batch
-    kept, full = (choosing.evaluate(gpt, H100, 1536, layout, recompute=r) for r in ("none", "full"))
-    assert not kept.fits and full.fits and full.memory["activations"] < kept.memory["activations"] / 10
-    assert full.seconds["compute"] == pytest.approx(8 / 6 * kept.seconds["compute"])    # a second forward
+    kept, selective, full = (choosing.evaluate(gpt, H100, 1536, layout, recompute=r)
+                             for r in ("none", "selective", "full"))
+    assert not kept.fits and selective.fits and full.fits
+    assert full.memory["activations"] < selective.memory["activations"] / 5 < kept.memory["activations"] / 5
+    assert full.seconds["compute"] == pytest.approx(4 / 3 * kept.seconds["compute"])    # a second forward
+    attention = 4 * 96 * 2048 * 12288 * 1536 * 2048 / (1024 * 989e12 * 0.5)              # its forward again
+    assert selective.seconds["compute"] - kept.seconds["compute"] == pytest.approx(attention)
+
+
+def test_the_default_recomputes_attention_and_llama_2_70b_fits():
+    llama = MODELS["LLaMA-2 70B"]
+    layout = Layout(dp=4, zero=1, tp=4, pp=4, m=256)
+    default = choosing.evaluate(llama, H100, 1024, layout)
+    assert default == choosing.evaluate(llama, H100, 1024, layout, recompute="selective", sequence_parallel=False)
+    # by hand: 70e9 / 16 bf16 parameters and gradients, fp32 master and Adam's moments over dp 4;
+    # 4 micro-batches of one sample alive × 20 layers × sbh(10 + 24/4) bytes
+    held = 70_000_000_000 // 16
+    activations_kept = 4 * 20 * 4096 * 8192 * (10 + 24 / 4)
+    assert default.memory["total"] == pytest.approx(2 * held + 2 * held + 12 * held / 4 + activations_kept)
+    assert round(default.memory["total"] / 1e9, 1) == 73.6 and default.fits
+    for nodes in (8, 32):
+        stored = choosing.options(llama, H100, 1024, nodes=nodes, recompute="none")
+        assert stored and not any(o.fits for o in stored)         # the s² scores: no layout fits
+        assert choosing.fastest(choosing.options(llama, H100, 1024, nodes=nodes)).layout.uses == "dp+zero+tp+pp"
+    assert choosing.fastest(choosing.options(llama, H100, 1024, nodes=8)).layout == layout
+
+
+def test_the_fastest_on_h100s_mixes_every_scheme_where_lab_6_says_so():
+    # lab 6: on 32 nodes, every GPT-3 and LLaMA-2 preset's fastest layout uses dp with ZeRO, tp and pp
+    for name in ("GPT-3 1.3B", "GPT-3 6.7B", "GPT-3 175B", "LLaMA-2 7B", "LLaMA-2 70B"):
+        best = choosing.fastest(choosing.options(MODELS[name], H100, MODELS[name].batch, nodes=32))
+        assert best.layout.uses == "dp+zero+tp+pp" and best.layout.tp <= 8, name
+    # and not on 8 nodes: a small model needs no tp, GPT-3 175B has no room left for dp
+    assert choosing.fastest(choosing.options(MODELS["GPT-3 6.7B"], H100, 1024, nodes=8)).layout.uses == "dp+zero+pp"
+    assert choosing.fastest(choosing.options(MODELS["GPT-3 175B"], H100, 1536, nodes=8)).layout.uses == "tp+pp"
+
+
+def test_sequence_parallelism_splits_what_tp_leaves_and_sends_the_same():
+    gpt = MODELS["GPT-3 1.3B"]
+    plain, sp = (choosing.evaluate(gpt, H100, 512, Layout(4, 0, 2, 4, 16), sequence_parallel=on)
+                 for on in (False, True))
+    assert sp.memory["activations"] == pytest.approx(plain.memory["activations"] * (34 / 2) / (10 + 24 / 2))
+    assert sp.sent["tp"] == plain.sent["tp"] and sp.seconds["tp"] == plain.seconds["tp"]   # RS + AG = all-reduce
+    assert sp.sent["pp"] == plain.sent["pp"] / 2                   # each tp rank sends its half of the sequence
+    assert sp.seconds["compute"] == plain.seconds["compute"]
 
 
 def test_narayanan_et_al_s_gpt3_layout_is_offered_and_fits():
@@ -112,6 +226,21 @@ def test_bytes_by_hand():
     assert two_stages.sent["pp"] == 16 * 8 * 2048 * 2048 * 2                # each stage sends one way only
 
 
+def test_fp32_gradients_are_reduced_in_fp32_and_computed_on_tensor_cores():
+    gpt, bf16 = MODELS["GPT-3 1.3B"], "bf16 with fp32 gradients"
+    held = 1_300_000_000 // 8
+    # data parallel: an all-reduce; ZeRO-1: a reduce-scatter and an all-gather; ZeRO-3: m × (RS + 2 AG)
+    for zero, expected in ((0, 2 * 3 / 4 * held * 4), (1, 3 / 4 * held * (4 + 2)),
+                           (3, 16 * 3 / 4 * held * (4 + 2 * 2))):
+        option = choosing.evaluate(gpt, H100, 512, Layout(4, zero, 2, 4, 16), precision=bf16)
+        assert option.sent["dp"] == pytest.approx(expected), zero          # reduced in 4 bytes, gathered in 2
+    mixed = choosing.evaluate(gpt, H100, 512, Layout(4, 1, 2, 4, 16))
+    option = choosing.evaluate(gpt, H100, 512, Layout(4, 1, 2, 4, 16), precision=bf16)
+    assert option.seconds["compute"] == mixed.seconds["compute"]                  # the bf16 peak, as "mixed"
+    assert option.memory["activations"] == mixed.memory["activations"]             # 16-bit activations
+    assert option.seconds["dp"] > mixed.seconds["dp"]
+
+
 def test_the_bubble_stretches_compute_by_hand():
     layout = Layout(dp=1, zero=0, tp=1, pp=4, m=4)
     option = choosing.evaluate(MLP, LOCAL_MACHINE, 64, layout, precision="fp32")
@@ -129,7 +258,8 @@ def test_the_bubble_stretches_compute_by_hand():
 def test_compute_by_hand_on_h100s():
     gpt = MODELS["GPT-3 6.7B"]
     option = choosing.evaluate(gpt, H100, 1024, Layout(64, 1, 1, 1, 8))
-    flop = 6 * 6.7e9 * 1024 * 2048
+    # 6 FLOPs a parameter a token, attention's 12·L·s·h, and its forward again (recomputed): 16·L·s·h
+    flop = (6 * 6.7e9 + 16 * 32 * 2048 * 4096) * 1024 * 2048
     assert option.seconds["compute"] == pytest.approx(flop / (64 * 989e12 * 0.5))
     fp32 = choosing.evaluate(gpt, H100, 1024, Layout(64, 1, 1, 1, 8), precision="fp32")
     assert fp32.seconds["compute"] == pytest.approx(flop / (64 * 67e12 * 0.5))
@@ -155,12 +285,12 @@ def test_the_fastest_fits_and_is_minimal():
     assert all(best.seconds["total"] <= o.seconds["total"] * (1 + 1e-9) for o in found if o.fits)
     assert [o.seconds["total"] for o in found] == sorted(o.seconds["total"] for o in found)
     assert all(o.layout.dp * o.layout.tp * o.layout.pp == 64 for o in found)
-    # LLaMA-2 7B on A100s of 40 GB: the fastest layout of all does not fit (32 micro-batches' activations)
+    # LLaMA-2 7B on A100s of 40 GB: the fastest layout of all does not fit (all 32 layers' activations)
     found = choosing.options(MODELS["LLaMA-2 7B"], CLUSTERS["8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)"],
                              1024, nodes=4)
     best = choosing.fastest(found)
     assert not found[0].fits and found[0].seconds["total"] < best.seconds["total"]
-    assert found[0].layout == Layout(32, 1, 1, 1, 32) and best.layout == Layout(8, 1, 4, 1, 128)
+    assert found[0].layout == Layout(32, 1, 1, 1, 32) and best.layout == Layout(16, 1, 1, 2, 64)
     assert found[0].memory["total"] > 40e9 >= best.memory["total"]
 
 
@@ -180,6 +310,9 @@ def test_only_layouts_the_batch_splits_into():
     (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), precision="fp8"), "precision must be one of"),
     (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), schedule="zb"), "schedule must be one of"),
     (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), recompute=True), "recompute must be one of"),
+    (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), sequence_parallel="yes"),
+     "sequence_parallel must be True or False"),
+    (lambda: activations.layer_bytes(2048, 1, 4096, 32, recompute="flash"), "recompute must be one of"),
     (lambda: choosing.evaluate(MLP, H100, 60, Layout(8, 0, 1, 1, 1)), "batch of 60 does not split into 8 × 1"),
     (lambda: choosing.evaluate(MODELS["GPT-3 1.3B"], CLUSTERS["8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)"],
                                512, Layout(1, 0, 1, 1, 1), optimizer="lion"), "optimizer must be one of"),

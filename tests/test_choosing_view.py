@@ -1,6 +1,7 @@
 """The choosing view: one marker per layout, read back from the figure against course.choosing.options;
 hollow where a layout does not fit; the star on the fastest that fits; the measured runs only on the
-labs' MLP on this machine; describe's numbers are options()'; no controls under nbgrader.
+labs' MLP on this machine; describe's numbers are options()'; the activations menu reaches the chooser;
+fastest_table's rows are the chooser's; no controls under nbgrader.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_one_marker_per_layout_at_its_bytes_and_time():
     markers = _markers(fig.axes[0])
     assert len(markers) == len(found) == 375
     assert sorted(markers) == sorted((o.sent["total"], o.seconds["total"], o.fits) for o in found)
-    assert sum(filled for *_, filled in markers) == sum(o.fits for o in found) == 119        # hollow: too big
+    assert sum(filled for *_, filled in markers) == sum(o.fits for o in found) == 220        # hollow: too big
     assert fig.axes[0].get_xscale() == fig.axes[0].get_yscale() == "log"
     plt.close(fig)
 
@@ -88,8 +89,9 @@ def test_describes_numbers_are_options():
     text = choosing_view.describe(model="GPT-3 6.7B", cluster=choosing.H100_CLUSTER, nodes=8)
     found = choosing.options(choosing.MODELS["GPT-3 6.7B"], choosing.CLUSTERS[choosing.H100_CLUSTER], 1024, nodes=8)
     best = choosing.fastest(found)
-    assert text.startswith("**GPT-3 6.7B, batch 1024, mixed precision, activations kept, on 8 nodes of "
-                           f"{choosing.H100_CLUSTER}: 64 ranks:** 375 layouts run this batch, 119 fit in 80 GB")
+    assert text.startswith("**GPT-3 6.7B, batch 1024, mixed precision, attention recomputed (FlashAttention), on 8 "
+                           f"nodes of {choosing.H100_CLUSTER}: 64 ranks:** 375 layouts run this batch, 220 fit in "
+                           "80 GB")
     assert (f"The fastest that fits: {choosing_view.layout_words(best.layout)}, {in_units(best.memory['total'])} "
             f"a rank, {in_units(best.sent['total'])} sent a rank a step, {best.seconds['total']:.3g} s a step") in text
     table = [line for line in text.splitlines() if line.startswith("| dp")]
@@ -102,6 +104,7 @@ def test_describes_numbers_are_options():
     ({"model": "GPT-5"}, "model must be one of"),
     ({"cluster": "abacus"}, "cluster must be one of"),
     ({"precision": "fp8"}, "precision must be one of"),
+    ({"activations": "selective"}, "activations must be one of"),
     ({"nodes": 0}, "got nodes=0"),
     ({**LOCAL, "measured": [{"lab": 2, "ranks": 2, "sent": 1}]}, "keys lab, scheme, ranks, sent"),
 ])
@@ -128,12 +131,48 @@ def test_show_builds_its_menus_and_keeps_the_runs_to_their_setting(monkeypatch):
                         lambda draw, controls, describe: built.update(draw=draw, controls=controls))
     choosing_view.show(measured=RUNS, **LOCAL)
     controls = built["controls"]
-    assert list(controls) == ["model", "cluster", "nodes", "batch", "precision", "recompute"]
+    assert list(controls) == ["model", "cluster", "nodes", "batch", "precision", "activations"]
     run = {k: c.value for k, c in controls.items()}
-    assert run == {**LOCAL, "batch": 64, "precision": "mixed", "recompute": "none"}
+    assert run == {**LOCAL, "batch": 64, "precision": "mixed", "activations": "attention recomputed (FlashAttention)"}
+    assert list(controls["activations"].options) == list(choosing_view.ACTIVATIONS)
     assert 1024 in controls["batch"].options and 128 in controls["nodes"].options
     built["draw"](**run)
     built["draw"](**{**run, "nodes": 2})
     built["draw"](**{**run, "cluster": choosing.H100_CLUSTER})
     assert seen == [RUNS, RUNS, None]
     plt.close("all")
+
+
+def test_the_activations_menu_reaches_the_chooser():
+    seen = []
+    for name, (recompute, sp) in choosing_view.ACTIVATIONS.items():
+        text = choosing_view.describe(model="LLaMA-2 70B", nodes=8, activations=name)
+        found = choosing.options(choosing.MODELS["LLaMA-2 70B"], choosing.CLUSTERS[choosing.H100_CLUSTER], 1024,
+                                 nodes=8, recompute=recompute, sequence_parallel=sp)
+        assert f"{name}, on 8 nodes" in text and f"{sum(o.fits for o in found)} fit in 80 GB" in text
+        seen.append((recompute, sp))
+    assert seen[0] == ("selective", False) and set(seen) == {("selective", False), ("selective", True),
+                                                            ("full", False), ("none", False)}
+    # everything stored: LLaMA-2 70B fits no layout on 64 H100s; attention recomputed: dp 4 × tp 4 × pp 4
+    assert "None fits" in choosing_view.describe(model="LLaMA-2 70B", nodes=8,
+                                                 activations="everything stored (the s² attention scores too)")
+    assert "The fastest that fits: dp 4 (ZeRO-1) × tp 4 × pp 4, m 256, 73.6 GB a rank" in choosing_view.describe(
+        model="LLaMA-2 70B", nodes=8)
+    with pytest.raises(ValueError, match="activations must be one of"):
+        choosing_view.show(activations="full")
+
+
+def test_fastest_table_rows_are_the_choosers():
+    stored = "everything stored (the s² attention scores too)"
+    text = choosing_view.fastest_table(models=["GPT-3 6.7B", "LLaMA-2 70B"], nodes=[8],
+                                       activations=[choosing_view.DEFAULT_ACTIVATIONS, stored])
+    header, rule, *rows = text.splitlines()
+    assert header.startswith("| model | nodes (GPUs) | activations |") and len(rows) == 4
+    found = choosing.options(choosing.MODELS["LLaMA-2 70B"], choosing.CLUSTERS[choosing.H100_CLUSTER], 1024, nodes=8)
+    best = choosing.fastest(found)
+    assert rows[2] == (f"| LLaMA-2 70B | 8 (64) | {choosing_view.DEFAULT_ACTIVATIONS} | "
+                       f"{sum(o.fits for o in found)} of {len(found)} | {choosing_view.layout_words(best.layout)} | "
+                       f"dp+zero+tp+pp | {in_units(best.memory['total'])} ({in_units(best.memory['activations'])}) | "
+                       f"{best.seconds['total']:.3g} s |")
+    assert rows[3] == f"| LLaMA-2 70B | 8 (64) | {stored} | 0 of 350 | none fits | | | |"
+    assert "| dp+zero+pp |" in rows[0]

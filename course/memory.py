@@ -10,7 +10,11 @@ A rank holds three kinds of state for P parameters (`state_bytes`), counted as R
 et al. (2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models") count
 them: parameters and gradients in the model's dtype, and the optimizer state, K bytes a
 parameter, which in mixed precision includes the fp32 master copy of the weights. Adam in
-mixed precision: 2 + 2 + K with K = 12 (master 4, momentum 4, variance 4), 16 bytes a parameter.
+mixed precision: 2 + 2 + K with K = 12 (master 4, momentum 4, variance 4), 16 bytes a parameter:
+the paper's count, for fp16 training ("mixed"). bf16 training as practised keeps its gradients in
+fp32 (they are accumulated and reduced in fp32): 2 + 4 + 12 = 18 bytes a parameter, and 6 + 12/d
+with the optimizer state sharded over d data-parallel ranks (ZeRO-1 here), as Megatron-LM's table
+for its distributed optimizer gives them ("bf16 with fp32 gradients").
 
 The schemes divide some kinds by the number of ranks N (`SHARDED`): data parallelism none,
 ZeRO-1 the optimizer state, ZeRO-2 also the gradients, ZeRO-3 (FSDP) everything; "split
@@ -42,13 +46,24 @@ STATE_DTYPE = "float32"
 class Precision:
     """The dtypes of a training step: what the model computes with, and the optimizer's master copy."""
     name: str
-    parameters: str        # the model's parameters (a key of sizes.DTYPE_BYTES)
-    gradients: str         # their gradients, which the collectives send
+    parameters: str        # the model's parameters (a key of sizes.DTYPE_BYTES), which all-gathers send
+    gradients: str         # their gradients, which all-reduces and reduce-scatters send
     master: str | None     # the copy the optimizer updates, counted as optimizer state; None: none
+    words: str = ""        # how a title says it; empty: "<name> precision"
+
+    @property
+    def label(self) -> str:
+        return self.words or f"{self.name} precision"
 
 
 PRECISIONS = {"fp32": Precision("fp32", "float32", "float32", None),
-              "mixed": Precision("mixed", "bfloat16", "bfloat16", "float32")}
+              # the ZeRO paper's fp16 count (2 + 2 + 12 with Adam); bf16 has fp16's 2 bytes
+              "mixed": Precision("mixed", "bfloat16", "bfloat16", "float32"),
+              # as practised in bf16 (Megatron-LM's table: 18 bytes with Adam, 6 + 12/d sharded)
+              "bf16 with fp32 gradients": Precision("bf16 with fp32 gradients", "bfloat16", "float32", "float32",
+                                                    "bf16 parameters, fp32 gradients")}
+#: the stage-1 variants `sent_per_step` knows: the paper's, and DeepSpeed's first stage-1 code
+ZERO1_VARIANTS = ("reduce-scatter", "all-reduce")
 
 
 @dataclass(frozen=True)
@@ -188,30 +203,51 @@ def _split_weights_sent(parameters: int, ranks: int, layers, batch, dtype: str) 
 
 
 def sent_per_step(parameters: int, ranks: int, scheme: str, *, dtype: str, layers=None,
-                  batch: int | None = None) -> int | float:
+                  batch: int | None = None, gather_dtype: str | None = None, micro_batches: int = 1,
+                  zero1: str = "reduce-scatter") -> int | float:
     """Bytes each of `ranks` ranks sends per training step under `scheme`, with ring collectives
-    (`course.transfer`), the parameters and gradients being `dtype`. N the number of ranks:
+    (`course.transfer`), the gradients being `dtype` and the parameters `gather_dtype` (default:
+    `dtype`; bf16 with fp32 gradients reduces 4 bytes a parameter and gathers 2). N the ranks:
 
     - data parallel: an all-reduce of the gradients, 2(N-1)/N of them;
     - ZeRO-1 and ZeRO-2: a reduce-scatter of the gradients, (N-1)/N, and an all-gather of the
-      updated parameters, (N-1)/N: the same bytes (the paper's ZeRO-1 all-reduces: the same again);
+      updated parameters, (N-1)/N: what data parallelism sends, as the paper says of P_os and
+      P_os+g. `zero1="all-reduce"`: DeepSpeed's first stage-1 code, which all-reduced the whole
+      gradients and then all-gathered the parameters, 3(N-1)/N, 1.5 times data parallelism;
     - ZeRO-3: an all-gather of the parameters before forward, another before backward, and a
       reduce-scatter of the gradients: 3(N-1)/N, 1.5 times data parallelism;
     - split weights: activations, not parameters: needs `layers` (a list of `sizes.Dense` holding
       the `parameters`) and `batch`, and counts lab 3's column-then-row pairing.
 
+    `micro_batches` k: the step accumulates the gradients of k micro-batches. Data parallelism
+    reduces once (DDP's `no_sync` skips the others), and so does ZeRO-1 (whole gradients, summed
+    locally); ZeRO-2 and -3 keep only their chunk of a gradient, so they reduce-scatter after each
+    micro-batch, and ZeRO-3 gathers each layer twice a micro-batch. Split weights' activations do
+    not depend on k (the same samples, in k pieces; each piece's messages are k times smaller).
+
     The sharded schemes move the padded N·ceil(P/N) parameters (`shard`)."""
     count = check_parameters(parameters)
     transfer.check_ranks(ranks)
     _choice("scheme", scheme, SCHEMES)
+    _choice("zero1", zero1, ZERO1_VARIANTS)
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, numbers.Integral) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be a whole number of at least 1, got micro_batches={micro_batches!r}")
+    gather_dtype = dtype if gather_dtype is None else gather_dtype
     sizes.nbytes(0, dtype)                       # an unknown dtype: ValueError naming the known ones
+    sizes.nbytes(0, gather_dtype)
     if scheme == "split weights":
         return _split_weights_sent(count, ranks, layers, batch, dtype)
     if scheme == "data parallel":
         return transfer.ring_all_reduce(sizes.nbytes(count, dtype), ranks)
-    padded = sizes.nbytes(ranks * shard(count, ranks), dtype)
-    gathers = 2 if scheme == "ZeRO-3" else 1
-    return gathers * transfer.ring_all_gather(padded, ranks) + transfer.ring_reduce_scatter(padded, ranks)
+    padded = ranks * shard(count, ranks)
+    gather = transfer.ring_all_gather(sizes.nbytes(padded, gather_dtype), ranks)
+    reduce = transfer.ring_reduce_scatter(sizes.nbytes(padded, dtype), ranks)
+    if scheme == "ZeRO-1":
+        whole = transfer.ring_all_reduce(sizes.nbytes(count, dtype), ranks)
+        return gather + (reduce if zero1 == "reduce-scatter" else whole)
+    if scheme == "ZeRO-2":
+        return gather + micro_batches * reduce
+    return micro_batches * (2 * gather + reduce)
 
 
 def mlp_activation_bytes(widths, batch: int, *, dtype: str) -> int:

@@ -14,6 +14,8 @@ each scheme, against the number of ranks (`memory.largest_model`; activations ex
 Dots: a real run's bytes per rank, on the left and middle panels, at the run's settings
 and its number of ranks only. Crosses: the ZeRO paper's Figure 1 (its numbers, rounded as it
 rounds them), at its settings only: 7.5 B parameters, Adam, mixed precision, 64 ranks.
+The precision menu has the paper's mixed precision (16 bytes a parameter with Adam) and bf16
+with fp32 gradients as practised (18; `course.memory`'s docstring says where each comes from).
 """
 from __future__ import annotations
 
@@ -65,6 +67,13 @@ def is_zero_figure_1(**settings) -> bool:
     return all(settings[k] == memory.ZERO_FIGURE_1[k] for k in ("parameters", "ranks", "optimizer", "precision"))
 
 
+def label(precision: str) -> str:
+    """How a title names a precision: "mixed precision", "bf16 parameters, fp32 gradients"."""
+    if precision not in memory.PRECISIONS:
+        raise ValueError(f"precision must be one of {list(memory.PRECISIONS)}, got {precision!r}")
+    return memory.PRECISIONS[precision].label
+
+
 def _gpu(name: str) -> memory.GpuMemory:
     if name not in memory.GPUS:
         raise ValueError(f"gpu must be one of {list(memory.GPUS)}, got {name!r}")
@@ -81,11 +90,12 @@ def sent(parameters: int, ranks: int, *, precision: str, layers=None, batch=None
     """scheme -> bytes each rank sends per step, or (split weights) the reason it cannot be counted."""
     if precision not in memory.PRECISIONS:
         raise ValueError(f"precision must be one of {list(memory.PRECISIONS)}, got {precision!r}")
-    dtype = memory.PRECISIONS[precision].gradients
+    dtypes = memory.PRECISIONS[precision]
     counts = {}
     for scheme in memory.SCHEMES:
         try:
-            counts[scheme] = memory.sent_per_step(parameters, ranks, scheme, dtype=dtype, layers=layers, batch=batch)
+            counts[scheme] = memory.sent_per_step(parameters, ranks, scheme, dtype=dtypes.gradients,
+                                                  gather_dtype=dtypes.parameters, layers=layers, batch=batch)
         except ValueError as error:
             if scheme != "split weights":
                 raise
@@ -146,7 +156,7 @@ def draw(*, parameters: int = memory.ZERO_FIGURE_1["parameters"], precision: str
         held_ax.plot([x[scheme] for scheme in paper], [gb * 1e9 / size for gb in paper.values()], "x",
                      color="black", markersize=9, zorder=3, label=PAPER_LABEL)
     held_ax.set_ylabel(f"{unit} held per rank")
-    held_ax.set_title(f"memory per rank ({optimizer}, {precision} precision)", fontsize="medium")
+    held_ax.set_title(f"memory per rank ({optimizer}, {label(precision)})", fontsize="medium")
     held_ax.legend(fontsize="small", frameon=False, loc="upper right", bbox_to_anchor=(1, 0.9))
 
     counted = {scheme: b for scheme, b in sends.items() if not isinstance(b, str)}
@@ -183,7 +193,7 @@ def draw(*, parameters: int = memory.ZERO_FIGURE_1["parameters"], precision: str
     fit_ax.set_ylabel("parameters")
     fit_ax.set_title(f"the largest model that fits ({device.name}, no activations)", fontsize="medium", wrap=True)
     fit_ax.legend(fontsize="small", frameon=False)
-    fig.suptitle(f"{count_words(parameters)} parameters, {optimizer}, {precision} precision, {ranks} ranks",
+    fig.suptitle(f"{count_words(parameters)} parameters, {optimizer}, {label(precision)}, {ranks} ranks",
                  fontsize="medium")
     return fig
 
@@ -202,7 +212,7 @@ def describe(*, parameters: int, precision: str, optimizer: str, ranks: int, gpu
                         for scheme in memory.SCHEMES)
     given = f", {in_units(activations)} of activations included" if activations is not None else ""
     split = sends["split weights"]
-    return (f"**{count_words(parameters)} parameters, {optimizer}, {precision} precision, {ranks} ranks, "
+    return (f"**{count_words(parameters)} parameters, {optimizer}, {label(precision)}, {ranks} ranks, "
             f"{device.name}:** each rank holds {memory_words}{given}. Each rank sends per step {sent_words}"
             f"{f' (split weights: {split})' if isinstance(split, str) else ''}. "
             f"The largest model one {device.name} holds on {ranks} ranks (activations excluded): {largest} parameters.")

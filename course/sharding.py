@@ -7,7 +7,8 @@ a model's parameters as the leaves its optimizer updates (ZeRO-1 and -2: one per
 parameter). ZeRO-3 shards by layer instead, as FSDP does: `shard_layers` gives one
 chunk of each layer's parameters flattened into one tensor, so that gathering a layer
 is one call, not one per parameter (each call pays the link's fixed cost, its latency),
-and `gather_layers` makes the whole parameters again from those chunks.
+and `gather_layers` makes the whole parameters again from those chunks. `start_all_gather`
+starts an all-gather and returns at once, for a rank to compute while it runs (FSDP's prefetch).
 
 `reduce_scatter` and `all_gather` are the library's collectives on those chunks.
 The library's need chunks of one size, so they pad each to ceil(length / N) and
@@ -114,6 +115,33 @@ def reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
 def all_gather(chunk: torch.Tensor, length: int, group=None) -> torch.Tensor:
     """Every rank's chunk, in rank order: the flat tensor of `length` elements that rank r's
     `chunk` is chunk r of."""
+    return _gather(chunk, length, group, async_op=False).wait()
+
+
+class PendingGather:
+    """An all-gather under way (`start_all_gather`); `wait()` returns the whole flat tensor."""
+
+    def __init__(self, work, every: torch.Tensor, length: int, ranks: int):
+        self._work, self._every, self._length, self._ranks = work, every, length, ranks
+
+    def wait(self) -> torch.Tensor:
+        self._work.wait()
+        return _unpadded(self._every, self._length, self._ranks)
+
+
+def start_all_gather(chunk: torch.Tensor, length: int, group=None) -> PendingGather:
+    """`all_gather` started but not waited for (`async_op=True`): the rank computes meanwhile and
+    calls `wait()` when it needs the whole tensor. FSDP's prefetch is this: the next layer's
+    all-gather under way while this layer computes."""
+    return _gather(chunk, length, group, async_op=True)
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+def _gather(chunk: torch.Tensor, length: int, group, *, async_op: bool) -> PendingGather:
     ranks, rank = dist.get_world_size(group), dist.get_rank(group)
     sizes = chunk_sizes(length, ranks)
     if chunk.numel() != sizes[rank]:
@@ -124,8 +152,11 @@ def all_gather(chunk: torch.Tensor, length: int, group=None) -> torch.Tensor:
     if mine.numel() != width:                    # a shorter chunk, padded to the longest
         mine = torch.cat([mine, mine.new_zeros(width - mine.numel())])
     every = mine.new_empty(ranks * width)
-    _library("all_gather_single", "all_gather_into_tensor")(every, mine.contiguous(), group=group)
-    return _unpadded(every, length, ranks)
+    gather = _library("all_gather_single", "all_gather_into_tensor")
+    if async_op:
+        return PendingGather(gather(every, mine.contiguous(), group=group, async_op=True), every, length, ranks)
+    gather(every, mine.contiguous(), group=group)
+    return PendingGather(_Done(), every, length, ranks)
 
 
 def gather_layers(model: torch.nn.Module, shards, all_gather=all_gather) -> list[torch.Tensor]:

@@ -229,6 +229,14 @@ MISTAKES = {
         {"memory_by_kind": [("updated = list(model.parameters()) + [p for group in optimizer.param_groups "
                              "for p in group[\"params\"]]", "updated = list(model.parameters())")]},
         "test_memory_by_kind"),
+    "the gradients of the model's parameters only: a sharded optimizer's chunks' gradients left out": (
+        {"memory_by_kind": [('"gradients": held(p.grad for p in updated if p.grad is not None)',
+                             '"gradients": held(p.grad for p in model.parameters() if p.grad is not None)')]},
+        "test_memory_by_kind"),
+    "storages told apart by each tensor's own address: views into one storage count it again": (
+        {"memory_by_kind": [("if storage.data_ptr() in seen:", "if tensor.data_ptr() in seen:"),
+                            ("seen.add(storage.data_ptr())", "seen.add(tensor.data_ptr())")]},
+        "test_memory_by_kind"),
     "Adam's second buffer forgotten": (
         {"memory_by_kind": [("for value in per_parameter.values()\n             if isinstance(value, torch.Tensor)]",
                              "for key, value in per_parameter.items()\n"
@@ -301,6 +309,10 @@ MISTAKES = {
         "test_fsdp_hooks"),
     "master weights copied after the cast, in bf16": (
         {"mixed_precision": [MASTERS_AFTER_THE_CAST]},
+        "test_mixed_precision"),
+    "masters never copied back into the bf16 model": (
+        {"mixed_precision": [("        for p, master in zip(self.model.parameters(), self.master):\n"
+                              "            p.copy_(master)", "")]},
         "test_mixed_precision"),
     "master weights and their gradients in bf16": (
         {"mixed_precision": [MASTERS_AFTER_THE_CAST,

@@ -81,6 +81,61 @@ def test_sent_per_step_zero_3_is_one_and_a_half_data_parallelism_zero_1_and_2_th
     assert memory.sent_per_step(P, 1, "ZeRO-3", dtype="float32") == 0
 
 
+def test_bf16_with_fp32_gradients_is_megatrons_18_bytes_and_6_plus_12_over_d():
+    # Megatron-LM's distributed optimizer table, bf16 parameters with fp32 gradients, Adam: 18 bytes a
+    # parameter, and 6 + 12/d with the optimizer state sharded over d data-parallel ranks (ZeRO-1)
+    assert memory.bytes_per_parameter(optimizer="adam", precision="bf16 with fp32 gradients") == {
+        "parameters": 2, "gradients": 4, "optimizer state": 12}
+    parameters = 64 * 10**6                                      # divides evenly by every d below
+    for d in (1, 2, 8, 64):
+        assert memory.per_rank(parameters, d, "data parallel", precision="bf16 with fp32 gradients")["total"] \
+            == 18 * parameters
+        assert memory.per_rank(parameters, d, "ZeRO-1", precision="bf16 with fp32 gradients")["total"] \
+            == 6 * parameters + 12 * parameters // d
+    # the paper's count stays 16: fp16 (here bf16) gradients
+    assert sum(memory.bytes_per_parameter(optimizer="adam", precision="mixed").values()) == 16
+    assert memory.PRECISIONS["mixed"].label == "mixed precision"
+    assert memory.PRECISIONS["bf16 with fp32 gradients"].label == "bf16 parameters, fp32 gradients"
+
+
+def test_fp32_gradients_are_reduced_in_fp32_and_bf16_parameters_gathered_in_bf16():
+    parameters, n = 64 * 10**6, 8
+    reduce = (n - 1) * parameters * 4 / n                        # a reduce-scatter of fp32 gradients
+    gather = (n - 1) * parameters * 2 / n                        # an all-gather of bf16 parameters
+    sent = {s: memory.sent_per_step(parameters, n, s, dtype="float32", gather_dtype="bfloat16")
+            for s in memory.SCHEMES[:4]}
+    assert sent["data parallel"] == 2 * reduce
+    assert sent["ZeRO-1"] == sent["ZeRO-2"] == reduce + gather
+    assert sent["ZeRO-3"] == reduce + 2 * gather
+
+
+def test_zero_1_sends_what_data_parallelism_sends_deepspeeds_first_code_half_as_much_again():
+    parameters = 64 * 10**6
+    for n in (2, 4, 64):
+        dp = memory.sent_per_step(parameters, n, "data parallel", dtype="bfloat16")
+        assert memory.sent_per_step(parameters, n, "ZeRO-1", dtype="bfloat16") == dp                     # the paper's
+        assert memory.sent_per_step(parameters, n, "ZeRO-1", dtype="bfloat16", zero1="all-reduce") == 1.5 * dp
+        # the variant is stage 1's only: stage 2 and 3 are unchanged by it
+        for scheme in ("ZeRO-2", "ZeRO-3"):
+            assert memory.sent_per_step(parameters, n, scheme, dtype="bfloat16", zero1="all-reduce") == \
+                memory.sent_per_step(parameters, n, scheme, dtype="bfloat16")
+
+
+def test_accumulating_micro_batches_multiplies_only_zero_2_and_3s_reduce_scatters():
+    parameters, n = 64 * 10**6, 4
+    half = (n - 1) * parameters * 2 / n                          # half a ring of bf16 values
+    for k in (1, 2, 8):
+        sent = {s: memory.sent_per_step(parameters, n, s, dtype="bfloat16", micro_batches=k)
+                for s in memory.SCHEMES[:4]}
+        assert sent["data parallel"] == sent["ZeRO-1"] == 2 * half      # once a step (no_sync), whatever k
+        assert sent["ZeRO-2"] == (k + 1) * half                          # k reduce-scatters, one all-gather
+        assert sent["ZeRO-3"] == 3 * k * half                            # two gathers and a reduce-scatter each
+    layers = [Dense("a", 8, 8), Dense("b", 8, 8)]
+    held = sum(layer.weights for layer in layers)
+    assert memory.sent_per_step(held, 2, "split weights", dtype="float32", layers=layers, batch=4, micro_batches=4) \
+        == memory.sent_per_step(held, 2, "split weights", dtype="float32", layers=layers, batch=4) > 0
+
+
 def test_split_weights_send_lab_3s_pairing():
     layers = [Dense("layer1", 64, 512), Dense("layer2", 512, 512), Dense("output", 512, 10)]
     parameters = sum(layer.weights for layer in layers)
@@ -130,7 +185,12 @@ def test_largest_model_by_hand():
     (lambda: memory.per_rank(P, 2, "ZeRO-4"), "scheme must be one of 'data parallel', .*'split weights'; got 'ZeRO-4'"),
     (lambda: memory.per_rank(P, 2, "ZeRO-1", optimizer="adagrad"), "optimizer must be one of 'sgd', 'momentum', "
                                                                     "'adam'; got 'adagrad'"),
-    (lambda: memory.per_rank(P, 2, "ZeRO-1", precision="fp8"), "precision must be one of 'fp32', 'mixed'; got 'fp8'"),
+    (lambda: memory.per_rank(P, 2, "ZeRO-1", precision="fp8"),
+     "precision must be one of 'fp32', 'mixed', 'bf16 with fp32 gradients'; got 'fp8'"),
+    (lambda: memory.sent_per_step(P, 2, "ZeRO-1", dtype="float32", zero1="broadcast"),
+     "zero1 must be one of 'reduce-scatter', 'all-reduce'; got 'broadcast'"),
+    (lambda: memory.sent_per_step(P, 2, "ZeRO-2", dtype="float32", micro_batches=0), "at least 1, got micro_batches=0"),
+    (lambda: memory.sent_per_step(P, 2, "ZeRO-2", dtype="float32", gather_dtype="int3"), "dtype must be one of"),
     (lambda: memory.per_rank(-5, 2, "ZeRO-1"), r"at least 0, got parameters=-5"),
     (lambda: memory.state_bytes(1.5, optimizer="adam", precision="mixed"), r"whole number .* got parameters=1.5"),
     (lambda: memory.sent_per_step(P, 2, "ZeRO-1", dtype="int3"), "dtype must be one of float64.*got 'int3'"),

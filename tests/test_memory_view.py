@@ -131,6 +131,24 @@ def test_the_views_numbers_are_memorys():
     assert "split weights 263 kB." in with_layers                              # test_memory's hand count
 
 
+def test_bf16_with_fp32_gradients_holds_18_bytes_reduces_fp32_and_gathers_bf16():
+    settings = dict(parameters=7_500_000_000, precision="bf16 with fp32 gradients", optimizer="adam", ranks=64,
+                    gpu=V100)
+    text = memory_view.describe(**settings)
+    assert text.startswith("**7.5 billion parameters, adam, bf16 parameters, fp32 gradients, 64 ranks,")
+    assert "data parallel 135 GB (too big)" in text                              # 18 bytes × 7.5 B
+    assert "ZeRO-1 46.4 GB" in text                                               # (6 + 12/64) × 7.5 B
+    # sent: fp32 gradients reduced (4 bytes), bf16 parameters gathered (2 bytes); 63/64 of 7.5 B each half-ring
+    half = 63 / 64 * 7_500_000_000
+    assert "data parallel 59.1 GB" in text and "ZeRO-1 44.3 GB" in text and "ZeRO-3 59.1 GB" in text
+    sent = memory_view.sent(7_500_000_000, 64, precision="bf16 with fp32 gradients")
+    assert sent["ZeRO-2"] == pytest.approx(6 * half)
+    fig = memory_view.draw(**settings)
+    assert "bf16 parameters, fp32 gradients" in fig.axes[0].get_title()
+    assert _stacks(fig.axes[0])["gradients"][0] == pytest.approx(30)              # 4 bytes × 7.5 B, in GB
+    plt.close(fig)
+
+
 @pytest.mark.parametrize("kwargs, words", [
     ({"gpu": "abacus"}, "gpu must be one of"),
     ({"precision": "fp8"}, "precision must be one of"),
@@ -165,6 +183,7 @@ def test_measured_and_activations_only_beside_the_settings_they_belong_to(monkey
     memory_view.show(measured=measured, activations=300_000, **LAB)
     controls = built["controls"]
     assert list(controls) == ["parameters", "precision", "optimizer", "ranks", "gpu"]
+    assert list(controls["precision"].options) == ["fp32", "mixed", "bf16 with fp32 gradients"]
     assert LAB["parameters"] in [value for _, value in controls["parameters"].options]     # the run's model offered
     assert 7_500_000_000 in [value for _, value in controls["parameters"].options]
     assert controls["ranks"].options[0] == 1 and controls["ranks"].options[-1] == 1024

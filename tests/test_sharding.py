@@ -57,6 +57,29 @@ def test_reduce_scatter_and_all_gather_for_lengths_that_divide_and_that_do_not(r
             assert torch.equal(got["whole"], expected), (rank, length)
 
 
+def _started_gathers(lengths):
+    """Runs on every rank: every all-gather started first, then waited for in reverse order, against
+    the blocking all_gather; and whether the recorder saw them as asynchronous."""
+    rank = dist.get_rank()
+    chunks = [sharding.chunk_of(torch.arange(length, dtype=torch.float64) + 100 * rank) for length in lengths]
+    pending = [sharding.start_all_gather(chunk, length) for chunk, length in zip(chunks, lengths)]
+    started = [p.wait() for p in reversed(pending)][::-1]
+    return [torch.equal(s, sharding.all_gather(c, n)) for s, c, n in zip(started, chunks, lengths)]
+
+
+def test_a_started_all_gather_returns_at_once_and_waits_for_the_same_tensor():
+    run = course.launch(_started_gathers, 3, args=([7, 2, 9],))
+    assert all(all(run[rank]) for rank in run.ranks)
+    gathers = [r for r in run.comm.rank(0) if "gather" in r.op]
+    assert [r.async_op for r in gathers] == [True] * 3 + [False] * 3
+    with pytest.raises(ValueError, match="rank 1: a chunk of 5 elements"):
+        course.launch(_wrong_started_chunk, 2, timeout=30)
+
+
+def _wrong_started_chunk():
+    sharding.start_all_gather(torch.zeros(5 if dist.get_rank() == 1 else 4), 7).wait()
+
+
 def _wrong_chunk():
     sharding.all_gather(torch.zeros(5 if dist.get_rank() == 1 else 4), 7)     # rank 1's chunk is 3 long
 

@@ -9,11 +9,12 @@ loaded from solutions/01_single_gpu with grader.solution.load) on course.device(
    steps after a warm-up, with the slowest and fastest. `course.throughput.lesson` says
    what the curve shows: the sources' claim is that per-GPU batches under 64, or not a
    multiple of 32, waste a GPU.
-2. Model FLOPs utilisation along that curve (course.mfu): the device's matmul peak, measured
-   (one large matmul, FP32, and TF32 and BF16 on a GPU that has them), the model FLOPs of a
-   step (2·in·out per dense layer per sample forward, the backward twice that), and
-   MFU = achieved / peak. The sweep runs in FP32 and is set against the FP32 peak; on a GPU
-   with BF16 it runs again under torch.autocast(bfloat16), set against the BF16 peak.
+2. Utilisation along that curve (course.mfu): the model FLOPs of a step (2·in·out per dense
+   layer per sample forward, the backward twice that) achieved per second, set against the
+   device's matmul peak, measured (one large matmul, FP32, and TF32 and BF16 on a GPU that has
+   them): "of the measured peak"; and, where the GPU's datasheet is known (course.mfu.DATASHEETS),
+   against its datasheet peak: MFU as PaLM defines it. The sweep runs in FP32; on a GPU with
+   BF16 it runs again under torch.autocast(bfloat16), set against the BF16 peaks.
 3. The phases of one step (read, to device, forward, loss, backward, optimizer step,
    weight update) at a small and a large batch: medians over --steps steps.
 
@@ -87,7 +88,9 @@ def run(steps: int) -> dict:
     device = course.device()
     batches = GPU_BATCHES if device.type == "cuda" else CPU_BATCHES
     peaks = mfu.matmul_peaks(device)
+    sheet = mfu.device_datasheet(device)
     report = {"machine": describe(), "device": device_name(device), "steps": steps,
+              "datasheet": None if sheet is None else sheet.name,
               "peak_flop_per_s": peaks, "peak_matrix_side": mfu.DEFAULT_SIZE.get(device.type, mfu.DEFAULT_SIZE["cpu"]),
               "models": {}}
     # FP32 as lab 1 runs it (TF32 off: PyTorch's default); BF16 through autocast where the device has a BF16 peak.
@@ -101,9 +104,11 @@ def run(steps: int) -> dict:
         for precision, autocast in precisions.items():
             curve = throughput.sweep(make_step_factory(device, shape, x, y, autocast), batches, steps=steps,
                                      progress=False)
-            curve = mfu.with_mfu(curve, flops_per_sample, peaks[precision])
+            curve = mfu.with_utilisation(curve, flops_per_sample, measured_peak=peaks[precision],
+                                         datasheet_peak=sheet.peaks.get(precision) if sheet else None)
             suffix = "" if precision == "fp32" else f"_{precision}"
-            figures[f"sweep{suffix}"] = curve.round({c: 2 for c in curve} | {"mfu": 4}).to_dict(orient="records")
+            figures[f"sweep{suffix}"] = curve.round({c: 2 for c in curve} | {"mfu": 4, "of_measured_peak": 4}
+                                                    ).to_dict(orient="records")
             figures[f"lesson{suffix}"] = throughput.lesson(curve, report["device"] + suffix.replace("_", ", "))
         figures["phases_ms"] = {b: phase_medians(device, shape, x, y, b, steps) for b in PHASE_BATCHES}
         report["models"][name] = figures
@@ -111,11 +116,14 @@ def run(steps: int) -> dict:
 
 
 def sweep_table(rows: list[dict], precision: str) -> list[str]:
-    lines = [f"| batch | ms per step | samples/s (min-max) | model GFLOP/s | MFU ({precision} peak) |",
-             "|---|---|---|---|---|"]
+    """MFU against the datasheet's peak where the device has one; always the share of the measured peak."""
+    with_mfu = "mfu" in rows[0]
+    header = f"| batch | ms per step | samples/s (min-max) | model GFLOP/s | of the measured {precision} matmul peak |"
+    lines = [header + (f" MFU ({precision} datasheet) |" if with_mfu else ""),
+             "|---|---|---|---|---|" + ("---|" if with_mfu else "")]
     return lines + [f"| {r['batch_size']} | {r['ms_per_step']:.2f} | {r['samples_per_s']:,.0f} "
                     f"({r['samples_per_s_min']:,.0f}-{r['samples_per_s_max']:,.0f}) | {r['flop_per_s'] / 1e9:,.1f} "
-                    f"| {r['mfu']:.1%} |" for r in rows]
+                    f"| {r['of_measured_peak']:.1%} |" + (f" {r['mfu']:.1%} |" if with_mfu else "") for r in rows]
 
 
 def markdown(report: dict) -> str:
@@ -146,11 +154,14 @@ def headline(report: dict) -> list[dict]:
     for name, figures in report["models"].items():
         sweep = {r["batch_size"]: r for r in figures["sweep"]}
         best = max(sweep, key=lambda b: sweep[b]["samples_per_s"])
+        def share(row):
+            mfu_text = f", MFU {row['mfu']:.1%} of the fp32 datasheet peak" if "mfu" in row else ""
+            return f"{row['of_measured_peak']:.1%} of the measured fp32 matmul peak{mfu_text}"
         rows.append(headline_row(f"lab 1's step on {report['device']}, {name.split(' (')[0]}",
                                  f"best {sweep[best]['samples_per_s']:,.0f} samples/s at batch {best} "
-                                 f"(MFU {sweep[best]['mfu']:.1%} of the measured fp32 peak); batch 32 reaches "
+                                 f"({share(sweep[best])}); batch 32 reaches "
                                  f"{sweep[32]['samples_per_s'] / sweep[best]['samples_per_s']:.0%} of it "
-                                 f"(MFU {sweep[32]['mfu']:.1%})", f"{report['steps']} steps a batch size"))
+                                 f"({share(sweep[32])})", f"{report['steps']} steps a batch size"))
     return rows
 
 

@@ -1,12 +1,21 @@
 """Model FLOPs utilisation: the arithmetic a training step needs, against what the device can do.
 
-    peak = mfu.matmul_peak(device)                       # FLOP/s of one large fp32 matmul, measured
     per_sample = mfu.training_flops_per_sample(model, (256,))
-    frame = mfu.with_mfu(sweep_frame, per_sample, peak)  # adds achieved FLOP/s and MFU to a sweep
+    sheet = mfu.device_datasheet(device)                 # the vendor's figures, None where unknown (a CPU)
+    measured = mfu.matmul_peak(device)                   # FLOP/s of one large fp32 matmul, measured
+    frame = mfu.with_utilisation(sweep_frame, per_sample, datasheet_peak=sheet.peak("fp32"),
+                                 measured_peak=measured)  # adds achieved FLOP/s, MFU, and the measured ratio
 
-What is measured: the peak, the median FLOP/s of one large square matmul on this device in
-this precision (after a warm-up). A vendor's datasheet peak is higher; MFU against a measured
-peak says how far a step is from what this device does in practice.
+Two ratios, one arithmetic (achieved FLOP/s over a peak), two peaks:
+- **MFU** (model FLOPs utilisation) divides by the vendor's datasheet peak, dense, in the step's
+  precision: the definition of PaLM (Chowdhery et al. 2022, appendix B), comparable across papers.
+  `DATASHEETS` holds the peaks of the GPUs the course names, each with its source.
+- **Utilisation of the measured matmul peak** divides by the FLOP/s of one large matmul timed
+  here. That ceiling is lower than the datasheet's, so this ratio is larger. It is the figure for
+  a CPU, whose datasheet peak the course does not know.
+
+What is measured: the matmul peak, the median FLOP/s of one large square matmul on this device in
+this precision (after a warm-up).
 
 What is modelled: the FLOPs of a step. Each dense or convolution layer costs 2 FLOPs (a
 multiply and an add) per weight per output position in the forward pass: 2·in·out per sample
@@ -17,13 +26,18 @@ is counted as twice the forward: a step is 3× the forward, the convention pract
 optimizer are left out (they are a few FLOPs per element, not per weight), and so is the fact
 that autograd skips the first layer's input gradient: the count is the convention, not a
 trace of what ran.
+
+The ridge point of a device in a precision is its peak over its memory bandwidth, in FLOPs per
+byte (the roofline model, Williams et al. 2009): below it, a kernel waits on memory.
 """
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -32,6 +46,8 @@ from torch import nn
 BACKWARD_FACTOR = 2
 #: The precisions matmul_peak times; tf32 and bf16 only on CUDA GPUs of compute capability 8.0 or newer.
 PRECISIONS = ("fp32", "tf32", "bf16")
+#: Bytes an element of each precision takes in memory: TF32 is FP32 in memory, rounded inside the tensor cores only.
+BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2}
 #: Default matrix sides: well under a second per measurement on a 2-core CPU, large enough to fill a GPU.
 DEFAULT_SIZE = {"cpu": 1024, "cuda": 8192}
 #: Layers whose FLOPs are counted; any other layer with parameters is refused.
@@ -105,6 +121,82 @@ def matmul_peaks(device, **kwargs) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------
+# The peak, from the datasheet
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Datasheet:
+    """A GPU's peaks as its vendor states them: FLOP/s by precision, dense (a datasheet's figure
+    "with sparsity" is twice the dense one, for 2:4 sparse matrices only), and memory bandwidth."""
+    name: str
+    peaks: Mapping[str, float]   # precision -> FLOP/s, dense
+    memory_bandwidth: float      # bytes per second
+    source: str
+
+    def peak(self, precision: str) -> float:
+        """The dense peak in `precision`, FLOP/s."""
+        if precision not in self.peaks:
+            raise ValueError(f"the {self.name} datasheet gives no {precision!r} peak; it gives {tuple(self.peaks)}")
+        return self.peaks[precision]
+
+    def ridge_point(self, precision: str) -> float:
+        """FLOPs per byte a kernel needs in `precision` to be limited by arithmetic, not by memory."""
+        return ridge_point(self.peak(precision), self.memory_bandwidth)
+
+
+_HOPPER = "FP32 67 TFLOPS; TF32 989 and BF16 1,979 TFLOPS with sparsity, so 494.5 and 989.5 dense"
+_AMPERE = "NVIDIA A100 datasheet: FP32 19.5 TFLOPS; TF32 156 and BF16 312 TFLOPS dense (312 and 624 with sparsity)"
+_VOLTA = "no TF32 or BF16 (Volta's tensor cores do FP16 only, which the course does not time)"
+#: (a pattern of torch.cuda.get_device_name, the datasheet): the first match wins. A GPU whose
+#: variant is not listed (an H100 NVL, a GH200, a V100S) matches none: no datasheet rather than another's.
+DATASHEETS_BY_DEVICE_NAME = tuple((re.compile(pattern, re.IGNORECASE), sheet) for pattern, sheet in (
+    (r"H100.*PCIe", Datasheet("NVIDIA H100 PCIe", {"fp32": 51e12, "tf32": 378e12, "bf16": 756.5e12}, 2.0e12,
+                              "NVIDIA H100 datasheet, PCIe column: FP32 51 TFLOPS; TF32 756 and BF16 1,513 TFLOPS "
+                              "with sparsity, so 378 and 756.5 dense; 80 GB HBM2e at 2 TB/s")),
+    (r"H100.*(SXM|HBM3)", Datasheet("NVIDIA H100 SXM", {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12}, 3.35e12,
+                                    f"NVIDIA H100 datasheet, SXM column: {_HOPPER}; 80 GB HBM3 at 3.35 TB/s")),
+    (r"(?<!G)H200(?!.*NVL)", Datasheet("NVIDIA H200 SXM", {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12}, 4.8e12,
+                                 f"NVIDIA H200 datasheet, SXM column: {_HOPPER}; 141 GB HBM3e at 4.8 TB/s")),
+    (r"A100.*SXM.*80GB", Datasheet("NVIDIA A100 SXM 80GB", {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12},
+                                   2.039e12, f"{_AMPERE}; 80GB SXM: HBM2e at 2,039 GB/s")),
+    (r"A100.*80GB.*PCIe", Datasheet("NVIDIA A100 PCIe 80GB", {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12},
+                                    1.935e12, f"{_AMPERE}; 80GB PCIe: HBM2e at 1,935 GB/s")),
+    (r"A100.*40GB", Datasheet("NVIDIA A100 40GB", {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12}, 1.555e12,
+                              f"{_AMPERE}; 40GB, SXM and PCIe: HBM2 at 1,555 GB/s")),
+    (r"V100-SXM2", Datasheet("NVIDIA V100 SXM2", {"fp32": 15.7e12}, 900e9,
+                             f"NVIDIA V100 datasheet, SXM2 column: FP32 15.7 TFLOPS, HBM2 at 900 GB/s; {_VOLTA}")),
+    (r"V100-PCIE", Datasheet("NVIDIA V100 PCIe", {"fp32": 14e12}, 900e9,
+                             f"NVIDIA V100 datasheet, PCIe column: FP32 14 TFLOPS, HBM2 at 900 GB/s; {_VOLTA}")),
+))
+#: The same datasheets by name, e.g. DATASHEETS["NVIDIA H100 SXM"].
+DATASHEETS = {sheet.name: sheet for _, sheet in DATASHEETS_BY_DEVICE_NAME}
+
+
+def datasheet_named(device_name: str) -> Datasheet | None:
+    """The datasheet of the GPU that torch.cuda.get_device_name calls `device_name`, or None where
+    the course has none ("NVIDIA H100 80GB HBM3" is an H100 SXM; "NVIDIA A100-SXM4-40GB" an A100 40GB)."""
+    if not isinstance(device_name, str):
+        raise ValueError(f"device_name must be a GPU's name as torch.cuda.get_device_name gives it, "
+                         f"got {device_name!r}")
+    return next((sheet for pattern, sheet in DATASHEETS_BY_DEVICE_NAME if pattern.search(device_name)), None)
+
+
+def device_datasheet(device) -> Datasheet | None:
+    """The datasheet of `device`: its GPU's where the course knows it; None for a CPU (no datasheet
+    peak the course knows) and for a GPU not in DATASHEETS_BY_DEVICE_NAME."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return datasheet_named(torch.cuda.get_device_name(device))
+
+
+def ridge_point(peak_flop_per_s: float, bytes_per_s: float) -> float:
+    """FLOPs per byte moved at which a device's arithmetic and its memory take as long (the roofline's
+    ridge): a kernel of lower arithmetic intensity waits on memory, one of higher on arithmetic."""
+    return _positive("peak_flop_per_s", peak_flop_per_s) / _positive("bytes_per_s", bytes_per_s)
+
+
+# --------------------------------------------------------------------------
 # The model's FLOPs, counted
 # --------------------------------------------------------------------------
 
@@ -166,6 +258,25 @@ def arithmetic_intensity(in_features: int, out_features: int, batch_size: int, b
     return 2 * batch_size * in_features * out_features / (bytes_per_element * elements)
 
 
+def compute_bound_batch(in_features: int, out_features: int, ridge: float, bytes_per_element: int = 4) -> int | None:
+    """The smallest batch at which a dense layer's forward (arithmetic_intensity) reaches `ridge` FLOPs
+    per byte, or None where no batch does: intensity grows with the batch towards
+    2·in·out / (bytes × (in + out)), so a layer too narrow for the ridge stays memory-bound."""
+    arithmetic_intensity(in_features, out_features, 1, bytes_per_element)   # the same checks
+    ridge = _positive("ridge", ridge)
+    weights, per_sample = in_features * out_features, in_features + out_features
+    # 2·B·w / (bytes·(w + B·s)) >= ridge  <=>  B·(2w - ridge·bytes·s) >= ridge·bytes·w
+    gain = 2 * weights - ridge * bytes_per_element * per_sample
+    if gain <= 0:
+        return None
+    batch = max(1, math.ceil(ridge * bytes_per_element * weights / gain))
+    while batch > 1 and arithmetic_intensity(in_features, out_features, batch - 1, bytes_per_element) >= ridge:
+        batch -= 1   # the division's rounding, undone
+    while arithmetic_intensity(in_features, out_features, batch, bytes_per_element) < ridge:
+        batch += 1
+    return batch
+
+
 # --------------------------------------------------------------------------
 # Utilisation
 # --------------------------------------------------------------------------
@@ -177,19 +288,39 @@ def _positive(name: str, value) -> float:
     return value
 
 
-def mfu(samples_per_s: float, flops_per_sample: float, peak_flop_per_s: float) -> float:
-    """Model FLOPs utilisation: achieved FLOP/s (samples/s × model FLOPs per sample) / peak FLOP/s."""
+def utilisation(samples_per_s: float, flops_per_sample: float, peak_flop_per_s: float) -> float:
+    """Achieved FLOP/s (samples/s × model FLOPs per sample) over `peak_flop_per_s`: MFU when the peak
+    is the datasheet's, the utilisation of the measured matmul peak when it is matmul_peak's."""
     achieved = _positive("samples_per_s", samples_per_s) * _positive("flops_per_sample", flops_per_sample)
     return achieved / _positive("peak_flop_per_s", peak_flop_per_s)
 
 
-def with_mfu(frame, flops_per_sample: float, peak_flop_per_s: float):
-    """A copy of a throughput.sweep frame with `flop_per_s` (achieved, from the median) and `mfu`."""
+def mfu(samples_per_s: float, flops_per_sample: float, datasheet_peak: float) -> float:
+    """Model FLOPs utilisation (PaLM, appendix B): achieved model FLOP/s over the datasheet's dense peak
+    in the step's precision (Datasheet.peak). Over a measured peak the same arithmetic is the
+    utilisation of that peak, a larger number: use `utilisation`, and name it so."""
+    return utilisation(samples_per_s, flops_per_sample, datasheet_peak)
+
+
+def with_utilisation(frame, flops_per_sample: float, *, datasheet_peak: float | None = None,
+                     measured_peak: float | None = None):
+    """A copy of a throughput.sweep frame with `flop_per_s` (achieved, from the median), and `mfu`
+    (against `datasheet_peak`) and `of_measured_peak` (against `measured_peak`) for those given."""
     if "samples_per_s" not in frame:
         raise ValueError(f"expected a throughput.sweep frame with a samples_per_s column, got {list(frame.columns)}")
+    if datasheet_peak is None and measured_peak is None:
+        raise ValueError("give datasheet_peak (for MFU), measured_peak (for the utilisation of the measured "
+                         "matmul peak), or both")
     flops_per_sample = _positive("flops_per_sample", flops_per_sample)
-    peak_flop_per_s = _positive("peak_flop_per_s", peak_flop_per_s)
     frame = frame.copy()
     frame["flop_per_s"] = frame["samples_per_s"] * flops_per_sample
-    frame["mfu"] = frame["flop_per_s"] / peak_flop_per_s
+    for column, peak, name in (("mfu", datasheet_peak, "datasheet_peak"),
+                               ("of_measured_peak", measured_peak, "measured_peak")):
+        if peak is not None:
+            frame[column] = frame["flop_per_s"] / _positive(name, peak)
     return frame
+
+
+def with_mfu(frame, flops_per_sample: float, datasheet_peak: float):
+    """with_utilisation with the datasheet's peak only: adds `flop_per_s` and `mfu`."""
+    return with_utilisation(frame, flops_per_sample, datasheet_peak=datasheet_peak)

@@ -16,6 +16,13 @@ Right: the same bytes against the tokens per step (batch × sequence). The
 gradient does not grow with the tokens: a flat line. The activations do.
 Left of the dot, at `transformer.crossover_tokens` (about 3 × width), the
 split sends less.
+
+Fewer bytes are not less time. The split's four all-reduces block: the next
+operation waits for each, so all of their time is on the critical path. Data
+parallelism's all-reduce runs once a step and overlaps backward.
+`critical_path_seconds` models what each scheme adds to a step (assumed: data
+parallelism's all-reduce starts with backward and hides behind as much of it
+as lasts; the split's overlaps nothing); the line under the figure says it.
 """
 from __future__ import annotations
 
@@ -50,6 +57,16 @@ def seconds(batch: int, sequence: int, width: int, gpus: int, dtype: str, link: 
     activation = sizes.nbytes(batch * sequence * width, dtype)
     return {"data parallel": timemodel.ring_all_reduce_seconds(gradients, gpus, link),
             "Megatron split": 4 * timemodel.ring_all_reduce_seconds(activation, gpus, link)}
+
+
+def critical_path_seconds(batch: int, sequence: int, width: int, gpus: int, dtype: str, link: timemodel.Link,
+                          processor: timemodel.Processor) -> dict[str, float]:
+    """The time model's seconds each scheme's all-reduces add to a step (modelled, see the module docstring):
+    the split, all of its four blocking all-reduces; data parallelism, what of its one all-reduce outlasts
+    the backward of one rank's share (two thirds of `transformer.training_flop`)."""
+    times = seconds(batch, sequence, width, gpus, dtype, link)
+    backward = processor.seconds(2 / 3 * transformer.training_flop(batch, sequence, width) / gpus)
+    return {"data parallel": max(0.0, times["data parallel"] - backward), "Megatron split": times["Megatron split"]}
 
 
 def _refuse_one_gpu(gpus: int) -> None:
@@ -125,10 +142,14 @@ def describe(*, batch: int, sequence: int, width: int, heads: int, gpus: int, dt
     cheaper = min(SCHEMES, key=now.get)
     schemes = "; ".join(f"{scheme} {now[scheme] / 1e6:.3g} MB ({times[scheme] * 1e3:.3g} ms)" for scheme in SCHEMES)
     owned = ", ".join(f"rank {rank} owns {_heads(owned)}" for rank, owned in enumerate(owners))
+    waited = critical_path_seconds(batch, sequence, width, gpus, dtype, timemodel.link_named(link),
+                                   timemodel.processor_named(processor))
     return (f"**Block of width {width}, {heads} heads, {batch} × {sequence} = {batch * sequence:,} tokens, "
             f"{gpus} GPUs, over {link}:** {schemes} per rank per step. Cheaper: **{cheaper}**; compute "
             f"{compute * 1e3:.3g} ms per rank on {processor}. The split sends less below "
-            f"{transformer.crossover_tokens(width):,.0f} tokens per step. Heads by rank: {owned}.")
+            f"{transformer.crossover_tokens(width):,.0f} tokens per step. On the critical path (modelled): the "
+            f"split's 4 blocking all-reduces, {waited['Megatron split'] * 1e3:.3g} ms; data parallelism's one, "
+            f"{waited['data parallel'] * 1e3:.3g} ms left after overlapping backward. Heads by rank: {owned}.")
 
 
 def show(measured: Mapping[str, float] | None = None, **start):

@@ -15,11 +15,20 @@ q, k and v together: what `attention` needs to run a rank's heads with no
 message. The output projection split by row then sums the heads' parts, one
 all-reduce; the MLP is lab 3's column-then-row block, one more.
 
-What moves (modelled, ring collectives, `course.sizes`): per block and step, the
-split sends 4 all-reduces of an activation (batch × sequence × width), two
+What moves (modelled, ring collectives, `course.sizes`): per block and micro-batch,
+the split sends 4 all-reduces of an activation (batch × sequence × width), two
 forward and two backward; data parallelism all-reduces the block's gradients,
-about 12 width² elements, once. The split sends less while batch × sequence <
-about 3 × width.
+about 12 width² elements, once per step, however many micro-batches the step
+accumulates. The split sends less while the step's tokens (batch × sequence,
+all micro-batches) < about 3 × width.
+
+Bytes are not the whole comparison. The split's all-reduces are blocking: the
+next layer needs their result, so each sits on the critical path, 4 per layer
+per micro-batch. Data parallelism's one all-reduce per step overlaps backward
+(lab 2's buckets, DDP). So tensor parallelism is chosen for memory (a layer too
+big for one device) and kept inside a node, on its fastest links (Narayanan et
+al. 2021); `all_reduces_per_step` and `replicas_for_split_to_send_less` give the
+numbers.
 """
 from __future__ import annotations
 
@@ -104,8 +113,37 @@ def data_parallel_block_sent(width: int, ranks: int, dtype: str = "float32") -> 
 
 
 def crossover_tokens(width: int) -> float:
-    """The batch × sequence below which the split block sends less than data parallelism."""
+    """The tokens per step (batch × sequence, summed over the step's micro-batches) below which the
+    split block sends less than data parallelism."""
     return block_parameters(width) / (4 * width)
+
+
+#: Megatron-LM's tensor-parallel all-reduces per transformer layer and micro-batch: two forward (after
+#: the attention's output projection and the MLP's row layer), two backward (the column layers' inputs).
+SPLIT_ALL_REDUCES_PER_LAYER = 4
+
+
+def all_reduces_per_step(layers: int, micro_batches: int) -> dict[str, int]:
+    """All-reduces per training step, by scheme.
+
+    The split: 4 per layer per micro-batch, each blocking (the next operation needs its sum), so all
+    of their time is on the critical path. Data parallelism: every gradient once per step, after
+    the last micro-batch's backward (with `no_sync` on the others), in buckets that start while
+    backward still runs (lab 2's exercise 5, DDP): only what is left of the last bucket delays the step."""
+    if layers < 1 or micro_batches < 1:
+        raise ValueError(f"need at least one layer and one micro-batch, got {layers} layers and "
+                         f"{micro_batches} micro-batches")
+    return {"Megatron split": SPLIT_ALL_REDUCES_PER_LAYER * layers * micro_batches, "data parallel": 1}
+
+
+def replicas_for_split_to_send_less(width: int, step_tokens: int) -> float:
+    """With `step_tokens` tokens a step (a model's global batch) shared by R groups of GPUs, each group
+    processes step_tokens / R tokens. A group split as Megatron splits sends fewer bytes than the same
+    GPUs in data parallelism only while that is below `crossover_tokens(width)`: for R above the value
+    returned. Below it, splitting sends more, whatever the number of GPUs in the group."""
+    if step_tokens < 1:
+        raise ValueError(f"a step processes at least one token, got {step_tokens}")
+    return step_tokens / crossover_tokens(width)
 
 
 def training_flop(batch: int, sequence: int, width: int) -> int:

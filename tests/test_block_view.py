@@ -205,3 +205,21 @@ def test_measured_bytes_only_beside_the_settings_they_were_measured_at(monkeypat
     built["draw"](**{**run, "gpus": 4})
     assert seen == [measured, measured, measured, None, None, None]
     plt.close("all")
+
+
+def test_critical_path_holds_all_of_the_splits_all_reduces_and_what_of_data_parallelisms_outlasts_backward():
+    gpu = timemodel.TITAN
+    times = block_view.seconds(8, 128, 512, 2, "float32", LINK)
+    backward = gpu.seconds(2 / 3 * transformer.training_flop(8, 128, 512) / 2)
+    waited = block_view.critical_path_seconds(8, 128, 512, 2, "float32", LINK, gpu)
+    assert waited["Megatron split"] == times["Megatron split"]          # blocking: nothing hides it
+    assert waited["data parallel"] == pytest.approx(max(0.0, times["data parallel"] - backward))
+    # a long backward (many tokens) hides all of data parallelism's all-reduce, and none of the split's
+    long = block_view.critical_path_seconds(64, 2048, 512, 2, "float32", LINK, gpu)
+    assert long["data parallel"] == 0 and long["Megatron split"] > 0
+    # a small backward hides less than all of it
+    short = block_view.critical_path_seconds(1, 16, 512, 2, "float32", LINK, gpu)
+    assert 0 < short["data parallel"] < block_view.seconds(1, 16, 512, 2, "float32", LINK)["data parallel"]
+    text = block_view.describe(**{**block_view.START, "link": LINK.name})
+    assert f"split's 4 blocking all-reduces, {waited['Megatron split'] * 1e3:.3g} ms" in text
+    assert f"data parallelism's one, {waited['data parallel'] * 1e3:.3g} ms left after overlapping backward" in text

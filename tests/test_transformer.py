@@ -116,3 +116,24 @@ def test_training_flop_by_hand():
     # forward: 2 flop × 32 tokens × 12 × 64² weights = 3,145,728, and q·k and scores·v, 2 × 16² × 64 = 32,768
     # multiply-adds each: 2 flop × 2 × 32,768 = 131,072; backward twice the forward
     assert transformer.training_flop(2, 16, 64) == 3 * (3_145_728 + 131_072) == 9_830_400
+
+
+def test_all_reduces_per_step_are_four_per_layer_and_micro_batch_for_the_split_one_for_data_parallelism():
+    assert transformer.all_reduces_per_step(1, 1) == {"Megatron split": 4, "data parallel": 1}
+    # GPT-3 175B's 96 layers, 8 micro-batches a step: 3,072 blocking all-reduces against one
+    assert transformer.all_reduces_per_step(96, 8) == {"Megatron split": 3_072, "data parallel": 1}
+    with pytest.raises(ValueError, match="at least one layer and one micro-batch, got 2 layers and 0"):
+        transformer.all_reduces_per_step(2, 0)
+
+
+def test_replicas_for_the_split_to_send_less_is_where_each_groups_tokens_reach_the_crossover():
+    # width 64: crossover (12 · 64² + 13 · 64) / (4 · 64) = 195.25 tokens; 19,525 tokens a step: 100 groups
+    assert transformer.replicas_for_split_to_send_less(64, 19_525) == pytest.approx(100)
+    replicas = transformer.replicas_for_split_to_send_less(512, 1_000_000)
+    tokens_per_group = 1_000_000 / (0.9 * replicas)              # fewer groups: more tokens each
+    gradients = transformer.data_parallel_block_sent(512, 2)
+    assert transformer.split_block_sent(1, round(tokens_per_group), 512, 2) > gradients
+    tokens_per_group = 1_000_000 / (1.1 * replicas)              # more groups: fewer tokens each
+    assert transformer.split_block_sent(1, round(tokens_per_group), 512, 2) < gradients
+    with pytest.raises(ValueError, match="at least one token, got 0"):
+        transformer.replicas_for_split_to_send_less(64, 0)

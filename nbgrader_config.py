@@ -69,6 +69,9 @@ os.makedirs(c.Exchange.root, exist_ok=True)
 # Same as nbgrader's default python stub, pinned so the release stays stable
 # across nbgrader versions (labs/ is committed and compared in tests).
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+# A written answer (a markdown cell that is an answer and graded, grade_id written_*) is released
+# as this text: autograde scores it 0 while it is unchanged, and otherwise leaves it to formgrader.
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # --- Autograding ------------------------------------------------------------
 # Labs train small models on CPU: nbgrader's 30 s per-cell default is too short.

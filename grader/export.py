@@ -1,15 +1,25 @@
 """The grades as CSV: one row per student, and per lab whether grading ran.
 
 nbgrader's own export writes 0.0 for a notebook whose grading failed, the same
-as a real zero. Here each lab has four columns:
+as a real zero, and a written answer nobody has graded yet counts 0 there too.
+Here each lab has seven columns:
 
-    <lab> score         the autograded points (empty when not graded)
-    <lab> max score     the points available
-    <lab> graded        yes / no
-    <lab> verdict       what happened, in plain words (grader.verdict): "graded: 9 of 13
-                        points; ..." or "not graded: <why>"
+    <lab> score                 the autograded points: what the code earned (empty when not graded)
+    <lab> max score             the autograded points available
+    <lab> written score         the written answers' points given so far, by hand in formgrader
+                                (an answer left as released gets 0 from autograde)
+    <lab> written max score     the written answers' points available
+    <lab> pending manual        the written answers' points that await grading by hand: not a zero
+    <lab> graded                yes / no
+    <lab> verdict               what happened, in plain words (grader.verdict): "graded: 9 of 13
+                                points; 4 points await manual grading in formgrader (...)"
+                                or "not graded: <why>"
 
-then ``total score`` (graded labs only) and ``total max score``.
+then ``total score`` (autograded and written points given, graded labs only),
+``total max score`` (both kinds) and ``total pending manual``. The written
+columns are read from the class gradebook at export time, so a run after the
+instructor's grading in formgrader exports those points (unchanged submissions
+are not graded again).
 
 A row that cannot be made (a gradebook query or a status entry that fails)
 says so in each lab's verdict; the other students' rows are written.
@@ -22,27 +32,34 @@ from pathlib import Path
 from nbgrader.api import Gradebook, MissingEntry
 
 from . import nbgrader_cli
+from .gradebook import written_points
 from .labs import course_config
-from .verdict import as_text, could_not
+from .verdict import as_text, could_not, with_written, written_line
+
+WRITTEN = ("written score", "written max score", "pending manual")
 
 
 def columns(labs: list[str]) -> list[str]:
     cols = ["student_id"]
     for lab in labs:
-        cols += [f"{lab} score", f"{lab} max score", f"{lab} graded", f"{lab} verdict"]
-    return cols + ["total score", "total max score"]
+        cols += [f"{lab} score", f"{lab} max score", *(f"{lab} {c}" for c in WRITTEN), f"{lab} graded",
+                 f"{lab} verdict"]
+    return cols + ["total score", "total max score", "total pending manual"]
 
 
-def rows(students: list[str], points: dict[str, float], status: dict, db_url: str, root: Path) -> list[dict]:
+def rows(students: list[str], points: dict[str, float], status: dict, db_url: str, root: Path,
+         written: dict[str, dict[str, float]] | None = None) -> list[dict]:
+    """written: {lab: {grade_id: points}} of the answers graded by hand (grader.labs.written_cells)."""
     course_id = course_config(root).CourseDirectory.course_id
+    written = {lab: dict((written or {}).get(lab, {})) for lab in points}
     nbgrader_cli.put_scripts_on_path()
     out = []
     with Gradebook(db_url, course_id=course_id) as gradebook:
         for student in students:
             try:
-                out.append(_row(gradebook, student, points, status))
+                out.append(_row(gradebook, student, points, status, written))
             except Exception as error:  # this student's row alone
-                out.append(_unexported_row(student, points, error))
+                out.append(_unexported_row(student, points, error, written))
                 try:  # a failed query leaves the session to be rolled back before the next one
                     gradebook.db.rollback()
                 except Exception:
@@ -50,47 +67,59 @@ def rows(students: list[str], points: dict[str, float], status: dict, db_url: st
     return out
 
 
-def _row(gradebook: Gradebook, student: str, points: dict[str, float], status: dict) -> dict:
-    row, total, total_max = {"student_id": student}, 0.0, 0.0
+def _row(gradebook: Gradebook, student: str, points: dict[str, float], status: dict,
+         written: dict[str, dict[str, float]]) -> dict:
+    row, total, total_max, total_pending = {"student_id": student}, 0.0, 0.0, 0.0
     for lab, max_score in points.items():
         entry = status.get(student, {}).get(lab)
-        row[f"{lab} max score"] = max_score
-        total_max += max_score
+        written_max = sum(written[lab].values())
+        row.update({f"{lab} max score": max_score, f"{lab} written max score": written_max})
+        total_max += max_score + written_max
         if entry is None:
-            row.update({f"{lab} score": "", f"{lab} graded": "no",
-                        f"{lab} verdict": "not graded: no submission"})
+            row.update({f"{lab} score": "", f"{lab} written score": "", f"{lab} pending manual": "",
+                        f"{lab} graded": "no", f"{lab} verdict": "not graded: no submission"})
             continue
         score, lines = None, entry["verdict"]
         if entry["graded"]:
             try:
                 score = gradebook.find_submission(lab, student).score
+                hand = written_points(gradebook, lab, student, written[lab])
             except MissingEntry:
-                lines = ["not graded: the gradebook has no grade for it"]
+                score, lines = None, ["not graded: the gradebook has no grade for it"]
         if score is None:
-            row.update({f"{lab} score": "", f"{lab} graded": "no", f"{lab} verdict": as_text(lines)})
+            row.update({f"{lab} score": "", f"{lab} written score": "", f"{lab} pending manual": "",
+                        f"{lab} graded": "no", f"{lab} verdict": as_text(lines)})
         else:
             total += score
-            row.update({f"{lab} score": score, f"{lab} graded": "yes", f"{lab} verdict": as_text(lines)})
-    row["total score"], row["total max score"] = total, total_max
+            total_pending += hand.pending
+            lines = with_written(lines, written_line(hand.given, hand.pending, hand.max_score, hand.unanswered))
+            row.update({f"{lab} score": score - hand.given, f"{lab} written score": hand.given,
+                        f"{lab} pending manual": hand.pending, f"{lab} graded": "yes",
+                        f"{lab} verdict": as_text(lines)})
+    row["total score"], row["total max score"], row["total pending manual"] = total, total_max, total_pending
     return row
 
 
-def _unexported_row(student: str, points: dict[str, float], error: Exception) -> dict:
+def _unexported_row(student: str, points: dict[str, float], error: Exception,
+                    written: dict[str, dict[str, float]]) -> dict:
     """The row of a student whose grades could not be read: every lab says so, none counts."""
     why = "not graded: " + could_not("export this student's grades", error)
     row = {"student_id": student}
     for lab, max_score in points.items():
-        row.update({f"{lab} score": "", f"{lab} max score": max_score, f"{lab} graded": "no", f"{lab} verdict": why})
-    row["total score"], row["total max score"] = 0.0, sum(points.values())
+        row.update({f"{lab} score": "", f"{lab} max score": max_score, f"{lab} written score": "",
+                    f"{lab} written max score": sum(written[lab].values()), f"{lab} pending manual": "",
+                    f"{lab} graded": "no", f"{lab} verdict": why})
+    row["total score"], row["total pending manual"] = 0.0, 0.0
+    row["total max score"] = sum(points.values()) + sum(sum(w.values()) for w in written.values())
     return row
 
 
 def write_csv(path: Path, students: list[str], points: dict[str, float], status: dict, db_url: str,
-              root: Path) -> Path:
+              root: Path, written: dict[str, dict[str, float]] | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=columns(list(points)))
         writer.writeheader()
-        writer.writerows(rows(students, points, status, db_url, root))
+        writer.writerows(rows(students, points, status, db_url, root, written))
     return path

@@ -71,6 +71,17 @@ class HideHiddenTests(NbGraderPreprocessor):
         return cell, resources
 
 
+class GetGradesPending(GetGrades):
+    """nbgrader's GetGrades, and for each graded cell whether it still awaits grading by hand: an answer
+    with neither a manual nor an automatic score (GetGrades gives it 0, the template says "pending")."""
+
+    def _get_score(self, cell, resources):
+        super()._get_score(cell, resources)
+        grade = self.gradebook.find_grade(cell.metadata["nbgrader"]["grade_id"], self.notebook_id,
+                                          self.assignment_id, self.student_id)
+        cell.metadata.nbgrader["pending"] = grade.manual_score is None and grade.auto_score is None
+
+
 def _exporter(grades: bool = True) -> HTMLExporter:
     # nbgrader's GenerateFeedback configures HTMLExporter the same way.
     config = Config()
@@ -80,7 +91,7 @@ def _exporter(grades: bool = True) -> HTMLExporter:
         str(_FORMGRADER / "static" / "node_modules" / "bootstrap" / "dist" / "css"),
         str(_FORMGRADER / "templates")]   # where course_feedback finds feedback/index.html.j2
     exporter = HTMLExporter(config=config)
-    for preprocessor in ([GetGrades] if grades else []) + [HideHiddenTests, CSSHTMLHeaderPreprocessor]:
+    for preprocessor in ([GetGradesPending] if grades else []) + [HideHiddenTests, CSSHTMLHeaderPreprocessor]:
         exporter.register_preprocessor(preprocessor, enabled=True)
     return exporter
 

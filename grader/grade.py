@@ -9,7 +9,8 @@
    verdict, feedback page, scores into the class gradebook; several at once
    with ``--jobs``, recordings included: a lab's students start as soon as its
    own recording is done;
-4. export: one CSV row per student (grader.export).
+4. export: one CSV row per student (grader.export), the written answers' points
+   apart: given in formgrader, or pending until then (a later run exports them).
 
 A step that fails for one submission (collecting it, reading it, grading,
 scanning, merging or exporting it) is that submission's verdict alone, and the
@@ -127,7 +128,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
                 status.setdefault(submission.student, {})[submission.lab] = entry
                 ws.save_status(status)  # after each one: an interrupted run keeps what it graded
                 say(f"[{next(done)}/{len(todo)}] {submission.student} {submission.lab}: "
-                    f"{verdict.as_text(entry['verdict'])} ({entry['seconds']:.0f} s)")
+                    f"{verdict.as_text(entry['verdict'])}{_pending(entry)} ({entry['seconds']:.0f} s)")
 
         # The labs' recordings go first, `jobs` at a time, in the pool that then grades: a lab's
         # students start as soon as its own recording is done, while the others' go on.
@@ -146,9 +147,15 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
                                for student, labs_ in uncollected.items()}}
         students = sorted({s.student for s in found} | set(graded))
         export.write_csv(target, students, {lab: info.max_score for lab, info in infos.items()}, graded,
-                         gradebook.db_url(ws.gradebook), root)
+                         gradebook.db_url(ws.gradebook), root,
+                         written={lab: info.written for lab, info in infos.items()})
         say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
         return target
+
+
+def _pending(entry: dict) -> str:
+    pending = entry.get("pending manual")
+    return f"; {pending:g} points await manual grading in formgrader" if pending else ""
 
 
 def _fingerprint(submission: collect.Submission, infos: dict) -> str | None:

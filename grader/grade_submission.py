@@ -6,7 +6,8 @@
    gradebook;
 2. verdict: what happened, in plain words (grader.verdict); a test cell gets
    its points only if the judge saw every one of its hidden checks pass while
-   it ran;
+   it ran; written answers (grader.labs.written_cells) await the instructor in
+   formgrader: their points are pending, apart from the autograded score;
 3. feedback: the page rendered by the slot's feedback worker, hidden tests
    removed, the verdict on top; a page with the verdict where nothing could
    be graded;
@@ -193,22 +194,29 @@ class SubmissionGrader:
                 gradebook.zero_cells(private, self.course_id, lab.name, submission.student, list(unverified))
                 judged_failures = {gid: f.detail for gid, f in found.items() if f.detail}
                 score = gradebook.score(private, self.course_id, lab.name, submission.student)
+                written = gradebook.written_score(private, self.course_id, lab.name, submission.student, lab.written)
+                score -= written.given  # the autograded points alone: the written ones are reported apart
             except Exception as error:
                 return self._not_graded(submission, self._failed(submission, "score this notebook", error), started)
             lines = verdict.lines(graded=True, score=score, max_score=lab.max_score,
                                   tampered=self._tampering(submission, submitted, lab) + restored,
                                   ran=self._ran(submission, autograded, lab, usage),
                                   unverified=unverified, judged=judged_failures)
+            # The page is written now, the CSV later from the class gradebook (grader.export): there the
+            # written answers' line says what formgrader has given by then.
+            said = verdict.written_line(written.given, written.pending, written.max_score, written.unanswered)
+            shown = verdict.with_written(lines, said)
             try:
                 problem = self.feedback[slot].write(autograded, feedback_page(self.ws, submission),
-                                                    gradebook.db_url(private), submission.student, lab.name, lines,
+                                                    gradebook.db_url(private), submission.student, lab.name, shown,
                                                     hidden_lines=lab.hidden_lines, lab_markdown=lab.markdown)
             except Exception as error:
                 problem = self._failed(submission, "render the feedback page of this notebook", error)
             if problem:
                 lines.append(f"no feedback page: {problem}")
                 try:  # the verdict alone, rather than no page or an earlier run's
-                    verdict.write_page(feedback_page(self.ws, submission), submission.student, submission.lab, lines)
+                    verdict.write_page(feedback_page(self.ws, submission), submission.student, submission.lab,
+                                       [*shown, lines[-1]])
                 except Exception as error:  # the verdict already says there is no page
                     log_failure(self.ws, submission, "write the feedback page of this notebook", error)
             try:
@@ -218,7 +226,8 @@ class SubmissionGrader:
                 return self._not_graded(
                     submission, self._failed(submission, "merge this notebook's grade into the class gradebook", error),
                     started)
-            return {"graded": True, "verdict": lines, "seconds": round(time.time() - started, 1)}
+            return {"graded": True, "verdict": lines, "seconds": round(time.time() - started, 1),
+                    **({"pending manual": written.pending} if written.pending else {})}
         finally:
             if box:
                 box.close()

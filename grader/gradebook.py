@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from nbgrader.api import Gradebook
@@ -74,3 +75,37 @@ def score(path: Path, course_id: str, lab: str, student: str) -> float:
     nbgrader_cli.put_scripts_on_path()
     with Gradebook(db_url(path), course_id=course_id) as gb:
         return gb.find_submission(lab, student).score
+
+
+@dataclass(frozen=True)
+class Written:
+    """A submission's answers graded by hand (grader.labs.written_cells), as the gradebook has them now."""
+    given: float = 0.0       # points given so far: in formgrader, or 0 by autograde for an answer left blank
+    pending: float = 0.0     # points of answers that await grading by hand
+    max_score: float = 0.0
+    unanswered: int = 0      # answers left as released, which autograde scores 0
+
+
+def written_points(gb: Gradebook, lab: str, student: str, written: dict[str, float]) -> Written:
+    """The written answers of (student, lab) in an open gradebook. A grade with neither a manual nor an
+    automatic score (nbgrader's Grade.score reads 0 for it), or one the gradebook lacks, is pending:
+    formgrader lists it for the instructor, and no one has graded it yet."""
+    if not written:
+        return Written()
+    grades = {g.name: g for notebook in gb.find_submission(lab, student).notebooks for g in notebook.grades}
+    given = pending = 0.0
+    unanswered = 0
+    for grade_id, points in written.items():
+        grade = grades.get(grade_id)
+        if grade is None or (grade.manual_score is None and grade.auto_score is None):
+            pending += points
+            continue
+        given += grade.score
+        unanswered += grade.manual_score is None and grade.auto_score == 0
+    return Written(given, pending, sum(written.values()), unanswered)
+
+
+def written_score(path: Path, course_id: str, lab: str, student: str, written: dict[str, float]) -> Written:
+    nbgrader_cli.put_scripts_on_path()
+    with Gradebook(db_url(path), course_id=course_id) as gb:
+        return written_points(gb, lab, student, written)

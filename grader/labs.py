@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import COURSE_ROOT, GraderError
@@ -37,6 +37,7 @@ class Lab:
     notebook: Path  # solutions/<lab>/<lab>.ipynb
     title: str  # first "# ..." heading of the notebook
     points: dict[str, float]  # grade_id -> points of its autograded test cells (empty: nothing graded)
+    written: dict[str, float] = field(default_factory=dict)  # grade_id -> points of its answers graded by hand
 
 
 # --------------------------------------------------------------------------
@@ -175,7 +176,7 @@ def find_labs(root: Path = COURSE_ROOT) -> list[Lab]:
         if title is None:
             problems.append(f"{display_path(notebook, root)}: no '# Title' markdown heading (the index needs one)")
             continue
-        labs.append(Lab(entry.name, notebook, title, graded_cells(nb)))
+        labs.append(Lab(entry.name, notebook, title, graded_cells(nb), written_cells(nb)))
     if problems:
         raise GraderError("malformed lab(s):\n  " + "\n  ".join(problems))
     if not labs:
@@ -215,6 +216,18 @@ def graded_cells(notebook: dict) -> dict[str, float]:
     cells = {}
     for cell in notebook.get("cells", []):
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("grade") and cell.get("cell_type") == "code":
+        if meta.get("grade") and not meta.get("solution") and cell.get("cell_type") == "code":
+            cells[meta["grade_id"]] = float(meta.get("points", 0))
+    return cells
+
+
+def written_cells(notebook: dict) -> dict[str, float]:
+    """{grade_id: points} of the answers graded by hand (nbgrader's cells that are both an answer and
+    graded: the written answers, ``written_*``). Autograde scores such an answer 0 if it is left as
+    released, and otherwise leaves it to the instructor in formgrader: its points are pending."""
+    cells = {}
+    for cell in notebook.get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and meta.get("solution"):
             cells[meta["grade_id"]] = float(meta.get("points", 0))
     return cells

@@ -199,6 +199,26 @@ def lines(*, graded: bool, why_not: str = "", score: float | None = None, max_sc
     return [short(line, MAX_LINE) for line in out]
 
 
+def written_line(given: float, pending: float, max_score: float, unanswered: int = 0) -> str | None:
+    """The verdict's line on the answers graded by hand (None for a lab without any): pending points
+    are neither a zero nor part of the autograded score, which is what the code earned."""
+    if not max_score:
+        return None
+    blank = f"; {unanswered} left unanswered (0 points)" if unanswered else ""
+    if pending:
+        return (f"{pending:g} points await manual grading in formgrader (written answers, "
+                f"{max_score:g} points in all; {given:g} given so far{blank})")
+    return f"written answers: {given:g} of {max_score:g} points, graded by hand{blank}"
+
+
+def with_written(verdict: list[str], line: str | None) -> list[str]:
+    """The verdict with the written answers' line second, after the autograded score."""
+    if not line:
+        return list(verdict)
+    out = [verdict[0], short(line, MAX_LINE), *verdict[1:]]
+    return out if len(out) <= MAX_LINES else out[: MAX_LINES - 1] + [f"… and {len(out) - MAX_LINES + 1} more"]
+
+
 def as_text(verdict: list[str]) -> str:
     return "; ".join(verdict)
 

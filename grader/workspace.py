@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import collect, gradebook
@@ -62,9 +62,11 @@ class LabInfo:
     required: dict[str, list[str]]    # grade_id -> reference keys its hidden tests check
     version: str                      # changes when the lab or its reference answers do
     hidden_lines: list[str] = ()      # the hidden tests' lines, which no feedback page may show
+    written: dict[str, float] = field(default_factory=dict)  # grade_id -> points of the answers graded by hand
 
     @property
     def max_score(self) -> float:
+        """The autograded points: the written answers' are reported apart (grader.export)."""
         return sum(self.points.values())
 
     @property
@@ -86,7 +88,8 @@ def lab_infos(root: Path) -> dict[str, LabInfo]:
         released = root / "labs" / lab.name / f"{lab.name}.ipynb"
         infos[lab.name] = LabInfo(lab.name, lab.points,
                                   read_notebook(released, root) if released.is_file() else source,
-                                  required_checks(source), digest.hexdigest()[:16], hidden_lines(source))
+                                  required_checks(source), digest.hexdigest()[:16], hidden_lines(source),
+                                  lab.written)
     return infos
 
 

@@ -322,3 +322,64 @@ def test_make_test_installs_the_browser_before_the_tests_run():
     browser = next(i for i, c in enumerate(commands) if c == "sh tests/browser-tools.sh")
     pytest_run = next(i for i, c in enumerate(commands) if "-m pytest" in c)
     assert browser < pytest_run, commands
+
+
+def test_an_instructor_grades_a_written_answer_by_hand_in_formgrader(server, page, course_copy):
+    """A lab 4 submission whose written answer autograde left pending (as `grader grade` leaves it in
+    the class gradebook): formgrader's manual grading page shows the student's markup as text, the
+    instructor types 1.5 of 2 points, the gradebook holds them and the export counts them apart
+    from the autograded score, nothing pending any more."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from grader import export
+    from grader.gradebook import written_points
+
+    lab, student, gid = "04_hybrid", "written_student", "written_averaging_groups"
+    source = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    at = next(i for i, c in enumerate(source.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
+    question, answer = source.cells[at - 1], source.cells[at]
+    answer.source = "Only the same position holds the same shard. <img src=x onerror=\"document.title='ran'\">"
+    autograded = course_copy / "grader" / "work" / "autograded" / student / lab / f"{lab}.ipynb"
+    autograded.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=[question, answer], metadata=source.metadata), autograded)
+    db = f"sqlite:///{course_copy / 'grader' / 'work' / 'gradebook.db'}"
+    with Gradebook(db, course_id="multi-gpu-course") as gb:
+        gb.update_or_create_assignment(lab)
+        try:
+            gb.find_notebook(lab, lab)
+        except MissingEntry:
+            gb.add_notebook(lab, lab)
+        gb.add_grade_cell(gid, lab, lab, max_score=2, cell_type="markdown")
+        gb.add_solution_cell(gid, lab, lab)
+        gb.update_or_create_student(student)
+        submission = gb.add_submission(lab, student)
+        grade = gb.find_grade(gid, lab, lab, student)
+        grade.needs_manual_grade = True  # autograde's mark for a changed answer: no score either way
+        gb.db.commit()
+        notebook_id = submission.notebooks[0].id
+        assert written_points(gb, lab, student, {gid: 2.0}).pending == 2.0
+
+    page.goto(f"{server.url}/lab?token={TOKEN}", wait_until="domcontentloaded")  # logs in: formgrader's API calls too
+    page.goto(f"{server.url}/formgrader/submissions/{notebook_id}/?index=0")
+    score = page.locator(f"input.score#{gid}")
+    score.wait_for(timeout=30_000)
+    assert "onerror=" in page.locator("body").inner_text()  # the student's markup, as text
+    score.fill("1.5")
+    with page.expect_response(lambda r: "/formgrader/api/grade/" in r.url and r.request.method == "PUT",
+                              timeout=30_000) as put:
+        score.press("Tab")  # formgrader saves on change
+    assert put.value.ok, f"formgrader's save answered {put.value.status}: {put.value.text()[:500]}"
+    page.screenshot(path=str(ARTIFACTS / "formgrader-written-answer.png"))
+    deadline = time.monotonic() + 30
+    while True:
+        with Gradebook(db, course_id="multi-gpu-course") as gb:
+            saved = gb.find_grade(gid, lab, lab, student).manual_score
+        if saved is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert saved == 1.5
+    assert page.title() != "ran"
+    status = {student: {lab: {"graded": True, "verdict": ["graded: 0 of 13 points"]}}}
+    row = export.rows([student], {lab: 13.0}, status, db, course_copy, {lab: {gid: 2.0}})[0]
+    assert (row[f"{lab} written score"], row[f"{lab} pending manual"], row["total score"]) == (1.5, 0.0, 1.5)
+    assert "written answers: 1.5 of 2 points, graded by hand" in row[f"{lab} verdict"]

@@ -1,8 +1,12 @@
 """The instructor's guide, course_guide/: one page per lab, in step with the solution notebooks.
 
 Every lab in solutions/ has its page; every graded exercise (a test cell with points in the
-notebook's nbgrader metadata) is named there by its test cell's grade_id, with the notebook's points,
-and the page's total is their sum; every relative link resolves. The guides are never released:
+notebook's nbgrader metadata) is named there by its test cell's grade_id, with the notebook's points;
+every written question (an answer cell graded by hand, `written_<slug>`, after its question cell
+`<slug>_question`) is named in a second table, "| question | `<slug>_question` | `written_<slug>` |
+points |", with its points; the page's total is "Total: T points." without written questions, and
+"Total: T points (A graded automatically, W by hand)." with them, T = A + W; the index gives
+"T (A + W by hand)". Every relative link resolves. The guides are never released:
 the release generates labs/ from solutions/<lab>/ only (test_release.py holds labs/ to it).
 """
 from __future__ import annotations
@@ -12,22 +16,32 @@ import re
 import nbformat
 import pytest
 
-from grader.labs import find_labs
+from grader.labs import find_labs, graded_cells, written_cells
 from helpers import REPO
 
 GUIDE = REPO / "course_guide"
 LABS = find_labs(REPO)
 # a row of a guide's exercise table: | exercise | `answer` | `test_answer` | points |
 ROW = re.compile(r"^\|[^|\n]*\|\s*`(\w+)`\s*\|\s*`(test_\w+)`\s*\|\s*(\d+)\s*\|\s*$", re.MULTILINE)
-TOTAL = re.compile(r"^Total: (\d+) points?\.$", re.MULTILINE)
+# a row of its written questions: | question | `slug_question` | `written_slug` | points |
+WRITTEN_ROW = re.compile(r"^\|[^|\n]*\|\s*`(\w+)_question`\s*\|\s*`(written_\w+)`\s*\|\s*(\d+)\s*\|\s*$", re.MULTILINE)
+TOTAL = re.compile(r"^Total: (\d+) points?(?: \((\d+) graded automatically, (\d+) by hand\))?\.$", re.MULTILINE)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def graded_cells(notebook_path) -> dict[str, int]:
-    """grade_id -> points of every graded test cell of a solution notebook."""
+def points(notebook_path) -> tuple[dict[str, int], dict[str, int]]:
+    """({test cell: points}, {written answer cell: points}) of a solution notebook, as the grader reads them."""
     notebook = nbformat.read(notebook_path, as_version=4)
-    return {cell.metadata.nbgrader["grade_id"]: cell.metadata.nbgrader["points"] for cell in notebook.cells
-            if cell.metadata.get("nbgrader", {}).get("grade") and cell.metadata.nbgrader.get("points")}
+    return ({gid: int(p) for gid, p in graded_cells(notebook).items()},
+            {gid: int(p) for gid, p in written_cells(notebook).items()})
+
+
+def question_cells(notebook_path) -> dict[str, str]:
+    """{written answer cell: the grade_id of the locked cell just before it, its question}."""
+    cells = nbformat.read(notebook_path, as_version=4).cells
+    return {cell.metadata.nbgrader["grade_id"]: cells[i - 1].metadata.get("nbgrader", {}).get("grade_id")
+            for i, cell in enumerate(cells) if cell.metadata.get("nbgrader", {}).get("grade")
+            and cell.metadata.nbgrader.get("solution") and i > 0}
 
 
 def test_the_labs_are_found():
@@ -39,14 +53,24 @@ def test_every_graded_exercise_is_in_its_lab_s_guide_with_the_notebook_s_points(
     page = GUIDE / f"{lab.name}.md"
     assert page.exists(), f"{lab.name} has no guide: write {page.relative_to(REPO)}"
     text = page.read_text()
-    expected = graded_cells(lab.notebook)
-    rows = {test: int(points) for _, test, points in ROW.findall(text)}
+    expected, written = points(lab.notebook)
+    rows = {test: int(p) for _, test, p in ROW.findall(text)}
     assert rows == expected, (f"{page.name}: the exercise table gives {rows}; the notebook's nbgrader "
                               f"metadata gives {expected}")
     for answer, test, _ in ROW.findall(text):
         assert test == f"test_{answer}", f"{page.name}: {answer}'s test cell is test_{answer}, not {test}"
-    total, points = TOTAL.findall(text), sum(expected.values())
-    assert total == [str(points)], f"{page.name}: total {total}, the notebook's {points}"
+    questions = {answer: int(p) for _, answer, p in WRITTEN_ROW.findall(text)}
+    assert questions == written, (f"{page.name}: the written questions' table gives {questions}; the notebook's "
+                                  f"answer cells graded by hand give {written}")
+    asked = question_cells(lab.notebook)
+    for slug, answer, _ in WRITTEN_ROW.findall(text):
+        assert answer == f"written_{slug}" and asked[answer] == f"{slug}_question", (
+            f"{page.name}: {answer} follows the question cell {asked.get(answer)}, not {slug}_question")
+    auto, by_hand = sum(expected.values()), sum(written.values())
+    total = [tuple(x for x in found if x) for found in TOTAL.findall(text)]
+    want = (str(auto + by_hand), str(auto), str(by_hand)) if by_hand else (str(auto),)
+    assert total == [want], (f"{page.name}: total {total}; the notebook's is {auto + by_hand} points"
+                             + (f" ({auto} graded automatically, {by_hand} by hand)" if by_hand else ""))
     for heading in ("## Learning goals", "## Time in class (an estimate", "## Exercises and points",
                     "## Discussion questions"):
         assert heading in text, f"{page.name} lacks {heading!r}"
@@ -57,10 +81,13 @@ def test_every_graded_exercise_is_in_its_lab_s_guide_with_the_notebook_s_points(
 def test_the_index_lists_every_guide_with_its_lab_s_points():
     index = (GUIDE / "README.md").read_text()
     for lab in LABS:
-        points = sum(graded_cells(lab.notebook).values())
+        expected, written = points(lab.notebook)
+        auto, by_hand = sum(expected.values()), sum(written.values())
         row = next((line for line in index.splitlines() if f"]({lab.name}.md)" in line), None)
         assert row, f"course_guide/README.md does not link {lab.name}.md"
-        assert re.search(rf"\|\s*{points}\b", row), f"the index gives {lab.name} other points than {points}: {row}"
+        said = rf"\|\s*{auto + by_hand} \({auto} \+ {by_hand} by hand\)\s*\|" if by_hand else rf"\|\s*{auto}\b"
+        assert re.search(said, row), (f"the index gives {lab.name} other points than {auto + by_hand}"
+                                      + (f" ({auto} + {by_hand} by hand)" if by_hand else "") + f": {row}")
     pages = sorted(p.name for p in GUIDE.glob("*.md") if p.name != "README.md")
     assert pages == sorted(f"{lab.name}.md" for lab in LABS), f"guides for labs that do not exist: {pages}"
 
@@ -80,3 +107,27 @@ def test_the_release_copies_nothing_of_the_guide():
     assert not list((REPO / "labs").rglob("course_guide*")), "something of course_guide/ is in labs/"
     source = (REPO / "grader" / "release.py").read_text()
     assert "course_guide" not in source
+
+
+def test_lab_4_s_accounting_answer_gives_grid_model_s_numbers():
+    """Written question 2 of lab 4: the model answer and the guide state what `layer.weights` and
+    `grid_model.transfers` give (weights and bytes per rank, 8 × 1 against 2 × 4)."""
+    from course import grid_model
+    from course.grid_model import Grid
+    from course.sizes import Dense
+
+    layers = grid_model.KRIZHEVSKY
+    figures = []
+    for grid in (Grid(8, 1), Grid(2, 4)):
+        held = sum(layer.weights // (grid.model if isinstance(layer, Dense) else 1) for layer in layers)
+        rows = grid_model.transfers(layers, grid, grid_model.PAPER_BATCH)
+        largest = max(rows, key=lambda row: row["sent"])
+        assert largest["what"] == "fc6 shard gradients"
+        figures += [f"{held * 4 / 1e6:.1f} MB", f"{sum(row['sent'] for row in rows) / 1e6:.1f} MB"]
+        figures.append(f"{largest['sent'] / 1e6:.1f} MB")
+    notebook = nbformat.read(REPO / "solutions" / "04_hybrid" / "04_hybrid.ipynb", as_version=4)
+    answer = next(c.source for c in notebook.cells
+                  if c.metadata.get("nbgrader", {}).get("grade_id") == "written_hybrid_accounting")
+    guide = (GUIDE / "04_hybrid.md").read_text()
+    assert all(figure in answer for figure in figures), (figures, answer)
+    assert all(figure in " ".join(guide.split()) for figure in figures[:2] + figures[3:5]), figures

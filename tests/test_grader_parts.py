@@ -161,10 +161,13 @@ def test_tests_that_never_ran_mean_not_graded(tmp_path):
 
 
 def test_csv_row_for_a_student_without_a_submission(tmp_path):
-    rows = export.rows(["dora"], {"01_single_gpu": 9.0}, {}, f"sqlite:///{tmp_path / 'gb.db'}", COURSE_ROOT)
+    rows = export.rows(["dora"], {"01_single_gpu": 9.0}, {}, f"sqlite:///{tmp_path / 'gb.db'}", COURSE_ROOT,
+                       {"01_single_gpu": {"written_why": 2.0}})
     assert rows == [{"student_id": "dora", "01_single_gpu score": "", "01_single_gpu max score": 9.0,
+                     "01_single_gpu written score": "", "01_single_gpu written max score": 2.0,
+                     "01_single_gpu pending manual": "",
                      "01_single_gpu graded": "no", "01_single_gpu verdict": "not graded: no submission",
-                     "total score": 0.0, "total max score": 9.0}]
+                     "total score": 0.0, "total max score": 11.0, "total pending manual": 0.0}]
 
 
 def test_only_labs_with_graded_cells_are_graded():
@@ -635,3 +638,98 @@ def test_a_graded_kernel_waits_longer_for_its_ranks_unless_the_instructor_says_o
     assert env["COURSE_RANK_TIMEOUT"] == sandbox.GRADED_RANK_TIMEOUT_S
     assert float(env["COURSE_RANK_TIMEOUT"]) > 30 and "SECRET" not in env
     assert sandbox.jail_environment(spec, {"COURSE_RANK_TIMEOUT": "300"})["COURSE_RANK_TIMEOUT"] == "300"
+
+
+# --------------------------------------------------------------------------
+# Written answers, graded by hand: pending, not zero
+# --------------------------------------------------------------------------
+
+WRITTEN_LAB = "01_single_gpu"
+WRITTEN = {"written_why": 2.0, "written_sum": 3.0, "written_blank": 1.0}
+
+
+def _gradebook_with_written_answers(path, students):
+    """A class gradebook as `grader grade` leaves it: each student's test cell autograded (4 of 5
+    points), and three written answers: two answered and not graded yet, one left as released
+    (autograde scores it 0). students: {student: {written grade_id: a manual score, as formgrader sets}}."""
+    import warnings
+
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+
+    from grader.labs import course_config
+    course_id = course_config(COURSE_ROOT).CourseDirectory.course_id
+    with warnings.catch_warnings(), Gradebook(f"sqlite:///{path}", course_id=course_id) as gb:
+        warnings.simplefilter("ignore", SAWarning)  # nbgrader's add_submission trips autoflush warnings
+        gb.add_assignment(WRITTEN_LAB)
+        gb.add_notebook(WRITTEN_LAB, WRITTEN_LAB)
+        gb.add_grade_cell("test_step", WRITTEN_LAB, WRITTEN_LAB, max_score=5, cell_type="code")
+        for gid, points in WRITTEN.items():
+            gb.add_grade_cell(gid, WRITTEN_LAB, WRITTEN_LAB, max_score=points, cell_type="markdown")
+            gb.add_solution_cell(gid, WRITTEN_LAB, WRITTEN_LAB)
+        for student, manual in students.items():
+            gb.add_student(student)
+            gb.add_submission(WRITTEN_LAB, student)
+            gb.find_grade("test_step", WRITTEN_LAB, WRITTEN_LAB, student).auto_score = 4.0
+            gb.find_grade("written_blank", WRITTEN_LAB, WRITTEN_LAB, student).auto_score = 0.0
+            for gid, score in manual.items():
+                gb.find_grade(gid, WRITTEN_LAB, WRITTEN_LAB, student).manual_score = score
+        gb.db.commit()
+    return f"sqlite:///{path}"
+
+
+def test_written_answers_are_exported_as_pending_until_graded_by_hand(tmp_path):
+    db = _gradebook_with_written_answers(tmp_path / "gb.db", {"ada": {}, "bo": {"written_why": 1.5},
+                                                               "cy": {"written_why": 2.0, "written_sum": 0.0}})
+    entry = {"graded": True, "verdict": ["graded: 4 of 5 points"]}
+    status = {student: {WRITTEN_LAB: entry} for student in ("ada", "bo", "cy")}
+    rows = {row["student_id"]: row for row in export.rows(["ada", "bo", "cy", "dora"], {WRITTEN_LAB: 5.0}, status,
+                                                           db, COURSE_ROOT, {WRITTEN_LAB: WRITTEN})}
+    assert set(rows["ada"]) == set(export.columns([WRITTEN_LAB]))
+    lab = WRITTEN_LAB
+    # Nothing graded by hand yet: the autograded score is the code's, the 5 points of answers pending.
+    ada = rows["ada"]
+    assert (ada[f"{lab} score"], ada[f"{lab} max score"]) == (4.0, 5.0)
+    assert (ada[f"{lab} written score"], ada[f"{lab} written max score"], ada[f"{lab} pending manual"]) == (0, 6, 5)
+    assert ada[f"{lab} verdict"].startswith("graded: 4 of 5 points; 5 points await manual grading in formgrader")
+    assert "1 left unanswered" in ada[f"{lab} verdict"]
+    assert (ada["total score"], ada["total max score"], ada["total pending manual"]) == (4.0, 11.0, 5.0)
+    # One answer graded in formgrader: its points counted apart from the code's, the other still pending.
+    bo = rows["bo"]
+    assert (bo[f"{lab} score"], bo[f"{lab} written score"], bo[f"{lab} pending manual"]) == (4.0, 1.5, 3.0)
+    assert bo["total score"] == 5.5
+    # Every answer graded (a 0 given by hand is a grade, not pending).
+    cy = rows["cy"]
+    assert (cy[f"{lab} score"], cy[f"{lab} written score"], cy[f"{lab} pending manual"]) == (4.0, 2.0, 0.0)
+    assert "written answers: 2 of 6 points, graded by hand" in cy[f"{lab} verdict"]
+    assert "await" not in cy[f"{lab} verdict"]
+    assert rows["dora"][f"{lab} pending manual"] == "" and rows["dora"]["total max score"] == 11.0
+
+
+def test_the_feedback_page_says_pending_for_an_answer_nobody_graded_and_escapes_it(tmp_path):
+    from nbformat.v4 import new_markdown_cell
+
+    from grader.feedback import html_page
+    db = _gradebook_with_written_answers(tmp_path / "gb.db", {"ada": {}, "bo": {"written_why": 1.5}})
+    released = "YOUR ANSWER HERE"
+    cells = [_graded_cell("assert True", "test_step", True)]
+    for gid, points in WRITTEN.items():
+        cell = new_markdown_cell(released if gid == "written_blank" else
+                                 f"My answer to {gid} <script>alert('{gid}')</script><img src=x onerror=alert(1)>")
+        cell.metadata["nbgrader"] = {"grade": True, "solution": True, "grade_id": gid, "points": points,
+                                     "locked": False, "schema_version": 3, "task": False}
+        cells.append(cell)
+    pages = {}
+    for student in ("ada", "bo"):
+        resources = {"unique_key": WRITTEN_LAB, "output_files_dir": "files",
+                     "nbgrader": {"student": student, "assignment": WRITTEN_LAB, "notebook": WRITTEN_LAB,
+                                  "db_url": db}}
+        pages[student] = html_page(new_notebook(cells=cells), ["graded: 4 of 5 points"], [], [released], resources)
+    ada, bo = pages["ada"], pages["bo"]
+    assert "Score: pending / 2.0, graded by hand" in ada and "Score: pending / 3.0, graded by hand" in ada
+    assert "Score: 0.0 / 1.0" in ada  # left as released: autograde's 0 stands
+    assert "5.0 points await grading by hand" in ada
+    assert "Score: 1.5 / 2.0" in bo and "3.0 points await grading by hand" in bo
+    for page in (ada, bo):
+        assert "<script>" not in page and "<img src=x" not in page
+        assert "My answer to written_why &lt;script&gt;alert(" in page  # shown, as text

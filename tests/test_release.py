@@ -71,6 +71,10 @@ def test_labs_and_solutions_pair_up():
 SOLUTION_SRC = "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
 TEST_SRC = "assert add(1, 2) == 3\n### BEGIN HIDDEN TESTS\nassert add(20, 22) == 42\n### END HIDDEN TESTS"
 STUB = "def add(a, b):\n    # YOUR CODE HERE\n    raise NotImplementedError()"
+# A written question (common to every lab): a locked question, then a markdown answer graded by hand.
+QUESTION_SRC = "**Question 1** (3 points, graded by hand) · Why?"
+WRITTEN_SRC = ("### BEGIN SOLUTION\n**Model answer.** Because.\n\n**Rubric (3 points).** 3 for because.\n"
+               "### END SOLUTION")
 
 # Created in this (non-sorted) order; the index must list them sorted.
 TINY_LABS = {
@@ -91,8 +95,11 @@ def lab_notebook(title: str) -> nbformat.NotebookNode:
     solution.execution_count = 1  # an executed source: the release must clear this
     solution.outputs = [nbformat.v4.new_output("stream", name="stdout", text="instructor output\n")]
     tests = new_code_cell(TEST_SRC, metadata=_nbgrader(grade=True, locked=True, points=2, grade_id="test_add"))
+    question = new_markdown_cell(QUESTION_SRC, metadata=_nbgrader(locked=True, grade_id="why_question"))
+    written = new_markdown_cell(WRITTEN_SRC, metadata=_nbgrader(grade=True, solution=True, points=3,
+                                                               grade_id="written_why"))
     nb = new_notebook(
-        cells=[new_markdown_cell(f"Some preamble.\n\n# {title}\n\nIntro."), solution, tests],
+        cells=[new_markdown_cell(f"Some preamble.\n\n# {title}\n\nIntro."), solution, tests, question, written],
         metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
     )
     for i, cell in enumerate(nb.cells):
@@ -130,6 +137,22 @@ def test_solution_region_replaced_by_stub(course):
     assert cells[1].source == STUB
     text = (course / "labs" / "00_ranks" / "00_ranks.ipynb").read_text()
     assert "return a + b" not in text and "BEGIN SOLUTION" not in text
+
+
+def test_a_written_answer_is_released_blank_and_known_to_the_gradebook_as_graded_by_hand(course):
+    from nbgrader.api import Gradebook
+
+    from grader.labs import find_labs
+    cells = released_cells(course)
+    assert cells[3].source == QUESTION_SRC and cells[3].metadata.get("editable") is False
+    assert cells[4].source == "YOUR ANSWER HERE" and cells[4].metadata.nbgrader["points"] == 3
+    text = (course / "labs" / "00_ranks" / "00_ranks.ipynb").read_text()
+    assert "Model answer" not in text and "Rubric" not in text
+    lab = next(lab for lab in find_labs(course) if lab.name == "00_ranks")
+    assert (lab.points, lab.written) == ({"test_add": 2.0}, {"written_why": 3.0})  # the autograded maximum stays 2
+    with Gradebook(f"sqlite:///{course / 'grader' / 'work' / 'gradebook.db'}", "multi-gpu-course") as gb:
+        cell = gb.find_grade_cell("written_why", "00_ranks", "00_ranks")
+        assert (cell.max_score, cell.cell_type) == (3, "markdown")
 
 
 def test_hidden_tests_removed(course):

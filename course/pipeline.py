@@ -6,6 +6,7 @@ Pure arithmetic, no torch, beside `course.sizes` (bytes of a dtype) and `course.
 
     actions("1f1b", 0, 4, 8)[:5]          # [('F', 0), ('F', 1), ('F', 2), ('F', 3), ('B', 0)]
     grid_bubble(grid("gpipe", 4, 8))      # 3/11, the formula's (N-1)/(m+N-1)
+    bubble_over_compute(4, 8)             # 3/8, the same bubble over the compute time, not the step
 
 A model is cut by its layers into N stages, stage s on rank s (0-based); the batch into m
 micro-batches. A stage runs F(i), the forward of micro-batch i, after the stage before it
@@ -151,6 +152,15 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
     """The formula: (N-1)/(m+N-1), N stages and m micro-batches (GPipe's paper; 1F1B's too)."""
     _check_counts(stages, micro_batches)
     return (stages - 1) / (micro_batches + stages - 1)
+
+
+def bubble_over_compute(stages: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """The other definition: the bubble's time over the time a stage computes, (N-1)/(v·m), as Megatron-LM
+    (Narayanan et al., 2021) and the Ultra-Scale Playbook quote it; v model chunks per rank for the
+    interleaved schedule (1: GPipe, 1F1B). For v = 1 it is f/(1-f), f the idle share `bubble_fraction`."""
+    _check_counts(stages, micro_batches)
+    _check_whole(virtual_stages, "virtual_stages")
+    return (stages - 1) / (virtual_stages * micro_batches)
 
 
 def peak_micro_batches(schedule: str, stage: int, stages: int, micro_batches: int) -> int:

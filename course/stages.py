@@ -11,14 +11,18 @@ with other ones:
 
 - `timed_steps` wraps the student's steps so that the run's timeline names each
   compute span by its micro-batch, which the schedule view draws as a grid.
-- `LoneStage` plays one stage alone, with no messages (it adds nothing to `sends`):
-  its neighbours' part is taken from one process running the whole model on the whole batch. What arrives from the
+- `LoneStage` plays one stage alone, with no messages: its neighbours' part is taken from
+  one process running the whole model on the whole batch. What arrives from the
   stage before is that process's activation, what arrives from the stage after is its
   gradient (of the batch's mean loss), for the micro-batch being run. So a schedule is
   checked on its own: the order it runs (`actions`), the micro-batches whose
   activations it keeps alive (`peak_alive`), and the gradients it leaves on the stage,
   which equal one process's only if it accumulates them and scales the loss right. A
   mistake in the steps cannot fail it, and a schedule cannot deadlock it.
+  Where a real step would send (`dist.isend`), it appends a `HeldSend` to `sends`: like
+  the request a real isend returns, it keeps the tensor it would send alive for as long as
+  the schedule keeps it, waited or not (c10d's work object holds its tensor until it is
+  dropped), so a micro-batch whose requests are kept counts as alive.
 """
 from __future__ import annotations
 
@@ -75,6 +79,22 @@ def timed_steps(forward_step, backward_step):
     return forward, backward
 
 
+class HeldSend:
+    """What a LoneStage step appends to `sends` where a real step appends `dist.isend`'s request:
+    `wait()` returns at once (nobody receives), and the object keeps `tensor` alive until dropped."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+        self.waited = False
+
+    def wait(self, timeout=None) -> bool:
+        self.waited = True
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
 class LoneStage:
     """One stage of a pipeline, run alone: `forward_step` and `backward_step` in place of the real ones.
 
@@ -82,7 +102,8 @@ class LoneStage:
     inputs, targets: the whole batch; loss_fn(outputs, targets): a mean over the samples.
     After a schedule has run with these steps, `stage` holds the gradients it left,
     `expected` one process's, `actions` the ("F", i) and ("B", i) it ran in order,
-    `peak_alive` the most micro-batches whose activations were alive at once, and
+    `peak_alive` the most micro-batches alive at once (an activation of theirs, or a request of
+    theirs in `sends`, still held), `peak_activations_alive` the same without the requests, and
     `problems` what it did that real neighbours would not allow.
     """
 
@@ -112,11 +133,21 @@ class LoneStage:
         self.actions: list[tuple[str, int]] = []
         self.problems: list[str] = []
         self._alive: list[tuple] = []   # per forward run: weak references to its input and output
-        self.peak_alive = 0
+        self._requests: list[list] = []  # per forward run: weak references to its HeldSends
+        self.peak_alive = self.peak_activations_alive = 0
 
     def _count_alive(self) -> None:
-        alive = sum(any(ref() is not None for ref in refs) for refs in self._alive)
-        self.peak_alive = max(self.peak_alive, alive)
+        def alive(refs):
+            return any(ref() is not None for ref in refs)
+        activations = [alive(refs) for refs in self._alive]
+        either = [a or alive(requests) for a, requests in zip(activations, self._requests)]
+        self.peak_activations_alive = max(self.peak_activations_alive, sum(activations))
+        self.peak_alive = max(self.peak_alive, sum(either))
+
+    def _send(self, sends, number: int, tensor: torch.Tensor) -> None:
+        request = HeldSend(tensor)
+        self._requests[number].append(weakref.ref(request))
+        sends.append(request)
 
     def forward_step(self, stage, inputs, shape, sends):
         number = len(self._alive)
@@ -138,6 +169,9 @@ class LoneStage:
         stage_output = stage(stage_input)
         refs = (weakref.ref(stage_output),) + (() if self.first else (weakref.ref(stage_input),))
         self._alive.append(refs)
+        self._requests.append([])
+        if not self.last:
+            self._send(sends, len(self._alive) - 1, stage_output.detach())   # the same storage as the output
         self.actions.append(("F", number))
         self._count_alive()
         return stage_input, stage_output
@@ -156,6 +190,8 @@ class LoneStage:
             loss.backward()
         else:
             stage_output.backward(self.output_grads[number])
+        if not self.first and stage_input is not None and stage_input.grad is not None:
+            self._send(sends, number, stage_input.grad)
         self._count_alive()
 
     def gradients(self) -> list[torch.Tensor]:

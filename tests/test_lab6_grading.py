@@ -112,8 +112,9 @@ def one_f_one_b(stage, inputs, targets, *, micro_batches, loss_fn, shape, forwar
         if last:
             losses.append(loss.item())
         del a, b, loss                                # its activations go now, not at the next turn
-    for request in sends:
-        request.wait()
+        for request in sends:                         # and every message sent so far: none is needed again
+            request.wait()
+        sends.clear()
     return sum(losses) if last else None
 ''',
 }
@@ -206,16 +207,20 @@ def one_f_one_b(stage, inputs, targets, *, micro_batches, loss_fn, shape, forwar
         backward_step(stage_input, stage_output, loss, sends)
         total += loss.item() if last else 0.0
 
+    def let_go():                                      # the messages sent so far, waited for and dropped
+        while sends:
+            sends.pop().wait()
+
     filled = min(world_size - rank, micro_batches)     # N - s forwards, then a backward before each forward
     for i in range(filled):
         forward(i)
     for i in range(filled, micro_batches):
         backward()
+        let_go()
         forward(i)
     while alive:
         backward()
-    for request in sends:
-        request.wait()
+        let_go()
     return total if last else None
 ''',
     },
@@ -237,8 +242,9 @@ def one_f_one_b(stage, inputs, targets, *, micro_batches, loss_fn, shape, forwar
             backward_step(stage_input, stage_output, loss, sends)
             total += loss.item() if last else 0.0
             del stage_input, stage_output, loss
-    for request in sends:
-        request.wait()
+            for request in sends:
+                request.wait()
+            sends = []
     return total if last else None
 ''',
     },
@@ -346,10 +352,18 @@ MISTAKES = {
         {"one_f_one_b": [("waiting.pop(0)", "waiting.pop()")]},
         "test_one_f_one_b"),
     "1F1B keeps every micro-batch's input and output until the step ends": (
-        {"one_f_one_b": [("sends, waiting, total = [], [], 0.0", "sends, waiting, done, total = [], [], [], 0.0"),
-                         ("stage_input, stage_output, loss = waiting.pop(0)",
-                          "stage_input, stage_output, loss = waiting[len(done)]\n        done.append(loss)"),
+        {"one_f_one_b": [("    waiting, total = [], 0.0", "    waiting, done, total = [], [], 0.0"),
+                         ("stage_input, stage_output, loss, sends = waiting.pop(0)",
+                          "stage_input, stage_output, loss, sends = waiting[len(done)]\n        done.append(loss)"),
                          ("    while waiting:\n", "    while len(done) < micro_batches:\n")]},
+        "test_one_f_one_b"),
+    "1F1B keeps every send's request in one list until the step ends, then waits for them": (
+        {"one_f_one_b": [("    waiting, total = [], 0.0", "    every_send, waiting, total = [], [], 0.0"),
+                         ("        for request in sends:                                   # then its messages go, "
+                          "with its activations\n            request.wait()\n", "        every_send.extend(sends)\n"),
+                         ("    while waiting:\n        backward()\n",
+                          "    while waiting:\n        backward()\n"
+                          "    for request in every_send:\n        request.wait()\n")]},
         "test_one_f_one_b"),
     "1F1B warms up with N - s forwards, one too many": (
         {"one_f_one_b": [("warmup = min(world_size - rank - 1, micro_batches)",

@@ -151,3 +151,15 @@ def test_a_models_step_time_from_its_layers():
 def test_bad_arguments_are_refused_in_the_callers_words(call, error, words):
     with pytest.raises(error, match=words):
         call()
+
+
+def test_the_bubble_over_compute_is_the_idle_share_over_the_busy_share():
+    for stages, micro_batches in ((2, 1), (4, 8), (8, 3)):
+        f = pipeline.bubble_fraction(stages, micro_batches)
+        assert pipeline.bubble_over_compute(stages, micro_batches) == pytest.approx(f / (1 - f))
+        busy = sum(s.end - s.start for s in pipeline.grid("1f1b", stages, micro_batches))
+        idle = stages * pipeline.step_time("1f1b", stages, micro_batches) - busy
+        assert pipeline.bubble_over_compute(stages, micro_batches) == pytest.approx(idle / busy)
+    assert pipeline.bubble_over_compute(4, 8, virtual_stages=2) == pytest.approx(3 / 16)
+    with pytest.raises(ValueError, match="virtual_stages"):
+        pipeline.bubble_over_compute(4, 8, virtual_stages=0)

@@ -54,14 +54,16 @@ def gpipe_order(stage, inputs, targets, *, micro_batches, loss_fn, shape, forwar
     return sum(loss.item() for *_, loss in kept) if last else None
 
 
-def ordered(order, keep_all=False, scale=True):
-    """A schedule that runs the actions `order` lists; keep_all keeps every micro-batch's activations to the end."""
+def ordered(order, keep_all=False, scale=True, keep_requests=False):
+    """A schedule that runs the actions `order` lists; keep_all keeps every micro-batch's activations to the
+    end; keep_requests keeps every send's request to the end (else a micro-batch's go after its backward)."""
     def schedule(stage, inputs, targets, *, micro_batches, loss_fn, shape, forward_step, backward_step):
         first, last = inputs is not None, targets is not None
         parts = inputs.chunk(micro_batches) if first else [None] * micro_batches
         answers = targets.chunk(micro_batches) if last else [None] * micro_batches
-        kept, sends = {}, []
+        kept, requests, every_request = {}, {}, []
         for action, i in order:
+            sends = requests.setdefault(i, [])
             if action == "F":
                 stage_input, stage_output = forward_step(stage, parts[i], shape, sends)
                 loss = loss_fn(stage_output, answers[i]) / (micro_batches if scale else 1) if last else None
@@ -69,6 +71,12 @@ def ordered(order, keep_all=False, scale=True):
                 del stage_input, stage_output, loss
             else:
                 backward_step(*(kept[i] if keep_all else kept.pop(i)), sends)
+                for request in requests.pop(i):
+                    request.wait()
+                    if keep_requests:
+                        every_request.append(request)
+                request = None                      # a loop variable would keep the last one alive
+            del sends
         return None
     return schedule
 
@@ -117,6 +125,31 @@ def test_1f1b_keeps_at_most_n_minus_s_alive_and_keeping_all_is_seen(stage_index)
     assert hoarder.peak_alive == 6
 
 
+@pytest.mark.parametrize("stage_index", [0, 1, 3])
+def test_requests_kept_to_the_end_keep_their_micro_batches_alive(stage_index):
+    """A real isend's request holds its tensor until dropped, waited or not: so does a HeldSend."""
+    order = pipeline.actions("1f1b", stage_index, 4, 6)
+    player, _ = run(ordered(order, keep_requests=True), stage_index)
+    assert player.problems == [] and player.actions == order
+    assert player.peak_activations_alive == pipeline.peak_micro_batches("1f1b", stage_index, 4, 6)
+    # Every micro-batch's activation sent forward or gradient sent back is still held at the end.
+    assert player.peak_alive == 6
+
+
+def test_a_lone_stage_sends_what_a_real_one_would():
+    player, x, _ = lone(0)
+    sends = []
+    stage_input, stage_output = player.forward_step(player.stage, x[:3], (3, 6), sends)
+    assert len(sends) == 1 and isinstance(sends[0], stages.HeldSend)
+    assert sends[0].tensor.untyped_storage().data_ptr() == stage_output.untyped_storage().data_ptr()
+    assert sends[0].wait() and sends[0].waited and sends[0].is_completed()
+    middle, *_ = lone(1)
+    sends = []
+    stage_input, stage_output = middle.forward_step(middle.stage, None, (3, 5), sends)
+    middle.backward_step(stage_input, stage_output, None, sends)
+    assert len(sends) == 2 and sends[1].tensor is stage_input.grad     # the input's gradient goes back
+
+
 def test_an_unscaled_loss_leaves_gradients_m_times_too_large_on_the_last_stage():
     player, _ = run(ordered(pipeline.actions("gpipe", 3, 4, 6), scale=False), 3)
     for got, want in zip(player.gradients(), player.expected):
@@ -131,10 +164,11 @@ def test_what_real_neighbours_would_not_allow_is_reported():
     player.backward_step(None, torch.zeros(3, 5), None, sends)      # an output no forward returned
     assert "no forward of this stage returned" in player.problems[-1]
     last, *_ = lone(3)
+    sends = []
     stage_input, stage_output = last.forward_step(last.stage, None, (3, 5), sends)
     last.backward_step(stage_input, stage_output, None, sends)
     assert "no loss" in last.problems[-1]
-    assert sends == []                                                # a lone stage sends nothing
+    assert sends == []                                  # the last stage sends no activation, and made no gradient
     with pytest.raises(ValueError, match="equal micro-batches"):
         stages.LoneStage(mlp(), stage=0, stages=2, inputs=torch.zeros(5, 6), targets=torch.zeros(5).long(),
                          micro_batches=2, loss_fn=F.cross_entropy)

@@ -547,7 +547,7 @@ def _run_with(stand, tmp_path, monkeypatch, labs, jobs):
                         "prepare_gradebook": stand.prepare_gradebook}.items():
         monkeypatch.setattr(grading_run, name, value)
     monkeypatch.setattr(grading_run.jail, "unavailable", lambda: None)
-    monkeypatch.setattr(grading_run.export, "write_csv", lambda *args: None)
+    monkeypatch.setattr(grading_run.export, "write_csv", lambda *args, **kwargs: None)
     for student in ("ada", "bo"):
         for lab in labs:
             _notebook(tmp_path / "in" / student / f"{lab}.ipynb")

@@ -2,7 +2,7 @@
 
     phase_bars(ax, {"batch 32": phases32, "batch 256": phases256})
     throughput_curve(ax, sweep_frame)
-    mfu_curve(ax, mfu.with_mfu(sweep_frame, flops_per_sample, peak))
+    mfu_curve(ax, mfu.with_utilisation(sweep_frame, flops_per_sample, measured_peak=peak))
     projector()                         # big type and thick lines from here on, for a classroom
 
 Colours group the phases of a training step the same way in every lab: data
@@ -104,14 +104,22 @@ def throughput_curve(ax, frame, *, title: str | None = None, tile: int = 32, sma
     return _batch_size_axes(ax, x, small, "samples per second", title)
 
 
-def mfu_curve(ax, frame, *, title: str | None = None, peak_label: str = "the measured peak", small: int = 64):
-    """Model FLOPs utilisation against batch size: `frame` is a sweep with an `mfu` column
-    (course.mfu.with_mfu), drawn in percent of the peak named by `peak_label`."""
-    if "mfu" not in frame:
-        raise ValueError(f"frame has no mfu column (columns {list(frame.columns)}): add it with course.mfu.with_mfu")
+def mfu_curve(ax, frame, *, title: str | None = None, peak_label: str = "the measured peak", small: int = 64,
+              measured_label: str = "of the measured matmul peak", colour: str = "#a63603"):
+    """Utilisation against batch size, in percent of a peak. `frame` is a sweep with an `mfu` column,
+    drawn solid and labelled MFU against `peak_label`, an `of_measured_peak` column, drawn dashed and
+    labelled `measured_label`, or both (course.mfu.with_utilisation). Call it once a sweep, each in its
+    own colour, to draw several on one axes."""
+    ratios = [(column, style, label) for column, style, label in
+              (("mfu", "o-", f"MFU against {peak_label}"), ("of_measured_peak", "s--", measured_label))
+              if column in frame]
+    if not ratios:
+        raise ValueError(f"frame has no mfu or of_measured_peak column (columns {list(frame.columns)}): add them "
+                         "with course.mfu.with_utilisation (course.mfu.with_mfu adds mfu alone)")
     frame = frame.sort_values("batch_size")
     x = frame["batch_size"]
-    ax.plot(x, frame["mfu"] * 100, "o-", color="#a63603", label=f"MFU against {peak_label}")
+    for column, style, label in ratios:
+        ax.plot(x, frame[column] * 100, style, color=colour, mfc=colour if style == "o-" else "white", label=label)
     return _batch_size_axes(ax, x, small, "model FLOPs utilisation (% of peak)", title)
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from course import data, models, plots, throughput
+from course import data, mfu, models, plots, throughput
 
 
 @pytest.fixture(scope="module")
@@ -627,6 +627,17 @@ def test_mfu_curve_draws_the_utilisation_in_percent(ax):
     assert line.get_label() == "MFU against the fp32 peak"
     assert ax.get_xscale() == "log" and ax.get_ylim()[0] == 0 and ax.get_title() == "cpu"
     assert list(ax.get_lines()[-1].get_xdata()) == [64, 64], "the dotted line at 64"
+
+
+def test_mfu_curve_draws_both_ratios_of_a_utilisation_frame(ax):
+    frame = mfu.with_utilisation(pd.DataFrame({"batch_size": [16, 8], "samples_per_s": [100.0, 50.0]}), 1e6,
+                                 datasheet_peak=1e9, measured_peak=5e8)
+    plots.mfu_curve(ax, frame, peak_label="the fp32 datasheet peak", measured_label="of the measured fp32 peak")
+    solid, dashed = ax.get_lines()[:2]
+    assert solid.get_label() == "MFU against the fp32 datasheet peak" and solid.get_linestyle() == "-"
+    assert list(solid.get_ydata()) == pytest.approx([5.0, 10.0])
+    assert dashed.get_label() == "of the measured fp32 peak" and dashed.get_linestyle() == "--"
+    assert list(dashed.get_ydata()) == pytest.approx([10.0, 20.0]), "the measured peak is the lower one"
 
 
 def test_mfu_curve_refuses_a_frame_without_mfu(ax):

@@ -211,23 +211,23 @@ def ignore_patterns(root: Path = COURSE_ROOT) -> list[str]:
     return list(course_config(root).CourseDirectory.ignore)
 
 
-def graded_cells(notebook: dict) -> dict[str, float]:
-    """{grade_id: points} of the autograded test cells of a source notebook."""
+def _points(notebook: dict, kind) -> dict[str, float]:
+    """{grade_id: points} of the graded cells for which kind(cell, its nbgrader metadata) holds."""
     cells = {}
     for cell in notebook.get("cells", []):
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("grade") and not meta.get("solution") and cell.get("cell_type") == "code":
+        if meta.get("grade") and kind(cell, meta):
             cells[meta["grade_id"]] = float(meta.get("points", 0))
     return cells
+
+
+def graded_cells(notebook: dict) -> dict[str, float]:
+    """{grade_id: points} of the autograded test cells of a source notebook."""
+    return _points(notebook, lambda cell, meta: not meta.get("solution") and cell.get("cell_type") == "code")
 
 
 def written_cells(notebook: dict) -> dict[str, float]:
     """{grade_id: points} of the answers graded by hand (nbgrader's cells that are both an answer and
     graded: the written answers, ``written_*``). Autograde scores such an answer 0 if it is left as
     released, and otherwise leaves it to the instructor in formgrader: its points are pending."""
-    cells = {}
-    for cell in notebook.get("cells", []):
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("grade") and meta.get("solution"):
-            cells[meta["grade_id"]] = float(meta.get("points", 0))
-    return cells
+    return _points(notebook, lambda cell, meta: meta.get("solution"))

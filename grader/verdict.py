@@ -194,9 +194,12 @@ def lines(*, graded: bool, why_not: str = "", score: float | None = None, max_sc
     out += [f"test cell {gid} gets no points: {why}" for gid, why in (unverified or {}).items()]
     out += list(ran)
     out += [f"test cell {gid}, the grader's check: {detail}" for gid, detail in (judged or {}).items()]
-    if len(out) > MAX_LINES:
-        out = out[: MAX_LINES - 1] + [f"… and {len(out) - MAX_LINES + 1} more"]
-    return [short(line, MAX_LINE) for line in out]
+    return [short(line, MAX_LINE) for line in _capped(out)]
+
+
+def _capped(out: list[str]) -> list[str]:
+    """At most MAX_LINES lines, the last saying how many more there were."""
+    return out if len(out) <= MAX_LINES else out[: MAX_LINES - 1] + [f"… and {len(out) - MAX_LINES + 1} more"]
 
 
 def written_line(given: float, pending: float, max_score: float, unanswered: int = 0) -> str | None:
@@ -215,8 +218,7 @@ def with_written(verdict: list[str], line: str | None) -> list[str]:
     """The verdict with the written answers' line second, after the autograded score."""
     if not line:
         return list(verdict)
-    out = [verdict[0], short(line, MAX_LINE), *verdict[1:]]
-    return out if len(out) <= MAX_LINES else out[: MAX_LINES - 1] + [f"… and {len(out) - MAX_LINES + 1} more"]
+    return _capped([verdict[0], short(line, MAX_LINE), *verdict[1:]])
 
 
 def as_text(verdict: list[str]) -> str:

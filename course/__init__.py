@@ -33,6 +33,9 @@ holds this, and that every module is in exactly one layer):
 `import course` loads the launcher, counting and the lab kit's light part;
 the views, `throughput` (pandas) and scikit-learn's digits are imported on
 demand: ranks start faster without them.
+
+The modules' words for one thing (`ranks`, `gpus`, `world_size`; `data` and `model`, `dp`, `tp`,
+`pp`; bytes and elements) are fixed in CONTRIBUTING.md, "Words".
 """
 from course import check, comm, data, grading, models, timeline, transfer
 from course.errors import RankError, RankExited, RankTimeout, RemoteTraceback

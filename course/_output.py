@@ -4,6 +4,8 @@ Bytes arrive from each rank's stdout and stderr pipes in arbitrary pieces;
 only whole lines are written, so the lines of two ranks never mix. A line
 ended by a carriage return (a progress bar redrawing itself) is passed on
 with its '\\r', so the bar still redraws in place.
+
+Used by: course._processes.
 """
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ and a rank's traceback could no longer be labelled 'Cell In[4], line 4': the par
 labels frames by the file they come from (course._tracebacks). This pickler sends
 that file name beside the code and puts it back on arrival; with an older
 cloudpickle, which kept it, the result is the same.
+
+Used by: course.launch.
 """
 from __future__ import annotations
 

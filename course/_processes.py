@@ -5,6 +5,8 @@ The parent then watches every rank's control pipe (result or error), exit
 sentinel and output pipes in one selector loop, until all ranks returned, one
 failed, or time ran out. Whatever happens, every rank is stopped and every
 pipe closed before the call returns.
+
+Used by: course.launch.
 """
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """Where code is, in words a student recognises: notebook cells as
 'Cell In[5]', source lines from this process (where the cells live),
 faulthandler's stack dumps turned into where a rank waits, and a launch's
-failure shown in a notebook without the launcher's own frames."""
+failure shown in a notebook without the launcher's own frames.
+
+Used by: course._worker, course.errors.
+"""
 from __future__ import annotations
 
 import linecache

@@ -4,6 +4,8 @@ It joins the process group, runs the cell's function with communication
 recorded, sends the result (or the error) to the parent over its control
 pipe, and waits for the parent's word before it leaves, so that a rank that
 finished early never looks like a crash to a rank still waiting for it.
+
+Used by: course._processes.
 """
 from __future__ import annotations
 

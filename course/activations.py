@@ -30,6 +30,8 @@ plus attention's q·k and scores·v, 4·L·s·h a token forward (counted whole t
 "full" all of it, 2·P + 4·L·s·h a token: 4/3 of the FLOPs, Narayanan et al.'s 96·B·s·L·h²·(1 + s/(6h))
 against 72 (P = 12·L·h², logits left out). "selective" adds s/(18h + 3s) of the step: attention's softmax
 and dropout, which it also reruns, cost time but are not counted (elementwise, no matmul FLOPs).
+
+Used by: course.choosing.
 """
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ parallelism's all-reduce runs once a step and overlaps backward.
 `critical_path_seconds` models what each scheme adds to a step (assumed: data
 parallelism's all-reduce starts with backward and hides behind as much of it
 as lasts; the split's overlaps nothing); the line under the figure says it.
+
+Used in: lab 3 (03_model_parallel).
 """
 from __future__ import annotations
 

@@ -11,6 +11,10 @@ fails with, for example:
 Tolerances depend on the dtype (`TOLERANCES`). Results computed on several
 ranks are close to, not bit-equal with, one process: the order of summation
 changes, and floating-point addition is not associative.
+
+Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3 (03_model_parallel),
+lab 4 (04_hybrid), lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel),
+the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -42,6 +42,11 @@ runs again ("full": 4/3 of the FLOPs). Then communication by the alpha-beta mode
 over the node's link; dp and pp over the node's link, or the network's when their group crosses nodes.
 Nothing overlaps: the parts add up (real runs hide much of dp behind backward, and pay for tp inside it).
 An upper bound to compare layouts by, not a forecast.
+
+dp and tp are lab 4's `data` and `model`; pp and m are `course.pipeline`'s `stages` and `micro_batches`
+(CONTRIBUTING.md, "Words", says why).
+
+Used in: lab 3 (03_model_parallel), lab 6 (06_pipeline_parallel).
 """
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ Measured dots: the labs' real runs, {"lab", "scheme", "ranks", "sent", "seconds"
 and the measured step time, which may be missing). They are drawn only when the model is the labs' MLP and
 the cluster this machine (`choosing.LAB_MLP`, `choosing.LOCAL`): the settings they ran at. A CPU run's
 step time says nothing about an H100 cluster. A run without a step time is a tick on the bytes axis.
+
+Used in: lab 6 (06_pipeline_parallel).
 """
 from __future__ import annotations
 

@@ -18,6 +18,8 @@ Not counted per call: calls inside `with course.recorder.unrecorded():`,
 functions imported by name (`from torch.distributed import all_reduce`),
 object collectives (`all_gather_object`), and what DistributedDataParallel
 sends from C++. They still move bytes; compare totals.
+
+Used in: lab 0 (00_ranks), lab 2 (02_data_parallel), lab 3 (03_model_parallel).
 """
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ in all-gather step s it sends (r + 1 - s) % N and overwrites (r - s) % N), `spli
 (the blocks of `course.sizes.split_weight`, W as lab 3 writes it: inputs x outputs) and
 `grid_group_members` (`course.grid_model.Grid`'s numbering, rank = d * model + m).
 Readable for 2 to 8 ranks; at most `MOST_RANKS` are drawn.
+
+Used in: lab 2 (02_data_parallel), lab 3 (03_model_parallel), lab 4 (04_hybrid).
 """
 from __future__ import annotations
 

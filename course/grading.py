@@ -35,6 +35,9 @@ test cell runs; the grader records the solution's values for that seed outside
 the jail before it grades anyone. A stored answer copied into a submission is
 therefore worth nothing. ``fresh_seed`` stays for inputs whose reference the
 test computes itself, in the kernel.
+
+Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3 (03_model_parallel),
+lab 4 (04_hybrid), lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel).
 """
 from __future__ import annotations
 

@@ -29,6 +29,11 @@ share of `training_flop` on `timemodel.Processor.pass_seconds` (a pass over fewe
 `full_batch` images costs as much as `full_batch`: an assumption, see `table_1`);
 communication is each collective after the other, ring algorithms, on one
 `timemodel.Link` (`timemodel`'s assumptions).
+
+`data` and `model` are what `course.choosing` calls dp and tp; the m of rank = d * model + m is a
+position, not a count of micro-batches (CONTRIBUTING.md, "Words", says why).
+
+Used in: lab 4 (04_hybrid), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -18,6 +18,8 @@ assumption (`grid_model.TITAN_NO_FULL_BATCH`): switching between the two shows w
 bars that assumption sets. The backward of a gather is counted as the link's backend
 runs it (`backend_of`): gloo's all-reduce on the local gloo link, NCCL's reduce-scatter
 on every GPU link.
+
+Used in: lab 4 (04_hybrid), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -20,6 +20,12 @@ Every launch of the labs and the demo took at most 5 s on a busy 2-core
 machine (4 ranks, a kernel's first launch included): 30 s leaves a machine six
 times slower room. A slow machine raises it for every launch with one
 variable, COURSE_RANK_TIMEOUT=120 (seconds), or for one launch with timeout=.
+
+`world_size` is torch.distributed's word for the number of ranks; the cost models say `ranks`,
+the views `gpus` (CONTRIBUTING.md, "Words", says why).
+
+Used in: lab 0 (00_ranks), lab 2 (02_data_parallel), lab 3 (03_model_parallel), lab 4 (04_hybrid),
+lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ recording of torch.distributed is off meanwhile: it is the link that is timed.
 Measured, not assumed: the figures hold for this machine, now (a busy machine
 gives a slower link). `bench/gloo_link.py` repeats the measurement and reports
 its spread; `timemodel.LOCAL_GLOO` is one such record.
+
+Used in: lab 2 (02_data_parallel).
 """
 from __future__ import annotations
 

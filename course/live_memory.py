@@ -27,6 +27,8 @@ alive). Not measured: an op's scratch memory freed before it returns, Python
 objects, storages made before the context unless tracked, tensors of other
 threads, CUDA's cached but unallocated blocks (`memory_reserved`), and the buffers
 gloo and NCCL keep inside torch.distributed, which are not tensors any op returns.
+
+Used in: lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel).
 """
 from __future__ import annotations
 

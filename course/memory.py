@@ -24,6 +24,9 @@ as ZeRO's partitions and FSDP's flat parameter are (FSDP2 pads each parameter: a
 Assumed and left out: activations (they depend on the batch: `mlp_activation_bytes`, and
 `per_rank(activations=...)`), temporary buffers (ZeRO-3's gathered layer, communication
 buckets), the allocator's fragmentation and the CUDA context.
+
+Used in: lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel),
+the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -16,6 +16,11 @@ and its number of ranks only. Crosses: the ZeRO paper's Figure 1 (its numbers, r
 rounds them), at its settings only: 7.5 B parameters, Adam, mixed precision, 64 ranks.
 The precision menu has the paper's mixed precision (16 bytes a parameter with Adam) and bf16
 with fp32 gradients as practised (18; `course.memory`'s docstring says where each comes from).
+
+This view says `ranks` where the others say `gpus`: it counts the group the state is sharded over
+(CONTRIBUTING.md, "Words", says why).
+
+Used in: lab 5 (05_sharded_data_parallel), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

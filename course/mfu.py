@@ -29,6 +29,8 @@ trace of what ran.
 
 The ridge point of a device in a precision is its peak over its memory bandwidth, in FLOPs per
 byte (the roofline model, Williams et al. 2009): below it, a kernel waits on memory.
+
+Used in: lab 1 (01_single_gpu).
 """
 from __future__ import annotations
 

@@ -10,6 +10,9 @@ differently).
 
 A `seed` makes the initial weights reproducible without touching the global
 random state (the notebook's own torch.manual_seed stays in effect).
+
+Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 4 (04_hybrid),
+lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

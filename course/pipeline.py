@@ -23,6 +23,11 @@ Assumed: equal stages (every stage takes `forward` seconds for a micro-batch's f
 `backward` for its backward), sends that cost `transfer` seconds and overlap nothing else,
 and nothing else in the step (no optimizer, no loss). With transfer 0 both schedules take
 (m+N-1)(f+b) and leave the bubble (N-1)/(m+N-1) of the stages × time area idle.
+
+`stages` and `micro_batches` (N and m) are `pp` and `m` in `course.choosing`
+(CONTRIBUTING.md, "Words", says why).
+
+Used in: lab 6 (06_pipeline_parallel), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

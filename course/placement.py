@@ -4,6 +4,10 @@ NCCL needs one GPU per rank, so it is chosen only when there are at least as
 many GPUs as ranks. Otherwise the ranks use gloo: on the CPU, or sharing the
 GPUs there are (gloo copies through host memory, NCCL refuses two ranks on
 one GPU).
+
+Used in: lab 0 (00_ranks), lab 1 (01_single_gpu), lab 2 (02_data_parallel),
+lab 3 (03_model_parallel), lab 4 (04_hybrid), lab 5 (05_sharded_data_parallel),
+lab 6 (06_pipeline_parallel), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@
 Colours group the phases of a training step the same way in every lab: data
 (greys), forward (blues), loss (purple), backward (oranges), the optimizer
 (greens), communication (reds).
+
+Used in: lab 1 (01_single_gpu), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -8,6 +8,9 @@
 prediction was off and by how much (a ratio, and in percent of the measured value); without a
 prediction, what to do. It grades nothing: under nbgrader it shows nothing and returns None.
 `verdict` is the same line as a string, for any caller.
+
+Used in: lab 2 (02_data_parallel), lab 3 (03_model_parallel), lab 5 (05_sharded_data_parallel),
+lab 6 (06_pipeline_parallel).
 """
 from __future__ import annotations
 

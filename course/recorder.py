@@ -5,6 +5,8 @@ each call as a `course.comm.CommRecord` and restores the originals after.
 Timing and bytes: a measurement window stays open while any call is in
 flight; its bytes (gloo's socket writes) go to the calls in it, split in
 proportion to their predictions when there are several.
+
+Used by: course._worker, course.launch, course.link_probe, course.timeline.
 """
 from __future__ import annotations
 

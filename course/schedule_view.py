@@ -13,6 +13,8 @@ time unit is one micro-batch's forward on one stage; equal stages and free sends
 pipeline's busiest stage (a middle one sends activations forward and gradients back), data
 parallelism's ring all-reduce of the gradients (`course.sizes.data_parallel_total`), and lab 3's
 split weights, column-then-row blocks over the whole model (`course.memory.sent_per_step`).
+
+Used in: lab 6 (06_pipeline_parallel), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ drop the padding after; NCCL sends the padding too, a few elements per chunk. La
 graded tests train ZeRO with these rather than with the student's own ring, so that
 a mistake in the ring costs the ring's exercise only. gloo has no reduce-scatter of its
 own: its `reduce_scatter_tensor` all-reduces the whole input (the recorder says so).
+
+Used in: lab 5 (05_sharded_data_parallel).
 """
 from __future__ import annotations
 

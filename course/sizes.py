@@ -19,6 +19,8 @@ split by its output features ("column") stacks its partial outputs forward
 (all-gather) and adds the errors it passes down (all-reduce); split by its
 input features ("row"), it adds its partial outputs (all-reduce) and stacks
 the errors (all-gather). What moves grows with the batch, not the weights.
+
+Used in: lab 3 (03_model_parallel), lab 4 (04_hybrid), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

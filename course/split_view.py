@@ -15,6 +15,8 @@ split's bar.
 Right: the same bytes against the batch size. Data parallelism sends the
 gradient, whatever the batch: a flat line. A split sends activations, which
 grow with the batch. Where the lines cross, the schemes swap places.
+
+Used in: lab 3 (03_model_parallel), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

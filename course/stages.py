@@ -23,6 +23,8 @@ with other ones:
   the request a real isend returns, it keeps the tensor it would send alive for as long as
   the schedule keeps it, waited or not (c10d's work object holds its tensor until it is
   dropped), so a micro-batch whose requests are kept counts as alive.
+
+Used in: lab 6 (06_pipeline_parallel).
 """
 from __future__ import annotations
 

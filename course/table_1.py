@@ -18,8 +18,9 @@ The TITAN preset assumes a pass over fewer than 128 images costs as much as one 
 (`timemodel.Processor.full_batch`); `model_table` and the column "model, paper's split,
 no full batch" show the prediction without that assumption.
 
-Used by lab 4 and by the live demo (`solutions/demo`). No torch needed: dtypes may be
-given as `torch.float64` or as "float64".
+No torch needed: dtypes may be given as `torch.float64` or as "float64".
+
+Used in: lab 4 (04_hybrid), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

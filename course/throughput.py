@@ -7,6 +7,8 @@
 returns a function that runs one step and returns how long it took, in
 seconds, measured with synchronisation (the phase timer of lab 1 does this).
 Steps are timed after a warm-up; the median is reported, with min and max.
+
+Used in: lab 1 (01_single_gpu).
 """
 from __future__ import annotations
 

@@ -31,6 +31,8 @@ processor (`Processor`): enough to compare with communication, not a benchmark.
 Peaks are the vendors' dense figures (no structured sparsity): float32 on CUDA
 cores for the processors named as before, BF16 on tensor cores for the `_BF16`
 presets.
+
+Used in: lab 2 (02_data_parallel), lab 4 (04_hybrid), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

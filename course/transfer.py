@@ -18,6 +18,11 @@ These were checked against the bytes gloo writes to its sockets
 The cost models (this module, `course.sizes`, `course.timemodel`,
 `course.grid_model`) check their arguments with `check_ranks` and
 `check_nbytes` here, so a bad argument reads the same whichever is called.
+
+A number of ranks is `ranks` in the cost models, `gpus` in the views, `world_size` in the launcher
+(CONTRIBUTING.md, "Words", says why).
+
+Used in: lab 0 (00_ranks), lab 2 (02_data_parallel), lab 5 (05_sharded_data_parallel).
 """
 from __future__ import annotations
 

@@ -17,6 +17,8 @@ real GPUs, NCCL's collectives are kernels that take SMs and memory bandwidth
 from the computation they overlap, so overlap is never quite free.
 
     transfer_view.show(links={"here": link_probe.measure()})   # a measured link in the menu
+
+Used in: lab 2 (02_data_parallel), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -29,6 +29,8 @@ per micro-batch. Data parallelism's one all-reduce per step overlaps backward
 big for one device) and kept inside a node, on its fastest links (Narayanan et
 al. 2021); `all_reduces_per_step` and `replicas_for_split_to_send_less` give the
 numbers.
+
+Used in: lab 3 (03_model_parallel).
 """
 from __future__ import annotations
 

@@ -16,6 +16,11 @@ runs, in exported HTML and in nbgrader's feedback. Below them come the
 controls; in JupyterLab, moving one redraws both in place (display updates).
 Without a front end the controls are inert, and under nbgrader they are not
 created at all (`course.grading.under_grader`): nobody is there to move them.
+
+`gpus` is the views' word for a number of ranks, counted as hardware; the cost models say `ranks`,
+the launcher `world_size` (CONTRIBUTING.md, "Words", says why).
+
+Used in: lab 2 (02_data_parallel).
 """
 from __future__ import annotations
 

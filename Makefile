@@ -69,7 +69,7 @@ jupyter_lab_on = $(VENV)/bin/jupyter lab --ServerApp.root_dir='$(CURDIR)' --LabA
 lab: $(INSTALL_STAMP) $(LAB_INDEX)
 	$(call jupyter_lab_on,$(LAB_INDEX))
 
-# The live demo, for a projector: Run All Cells (24 s on the 2-core CPU machine).
+# The live demo, for a projector: Run All Cells (its measured time: bench/README.md).
 demo: $(INSTALL_STAMP) $(DEMO)
 	$(call jupyter_lab_on,$(DEMO))
 

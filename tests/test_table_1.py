@@ -150,5 +150,5 @@ def test_a_real_run():
     m = table_1.measured(run)
     assert 0 < m["communication"] <= m["step"]
     # one ring all-reduce of 8,000 bytes per step on 2 ranks: 8,000 bytes by the formula; on the sockets
-    # gloo adds its headers (576 bytes per all-reduce here, see README's measured figures)
+    # gloo adds its headers (576 bytes per all-reduce here, see bench/results/report.md, bytes per collective)
     assert 8000 <= m["sent"] <= 8000 + 1024, m

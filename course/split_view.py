@@ -69,6 +69,7 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
     interconnect, gpu = timemodel.link_named(link), timemodel.processor_named(processor)
     if gpus < 2:
         raise ValueError(f"with {gpus} GPU nothing is split or sent: choose at least 2 GPUs")
+    sizes.nbytes(1, dtype)   # an unknown dtype is refused, not drawn as a split that cannot be made
     layer = Dense("layer", inputs, outputs)
     try:
         now = sent(layer, batch, gpus, dtype)
@@ -109,6 +110,7 @@ def draw(*, inputs: int = 1000, outputs: int = 500, batch: int = 128, gpus: int 
 
 def describe(*, inputs: int, outputs: int, batch: int, gpus: int, dtype: str, link: str, processor: str) -> str:
     """The figure's headline numbers, in a line of markdown: each scheme's bytes and ms, and the crossovers."""
+    sizes.nbytes(1, dtype)   # an unknown dtype is refused (draw's reason)
     layer = Dense("layer", inputs, outputs)
     try:
         now = sent(layer, batch, gpus, dtype)

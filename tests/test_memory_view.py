@@ -2,7 +2,8 @@
 
 Bars and lines are read back from the figure and checked against course.memory; the ZeRO
 paper's crosses appear only at its settings; measured dots only at the run's settings and
-its number of ranks; split weights' bytes only with layers and a batch; no controls under nbgrader.
+its number of ranks; split weights' bytes only with layers and a batch.
+The contracts every view keeps (bad settings, nbgrader, sliders) are in tests/test_views.py.
 """
 from __future__ import annotations
 
@@ -147,30 +148,6 @@ def test_bf16_with_fp32_gradients_holds_18_bytes_reduces_fp32_and_gathers_bf16()
     assert "bf16 parameters, fp32 gradients" in fig.axes[0].get_title()
     assert _stacks(fig.axes[0])["gradients"][0] == pytest.approx(30)              # 4 bytes × 7.5 B, in GB
     plt.close(fig)
-
-
-@pytest.mark.parametrize("kwargs, words", [
-    ({"gpu": "abacus"}, "gpu must be one of"),
-    ({"precision": "fp8"}, "precision must be one of"),
-    ({"measured": [{"scheme": "ZeRO-4", "ranks": 64, "memory": 1, "sent": 1}]}, "scheme must be one of"),
-    ({"measured": [{"scheme": "ZeRO-3", "ranks": 64}]}, "keys scheme, ranks, memory"),
-    ({"ranks": 0}, "at least 1, got ranks=0"),
-])
-def test_bad_settings_say_what_is_allowed(kwargs, words):
-    with pytest.raises(ValueError, match=words):
-        memory_view.draw(**kwargs)
-    plt.close("all")
-
-
-def test_static_under_nbgrader(monkeypatch):
-    shown = []
-    monkeypatch.setattr(widgets, "display", lambda obj, display_id=False: shown.append(obj) or "handle")
-    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
-    measured = [{"scheme": "ZeRO-3", "ranks": 2, "memory": 2_000_000, "sent": 1_800_000}]
-    assert memory_view.show(measured=measured, layers=LAYERS, batch=64, **LAB) == ("handle", None)
-    fig, numbers = shown                          # the figure and its numbers, and no box of controls
-    assert "301 thousand parameters" in numbers.data and _line(fig.axes[0], "measured")
-    plt.close("all")
 
 
 def test_measured_and_activations_only_beside_the_settings_they_belong_to(monkeypatch):

@@ -3,6 +3,7 @@
 Bars and curves are checked against course.sizes and course.timemodel; the
 sources' figures appear only at the sources' settings; measured bytes only
 beside the settings they were measured at; an uneven split is said in words.
+The contracts every view keeps (bad settings, nbgrader, sliders) are in tests/test_views.py.
 """
 from __future__ import annotations
 
@@ -95,18 +96,6 @@ def test_the_views_numbers_are_each_schemes_bytes_time_and_the_crossovers():
     assert "Cheapest: **split by row**" in text              # Dettmers' shapes: 512 kB against 2 MB
     assert "400 (by column) and 500 (by row)" in text
     assert split_view.describe(**{**settings, "gpus": 3}).startswith("**Cannot split:**")
-
-
-@pytest.mark.parametrize("kwargs, words", [
-    ({"link": "carrier pigeon"}, "link must be one of"),
-    ({"processor": "abacus"}, "processor must be one of"),
-    ({"measured": {"tree": 1}}, "schemes are"),
-    ({"gpus": 1}, "at least 2 GPUs"),
-])
-def test_bad_settings_say_what_is_allowed(kwargs, words):
-    with pytest.raises(ValueError, match=words):
-        split_view.draw(**kwargs)
-    plt.close("all")
 
 
 def test_measured_bytes_only_beside_the_settings_they_were_measured_at(monkeypatch):

@@ -1,34 +1,17 @@
-"""The transfer-size view and the interactive-figure helper behind it.
+"""The transfer-size view of lab 2: bars checked against course.sizes, times against the time model,
+the ring's two terms against their formulas, measured bytes only beside the settings they were
+measured at, and a link measured here offered beside the presets.
 
-The view's bars are checked against course.sizes; the helper's promises:
-a static figure always, live controls only with a front end and never under
-nbgrader, and measured bytes only beside the settings they were measured at.
+interactive_figure's own promises are in tests/test_widgets.py; the contracts every view keeps
+(bad settings, nbgrader, sliders) in tests/test_views.py.
 """
 from __future__ import annotations
 
-import ipywidgets
 import matplotlib.pyplot as plt
 import pytest
+from test_widgets import shown  # noqa: F401 (fixture: the helper's displays, no front end)
 
-from course import sizes, timemodel, transfer_view, widgets
-
-
-@pytest.fixture
-def shown(monkeypatch):
-    """What the helper displays: a list of ("display" | "update", object)."""
-    events = []
-
-    class Handle:
-        def update(self, obj):
-            events.append(("update", obj))
-
-    def fake_display(obj, display_id=False):
-        events.append(("display", obj))
-        return Handle() if display_id else None
-
-    monkeypatch.setattr(widgets, "display", fake_display)
-    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
-    return events
+from course import sizes, timemodel, transfer_view
 
 
 def _bars(ax):
@@ -76,54 +59,6 @@ def test_measured_bytes_are_dots_on_their_scheme():
     plt.close(fig)
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"link": "carrier pigeon"}, "link must be one of"),
-    ({"processor": "abacus"}, "processor must be one of"),
-    ({"measured": {"tree": 1}}, "schemes are"),
-    ({"width": 0}, "must be positive"),
-])
-def test_bad_settings_say_what_is_allowed(kwargs, words):
-    with pytest.raises(ValueError, match=words):
-        transfer_view.draw(**kwargs)
-    plt.close("all")
-
-
-def test_controls_redraw_the_figure_in_place(shown):
-    calls = []
-
-    def draw(n):
-        calls.append(n)
-        return plt.figure()
-
-    slider = ipywidgets.IntSlider(2, min=1, max=8)
-    handle, box = widgets.interactive_figure(draw, {"n": slider})
-    assert box is not None and calls == [2]
-    slider.value = 5
-    assert calls == [2, 5]
-    assert [kind for kind, _ in shown] == ["display", "display", "update"]  # figure, controls, redraw
-
-
-def test_a_shown_view_left_as_a_cells_value_displays_nothing_more(shown):
-    from IPython.core.formatters import DisplayFormatter
-
-    result = widgets.interactive_figure(lambda n: plt.figure(), {"n": ipywidgets.IntSlider(2)})
-    handle, box = result                            # still a pair
-    assert isinstance(box, ipywidgets.VBox)
-    assert DisplayFormatter().format(result) == ({}, {})   # no "(<DisplayHandle ...>, VBox(...))" under the cell
-    plt.close("all")
-
-
-def test_the_numbers_under_the_figure_follow_the_controls(shown):
-    slider = ipywidgets.IntSlider(2, min=1, max=8)
-    widgets.interactive_figure(lambda n: plt.figure(), {"n": slider}, describe=lambda n: f"**n** is {n}")
-    slider.value = 5
-    assert [(kind, type(obj).__name__) for kind, obj in shown] == [
-        ("display", "Figure"), ("display", "Markdown"), ("display", "VBox"),
-        ("update", "Figure"), ("update", "Markdown")]
-    assert [obj.data for _, obj in shown if isinstance(obj, widgets.Markdown)] == ["**n** is 2", "**n** is 5"]
-    plt.close("all")
-
-
 def test_the_views_numbers_are_the_bytes_and_times_of_the_model():
     layers = transfer_view.mlp_layers(500, 3)
     text = transfer_view.describe(width=500, depth=3, batch=64, gpus=4, dtype="float16",
@@ -136,23 +71,8 @@ def test_the_views_numbers_are_the_bytes_and_times_of_the_model():
     assert text.startswith("**4 GPUs, float16:**") and timemodel.NVLINK4.name in text
 
 
-@pytest.mark.parametrize("grading, static", [(True, False), (False, True)])
-def test_no_controls_under_nbgrader_or_when_static(shown, monkeypatch, grading, static):
-    if grading:
-        monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
-    calls = []
-    handle, box = widgets.interactive_figure(lambda n: calls.append(n) or plt.figure(),
-                                             {"n": ipywidgets.IntSlider(3)}, static=static)
-    assert box is None and calls == [3]
-    assert [kind for kind, _ in shown] == ["display"]  # the figure, still shown
-    if grading:  # the numbers too, where a view has them
-        shown.clear()
-        transfer_view.show(gpus=2)
-        assert [type(obj).__name__ for _, obj in shown] == ["Figure", "Markdown"]
-    plt.close("all")
-
-
-def test_measured_bytes_only_beside_the_settings_they_were_measured_at(shown, monkeypatch):
+@pytest.mark.usefixtures("shown")
+def test_measured_bytes_only_beside_the_settings_they_were_measured_at(monkeypatch):
     seen = []
     monkeypatch.setattr(transfer_view, "draw", lambda measured=None, **v: seen.append(measured) or plt.figure())
     _, box = transfer_view.show(measured={"ring": 1.0}, gpus=2)
@@ -188,7 +108,8 @@ def test_the_chosen_gpu_count_joins_the_ring_panel():
     plt.close(fig)
 
 
-def test_a_measured_link_is_offered_beside_the_presets(shown):
+@pytest.mark.usefixtures("shown")
+def test_a_measured_link_is_offered_beside_the_presets():
     here = timemodel.Link("gloo here, measured now", 2e9, 1e-4, "a ping-pong")
     text = transfer_view.describe(width=256, depth=2, batch=64, gpus=4, dtype="float32", link=here.name,
                                   processor=timemodel.A100.name, links={here.name: here})

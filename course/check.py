@@ -198,6 +198,49 @@ def assert_close(actual, expected, name: str, *, rank: int | None = None,
         raise TypeError(f"assert_close: cannot compare {type(expected).__name__} (for {where})")
 
 
+# --------------------------------------------------------------------------
+# What a run's ranks sent: collectives built from messages (labs 2 and 5)
+# --------------------------------------------------------------------------
+
+#: The point-to-point operations (course.comm's names): what a collective built from messages may call.
+MESSAGES = frozenset({"send", "recv", "isend", "irecv"})
+
+
+def _records(results, check_name: str):
+    """The records (course.comm) of what a run's ranks sent; anything but a run is refused at the door."""
+    if not hasattr(results, "comm") or not hasattr(results, "ranks"):
+        raise TypeError(f"{check_name} reads what the ranks sent: pass what course.launch returned, "
+                        f"not a {type(results).__name__}")
+    return results.comm
+
+
+def messages_only(results, name: str) -> None:
+    """Raise AssertionError unless the ranks of `results` (what course.launch returned) made no
+    collective call: `name`, the function they ran, must be built from send/recv/isend/irecv
+    alone (MESSAGES). The message names what it called, and on which ranks."""
+    collectives = [record for record in _records(results, "messages_only") if record.op not in MESSAGES]
+    if collectives:
+        ranks = sorted({record.rank for record in collectives})
+        on = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        raise AssertionError(f"{name} must be built from send/recv/isend/irecv alone; it called "
+                             f"{sorted({record.op for record in collectives})} on {on}")
+
+
+def ring_neighbours_only(results, name: str) -> None:
+    """Raise AssertionError unless, in `results` (what course.launch returned), each rank sent only
+    to its right neighbour, (rank + 1) % N, and received only from its left, (rank - 1) % N: a ring.
+    The message names the rank, the message and the neighbour it should have gone to."""
+    records, n = _records(results, "ring_neighbours_only"), len(results.ranks)
+    for r in records:
+        right, left = (r.rank + 1) % n, (r.rank - 1) % n
+        if r.op in ("send", "isend") and r.peer != right:
+            raise AssertionError(f"{n} ranks: {name} on rank {r.rank} sent {r.nbytes} bytes to rank {r.peer}; in a "
+                                 f"ring each rank sends only to its right neighbour, (rank + 1) % N = {right}")
+        if r.op in ("recv", "irecv") and r.peer != left:
+            raise AssertionError(f"{n} ranks: {name} on rank {r.rank} received from rank {r.peer}; in a ring "
+                                 f"each rank receives only from its left neighbour, (rank - 1) % N = {left}")
+
+
 def gathered(tensor: torch.Tensor, dim: int = 0, group=None) -> torch.Tensor:
     """Inside a rank: the whole of a tensor split along `dim` over the ranks of `group`
     (every rank's part, in group-rank order), on the CPU, to compare with one process's.

@@ -45,6 +45,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import secrets
 import socket
 from pathlib import Path
@@ -236,6 +237,17 @@ class Reference:
             return int(_ask(judge, {"op": "seed", "lab": self.lab})["seed"])
         return int(os.environ.get(SEED_ENV) or STORED_SEED) if self.recording else STORED_SEED
 
+    # The hidden tests' one way to draw seeded inputs: the very draws of
+    # torch.Generator().manual_seed(seed() + offset) and random.Random(seed() + offset).
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A torch.Generator seeded with seed() + offset, for a hidden test's tensors; another
+        offset gives another stream, from the same grading run's seed."""
+        return torch.Generator().manual_seed(self.seed() + _offset(offset))
+
+    def random(self, offset: int = 0) -> random.Random:
+        """Python's random.Random seeded with seed() + offset, for a hidden test's sizes and choices."""
+        return random.Random(self.seed() + _offset(offset))
+
     def check(self, key: str, actual, *, name: str | None = None, rank: int | None = None,
               rtol: float | None = None, atol: float | None = None) -> None:
         """Assert that `actual` matches the reference value `key` (or record it, with rtol/atol).
@@ -265,6 +277,12 @@ class Reference:
                            "regenerate with `python -m grader reference`")
         check.assert_close(actual, stored[key], name or key, rank=rank, rtol=rtol, atol=atol,
                            at_least=ACROSS_MACHINES)
+
+
+def _offset(offset) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"a seed's offset is a whole number (seed() + offset), got {offset!r}")
+    return offset
 
 
 #: The judge (grader.judge) refuses larger requests; `_ask` says so before sending one.

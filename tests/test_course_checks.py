@@ -2,18 +2,22 @@
 
 check.assert_close passes within the dtype's tolerance and fails just outside
 it, with a message that names the result, the rank, how many elements differ,
-the largest difference and where; grading stores reference values as JSON
-that decodes bit for bit, and `Reference` records them or compares with them.
+the largest difference and where; messages_only and ring_neighbours_only say
+which rank sent what it should not; grading stores reference values as JSON
+that decodes bit for bit, and `Reference` records them or compares with them,
+and seeds the hidden tests' generators.
 """
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
 import torch
 
 import course
-from course import check, grading
+from course import check, comm, grading
+from course.launch import RankResults
 
 
 def fails(actual, expected, name="result", **kwargs):
@@ -233,6 +237,67 @@ def test_strings_and_none_must_be_equal():
         check.assert_close(["model", None], ["data", None], "choices")
     with pytest.raises(AssertionError, match=r"choices\[1\]: got 0.5, expected None"):
         check.assert_close(["data", 0.5], ["data", None], "choices")
+
+
+# --------------------------------------------------------------------------
+# check.messages_only and check.ring_neighbours_only, on a run's records
+# --------------------------------------------------------------------------
+
+def record(rank, op, peer=None, nbytes=8):
+    return comm.CommRecord(rank=rank, op=op, shape=(1,), dtype="float64", nbytes=nbytes, group_size=3, peer=peer,
+                           async_op=op.startswith("i"), algorithm="direct", predicted=nbytes)
+
+
+def run_of(*records, ranks=3):
+    """What course.launch returns for a run of `ranks` ranks that made these calls."""
+    return RankResults({rank: None for rank in range(ranks)}, ranks, comm.CommLog(records), "gloo",
+                       ["cpu"] * ranks, {})
+
+
+RING_OF_3 = [record(rank, op, peer=(rank + step) % 3)
+             for rank in range(3) for op, step in (("isend", 1), ("recv", -1), ("send", 1), ("irecv", -1))]
+
+
+def test_messages_only_passes_sends_and_receives_and_names_the_ranks_of_a_collective():
+    check.messages_only(run_of(*RING_OF_3), "ring_all_reduce")
+    check.messages_only(run_of(), "ring_all_reduce")          # one rank: nothing sent at all
+    with pytest.raises(AssertionError) as caught:
+        check.messages_only(run_of(*RING_OF_3, record(2, "all_reduce"), record(1, "broadcast", 0),
+                                   record(1, "all_reduce")), "naive_all_reduce")
+    assert str(caught.value) == ("naive_all_reduce must be built from send/recv/isend/irecv alone; it called "
+                                 "['all_reduce', 'broadcast'] on ranks 1, 2")
+    with pytest.raises(AssertionError, match=r"it called \['barrier'\] on rank 0$"):
+        check.messages_only(run_of(record(0, "barrier")), "ring_all_gather")
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (record(1, "send", peer=0, nbytes=24),
+     "3 ranks: ring_reduce_scatter on rank 1 sent 24 bytes to rank 0; in a ring each rank sends only to its "
+     "right neighbour, (rank + 1) % N = 2"),
+    (record(0, "irecv", peer=1),
+     "3 ranks: ring_reduce_scatter on rank 0 received from rank 1; in a ring each rank receives only from its "
+     "left neighbour, (rank - 1) % N = 2"),
+])
+def test_ring_neighbours_only_passes_a_ring_and_names_the_rank_that_left_it(wrong, message):
+    check.ring_neighbours_only(run_of(*RING_OF_3), "ring_reduce_scatter")
+    with pytest.raises(AssertionError) as caught:
+        check.ring_neighbours_only(run_of(*RING_OF_3, wrong), "ring_reduce_scatter")
+    assert str(caught.value) == message
+
+
+def test_ring_neighbours_only_counts_the_ring_in_ranks_and_ignores_collectives():
+    """On 2 ranks the right and the left neighbour are one rank; a collective has no peer to check."""
+    check.ring_neighbours_only(run_of(record(0, "send", 1), record(1, "recv", 0), record(0, "all_reduce"),
+                                      ranks=2), "ring_all_gather")
+    with pytest.raises(AssertionError, match=r"^4 ranks: ring_all_gather on rank 3 sent 8 bytes to rank 2; .* = 0$"):
+        check.ring_neighbours_only(run_of(record(3, "isend", 2), ranks=4), "ring_all_gather")
+
+
+@pytest.mark.parametrize("structure_check", [check.messages_only, check.ring_neighbours_only])
+def test_the_structure_checks_refuse_anything_but_a_run(structure_check):
+    with pytest.raises(TypeError, match=rf"^{structure_check.__name__} reads what the ranks sent: pass what "
+                                        r"course.launch returned, not a list$"):
+        structure_check(RING_OF_3, "ring_all_reduce")
 
 
 # --------------------------------------------------------------------------
@@ -479,6 +544,57 @@ def test_under_grader_follows_nbgrader_execution(monkeypatch):
     assert grading.under_grader() is True
     monkeypatch.setenv("NBGRADER_EXECUTION", "")
     assert grading.under_grader() is False
+
+
+def draws(generator):
+    return torch.randn(6, generator=generator, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 9])
+def test_the_seeded_generators_draw_as_the_seed_they_replace(monkeypatch, offset):
+    """REFERENCE.generator(offset) and REFERENCE.random(offset) draw what torch.Generator().manual_seed(seed() +
+    offset) and random.Random(seed() + offset) drew, so the stored reference values stay valid."""
+    monkeypatch.delenv(grading.RECORD_ENV, raising=False)
+    monkeypatch.delenv(grading.JUDGE_ENV, raising=False)
+    ref = grading.Reference("lab_x")
+    seed = ref.seed()
+    assert seed == grading.STORED_SEED
+    assert torch.equal(draws(ref.generator(offset)), draws(torch.Generator().manual_seed(seed + offset)))
+    ours, theirs = ref.random(offset), random.Random(seed + offset)
+    assert [ours.randint(1, 99) for _ in range(8)] == [theirs.randint(1, 99) for _ in range(8)]
+
+
+def test_an_offset_gives_another_stream_of_the_same_seed(monkeypatch):
+    monkeypatch.delenv(grading.RECORD_ENV, raising=False)
+    monkeypatch.delenv(grading.JUDGE_ENV, raising=False)
+    ref = grading.Reference("lab_x")
+    assert not torch.equal(draws(ref.generator(0)), draws(ref.generator(1)))
+    assert torch.equal(draws(ref.generator(1)), draws(torch.Generator().manual_seed(grading.STORED_SEED + 1)))
+    assert ref.random(0).random() != ref.random(1).random()
+
+
+def test_the_seeded_generators_follow_a_recordings_seed_and_the_judges(tmp_path, monkeypatch):
+    """While recording, the seed is COURSE_REFERENCE_SEED's; while grading, the one the judge tells."""
+    monkeypatch.delenv(grading.JUDGE_ENV, raising=False)
+    monkeypatch.setenv(grading.RECORD_ENV, str(tmp_path))
+    monkeypatch.setenv(grading.SEED_ENV, "1234")
+    ref = grading.Reference("lab_x")
+    assert torch.equal(draws(ref.generator(2)), draws(torch.Generator().manual_seed(1236)))
+    assert ref.random(2).random() == random.Random(1236).random()
+    asked = []
+    monkeypatch.setattr(grading, "_ask", lambda socket, request: asked.append(request) or {"seed": 4242})
+    monkeypatch.setenv(grading.JUDGE_ENV, str(tmp_path / "judge.sock"))
+    assert torch.equal(draws(ref.generator()), draws(torch.Generator().manual_seed(4242)))
+    assert ref.random(5).random() == random.Random(4247).random()
+    assert asked == [{"op": "seed", "lab": "lab_x"}] * 2
+
+
+@pytest.mark.parametrize("offset", [1.5, True, "1", None])
+def test_a_seed_offset_that_is_no_whole_number_is_refused(offset):
+    with pytest.raises(TypeError, match=r"a seed's offset is a whole number \(seed\(\) \+ offset\), got "):
+        grading.Reference("lab_x").generator(offset)
+    with pytest.raises(TypeError, match="a seed's offset is a whole number"):
+        grading.Reference("lab_x").random(offset)
 
 
 def test_fresh_seeds_are_31_bit_and_differ():

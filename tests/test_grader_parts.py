@@ -418,6 +418,10 @@ def assert_every_stored_value_is_required(lab, root=COURSE_ROOT):
     assert required == stored, f"{lab.name}: checks the judge cannot hold to account: {stored ^ required}"
 
 
+# The hidden tests' seeded inputs: REFERENCE.seed(), or a generator seeded from it (course.grading.Reference).
+SEEDED = re.compile(r"REFERENCE\.(seed|generator|random)\(")
+
+
 def assert_every_graded_cell_is_judged(lab):
     """Each graded test cell has a hidden check the judge holds, on inputs of the run's seed."""
     source = nbformat.read(lab.notebook, as_version=4)
@@ -427,8 +431,9 @@ def assert_every_graded_cell_is_judged(lab):
     for cell in source.cells:
         if cell.metadata.get("nbgrader", {}).get("grade_id") in judged:
             hidden = cell.source.split("### BEGIN HIDDEN TESTS")[-1]
-            assert "REFERENCE.seed()" in hidden, \
-                f"{lab.name}/{cell.metadata.nbgrader.grade_id}: the judged inputs must come from REFERENCE.seed()"
+            assert SEEDED.search(hidden), \
+                f"{lab.name}/{cell.metadata.nbgrader.grade_id}: the judged inputs must come from REFERENCE.seed() " \
+                "(or REFERENCE.generator() / REFERENCE.random(), which it seeds)"
 
 
 @pytest.mark.parametrize("lab", GRADED_LABS, ids=lambda lab: lab.name)

@@ -4,7 +4,8 @@
    grader.collect), are copied into nbgrader's submitted/ folder;
 2. record the judge's reference values for this run: each lab's solution,
    executed outside the jail as autograde executes it, with a seed drawn for
-   the run (grader.reference.record); the hidden tests draw their inputs from it;
+   the run; the hidden tests draw their inputs from it (grader.judge_values:
+   ``--judge-values`` reuses an earlier run's, for a class graded in batches);
 3. grade each student's lab in a sandbox (grader.grade_submission): autograde,
    verdict, feedback page, scores into the class gradebook; several at once
    with ``--jobs``, recordings included: a lab's students start as soon as its
@@ -26,20 +27,19 @@ changed, and an interrupted run picks up where it stopped.
 from __future__ import annotations
 
 import argparse
-import os
 import queue
-import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from . import COURSE_ROOT, GraderError, collect, export, gradebook, jail, reference, sandbox, verdict
+from . import COURSE_ROOT, GraderError, collect, export, gradebook, jail, sandbox, verdict
 from .autograde_worker import AutogradeWorker
 from .feedback_worker import FeedbackWorker
 from .grade_submission import SubmissionGrader, log_failure, not_graded
-from .labs import Lab, display_path, find_labs
+from .judge_values import record_judged_values
+from .labs import display_path, find_labs
 from .workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
 
 DEFAULT_WORK = COURSE_ROOT / "grader" / "work"
@@ -50,9 +50,15 @@ DEFAULT_LIMITS = sandbox.Limits()  # frozen: one instance serves every call
 def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFAULT_WORK,
           root: Path = COURSE_ROOT, csv_path: Path | None = None, limits: sandbox.Limits = DEFAULT_LIMITS,
           cell_timeout: float | None = None, jobs: int = 1, unsafe: bool = False, regrade: bool = False,
-          say=print) -> Path:
-    """Collect, autograde, give feedback and export; returns the CSV's path."""
+          judge_values: Path | None = None, say=print) -> Path:
+    """Collect, autograde, give feedback and export; returns the CSV's path.
+
+    judge_values: an earlier run's judge/ folder, whose recordings are reused where they can be
+    (grader.judge_values)."""
     root = Path(root).resolve()
+    if judge_values is not None and not Path(judge_values).is_dir():
+        raise GraderError(f"--judge-values {judge_values}: no such folder; give an earlier run's "
+                          "WORK/judge folder, or leave the option out to record the values for this run")
     ws = Workspace(Path(work).resolve())
     ws.root.mkdir(parents=True, exist_ok=True)
     infos = lab_infos(root)
@@ -108,7 +114,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
 
         def record(lab: str) -> None:
             if infos[lab].required:  # a lab whose tests check no reference value has none to record
-                judged[lab] = record_judged_values(ws, root, solutions[lab], say)
+                judged[lab] = record_judged_values(ws, root, solutions[lab], say, reuse=judge_values)
 
         def run(submission: collect.Submission) -> None:
             recordings[submission.lab].result()  # this lab's values are in `judged` (or its recording failed)
@@ -179,23 +185,6 @@ def _uncollected(problems: list[str], found: list[collect.Submission], infos: di
     return out
 
 
-def record_judged_values(ws: Workspace, root: Path, lab: Lab, say=print) -> tuple[Path, int]:
-    """(values file, seed): the judge's reference values of `lab` for this run, recorded from
-    the solution on a seed drawn now, in a folder of the work area that no jail sees."""
-    folder = ws.root / "judge"
-    folder.mkdir(mode=0o755, exist_ok=True)
-    seed = 1 + secrets.randbelow(2**31 - 1)
-    started = time.perf_counter()
-    path = reference.record(lab, folder / "recording", root, seed=seed, as_graded=True)
-    if path is None:
-        raise GraderError(f"{lab.name}: its solution recorded no reference values, yet its tests check some")
-    target = folder / f"{lab.name}.json"
-    path.replace(target)
-    os.chmod(target, 0o644)  # the judge reads it after dropping root; the jail never sees this folder
-    say(f"recorded {lab.name}'s reference values for this run's seed ({time.perf_counter() - started:.0f} s)")
-    return target, seed
-
-
 def add_subcommand(subparsers) -> None:
     defaults = DEFAULT_LIMITS
     p = subparsers.add_parser(
@@ -222,6 +211,10 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--cpus", type=float, default=defaults.cpus,
                    help=f"CPU time of one submission's jail, in cores (default {defaults.cpus:g}: this machine's)")
     p.add_argument("--regrade", action="store_true", help="grade again what was graded before, even unchanged")
+    p.add_argument("--judge-values", type=Path, metavar="FOLDER",
+                   help="an earlier run's WORK/judge folder: reuse its labs' reference values and seeds, "
+                        "where the labs and the course are unchanged, to grade one class in batches "
+                        "(default: record them for this run)")
     p.add_argument("--unsafe", action="store_true",
                    help="grade without the sandbox when it is unavailable (only for notebooks you trust)")
     p.add_argument("--root", type=Path, default=COURSE_ROOT, help="course root (default: this repository)")
@@ -236,5 +229,6 @@ def _main(args: argparse.Namespace) -> int:
     limits = replace(sandbox.Limits(), wall_s=args.timeout, memory_bytes=int(args.memory_gb * 2**30),
                      processes=args.max_processes, cpus=args.cpus)
     grade(args.submissions, labs=args.labs, work=args.work, root=args.root, csv_path=args.csv, limits=limits,
-          cell_timeout=args.cell_timeout, jobs=args.jobs, unsafe=args.unsafe, regrade=args.regrade)
+          cell_timeout=args.cell_timeout, jobs=args.jobs, unsafe=args.unsafe, regrade=args.regrade,
+          judge_values=args.judge_values)
     return 0

@@ -16,7 +16,7 @@ import pytest
 from nbformat.v4 import new_markdown_cell
 
 from helpers import REPO
-from helpers.submissions import released, write
+from helpers.submissions import judge_values, keep_judge_values, released, write
 
 pytestmark = pytest.mark.grading
 
@@ -25,9 +25,10 @@ LAB = "01_single_gpu"
 
 def _grade(folder, work, *extra):
     proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB,
-                           "--work", str(work), "--unsafe", *extra],
+                           "--work", str(work), "--unsafe", *judge_values(), *extra],
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout
+    keep_judge_values(work)
     return proc.stdout
 
 
@@ -52,7 +53,7 @@ def test_an_interrupted_run_resumes_and_a_second_run_grades_only_what_changed(tm
     (folder / "cat" / f"{LAB}.ipynb").write_text('{"cells": [')
     # Killed (its whole session, as Ctrl-C or a crash would) once the first student is done.
     grader = subprocess.Popen([sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB,
-                               "--work", str(work), "--unsafe"], cwd=REPO, start_new_session=True,
+                               "--work", str(work), "--unsafe", *judge_values()], cwd=REPO, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while not _status(work) and time.monotonic() < deadline and grader.poll() is None:

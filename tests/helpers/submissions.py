@@ -12,10 +12,13 @@ lab's many variants in one process forked where each first differs).
 """
 from __future__ import annotations
 
+import atexit
 import csv
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -103,16 +106,43 @@ def graded_only(nb, lab: str):
     return nb
 
 
+_judge_values: Path | None = None
+
+
+def judge_values() -> list[str]:
+    """The option that has a grading run reuse the judge's values that earlier runs of this test
+    session recorded (`keep_judge_values`), as an instructor grading one class in batches does
+    (grader.judge_values): each lab's solution is recorded once a session, not once a run."""
+    global _judge_values
+    if _judge_values is None:
+        _judge_values = Path(tempfile.mkdtemp(prefix="course-judge-values-"))
+        atexit.register(shutil.rmtree, _judge_values, ignore_errors=True)
+    return ["--judge-values", str(_judge_values)]
+
+
+def keep_judge_values(work: Path) -> None:
+    """Keep the recordings of the grading run in `work` for the session's later runs."""
+    shared = Path(judge_values()[1])
+    for about in (work / "judge").glob("*.seed.json"):
+        values = about.with_name(about.name.removesuffix(".seed.json") + ".json")
+        if values.is_file() and not (shared / about.name).exists():
+            shutil.copyfile(values, shared / values.name)
+            shutil.copyfile(about, shared / about.name)
+
+
 def grade_class(submissions: Path, work: Path, labs: str | list[str], *options: str, timeout: float = 1500,
                 env: dict[str, str] | None = None) -> tuple[dict, str]:
     """`python -m grader grade SUBMISSIONS --lab LAB... --work WORK OPTIONS`, as an instructor runs it,
-    with env's variables added to this process's; (the CSV's rows by student id, what the command printed)."""
+    with env's variables added to this process's, reusing the session's judge values (`judge_values`);
+    (the CSV's rows by student id, what the command printed)."""
     selected = [arg for lab in ([labs] if isinstance(labs, str) else labs) for arg in ("--lab", lab)]
     proc = subprocess.run(
-        [sys.executable, "-m", "grader", "grade", str(submissions), *selected, "--work", str(work), *options],
+        [sys.executable, "-m", "grader", "grade", str(submissions), *selected, "--work", str(work),
+         *judge_values(), *options],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
         env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout
+    keep_judge_values(work)
     with open(work / "grades.csv", newline="") as f:
         return {row["student_id"]: row for row in csv.DictReader(f)}, proc.stdout
 

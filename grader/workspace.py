@@ -17,7 +17,7 @@ from . import collect, gradebook
 from .feedback_safety import hidden_lines
 from .judge import required_checks
 from .labs import find_labs, read_notebook, source_text
-from .release import generate_assignment
+from .nbgrader_cli import generate_assignment
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import nbformat
 
-from . import COURSE_ROOT, GraderError, nbgrader_cli
-from .compare import compare_releases
-from .labs import (
+from . import COURSE_ROOT, GraderError
+from .common import nbgrader_cli
+from .common.compare import compare_releases
+from .common.labs import (
     INDEX_NAME,
     KERNELSPEC,
     LAB_NAME_RE,

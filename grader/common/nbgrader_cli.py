@@ -3,7 +3,7 @@
 A subprocess, not nbgrader's in-process API: config loading is exactly the
 CLI's, and no nbgrader or traitlets state leaks from one run into the next.
 (Grading, which runs autograde once per notebook, keeps one warm nbgrader per
-slot instead: grader.autograde_worker.)
+slot instead: grader.grading.autograde_worker.)
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import GraderError
+from grader import GraderError
+
 from .labs import RELEASE_DIR, SOURCE_DIR
 
 LOG_TAIL_CHARS = 6000

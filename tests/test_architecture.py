@@ -1,11 +1,12 @@
-"""Imports run one way: the rules of course/__init__.py's docstring, held.
+"""Imports run one way: the rules of course/__init__.py's and grader/__init__.py's docstrings, held.
 
 - no import cycle among the modules of `course/`, nor among those of `grader/`
   (an import inside a function counts: it is a cycle that only waits to be called);
 - `course/` (what students import, copied into each jail) never imports `grader/`;
 - the cost models import neither torch nor the views, not even through another module;
 - a module imports from its own layer and those below (the docstring's list), and
-  every module is in exactly one layer;
+  every module is in exactly one layer: `course/`'s five, and `grader/`'s six subsystems,
+  each a folder (the commands are grader/ itself), whose `__init__` imports nothing;
 - pyproject.toml lists every package folder of both (a wheel holds only those);
 - `import course` in a fresh interpreter loads no matplotlib, pandas, ipywidgets
   or scikit-learn (every rank imports it).
@@ -33,6 +34,8 @@ NOT_IN_COST_MODELS = ("torch", "matplotlib", "ipywidgets", "IPython", "pandas")
 NOT_ON_IMPORT = ("matplotlib", "pandas", "ipywidgets", "sklearn")
 # A layer's modules, on its line and on indented lines after it that hold only names: "- views: a, b,\n  c."
 LAYER_LINE = re.compile(r"^- (?P<layer>[a-z ]+): (?P<modules>[\w, ]+(?:,\n {2}[\w, ]+)*)\.$", re.M)
+# A subsystem of grader/, its folder and its modules: "- jail (grader/jail/): seccomp, uids."
+SUBSYSTEM_LINE = re.compile(r"^- (?P<name>[a-z]+) \(grader/(?P<folder>[a-z_]*/?)\): (?P<modules>[\w, ]+)\.$", re.M)
 
 
 # --- what the rules look at -----------------------------------------------------------
@@ -155,6 +158,38 @@ def layer_problems(graph: dict[str, set[str]], layers: dict[str, str]) -> list[s
     return problems
 
 
+def subsystems_of(root: Path) -> dict[str, str]:
+    """{grader module: its subsystem}, from the list in grader/__init__.py's docstring; each
+    subsystem's folder (grader/<name>/, or grader/ itself) holds the modules it lists."""
+    doc = ast.get_docstring(ast.parse((root / "grader" / "__init__.py").read_text()))
+    subsystems = {}
+    for line in SUBSYSTEM_LINE.finditer(doc):
+        package = "grader" + ("." + line["folder"].strip("/") if line["folder"] else "")
+        if package != "grader":
+            subsystems[package] = line["name"]   # the folder's __init__
+        for module in line["modules"].split(","):
+            name = f"{package}.{module.strip()}"
+            assert name not in subsystems, f"{name} is in two subsystems of grader/__init__.py's docstring"
+            subsystems[name] = line["name"]
+    return subsystems
+
+
+def subsystem_problems(graph: dict[str, set[str]], subsystems: dict[str, str]) -> list[str]:
+    order = list(dict.fromkeys(subsystems.values()))  # bottom up, as the docstring lists them
+    problems = [f"{m} is in no subsystem: add it to grader/__init__.py's docstring"
+                for m in sorted(graph) if m != "grader" and m not in subsystems]
+    problems += [f"{m} is in a subsystem but is not a module of grader/" for m in sorted(set(subsystems) - set(graph))]
+    subpackages = {m for m in graph if m != "grader" and any(other.startswith(m + ".") for other in graph)}
+    for module, names in sorted(graph.items()):
+        if module in subpackages and names:
+            problems.append(f"{module}'s __init__ imports {', '.join(sorted(names))}: it holds only its docstring")
+        for name in sorted(names & set(subsystems)):
+            if module in subsystems and order.index(subsystems[name]) > order.index(subsystems[module]):
+                problems.append(f"{module} ({subsystems[module]}) imports {name} ({subsystems[name]}), "
+                                "a subsystem above it")
+    return problems
+
+
 def loaded_by_import_course(root: Path) -> list[str]:
     """The top-level packages of NOT_ON_IMPORT that `import course` loads, from root, in a fresh interpreter."""
     probe = ("import json, sys; import course; "
@@ -190,6 +225,13 @@ def test_every_module_is_in_one_layer_and_imports_only_downwards(graphs):
     layers = layers_of(REPO)
     assert set(layers.values()) == {"cost models", "counting", "launcher", "lab kit", "views"}
     assert layer_problems(graphs["course"], layers) == []
+
+
+def test_every_grader_module_is_in_one_subsystem_and_imports_only_downwards(graphs):
+    subsystems = subsystems_of(REPO)
+    assert list(dict.fromkeys(subsystems.values())) == ["common", "jail", "judge", "feedback", "grading",
+                                                         "commands"]
+    assert subsystem_problems(graphs["grader"], subsystems) == []
 
 
 def test_pyproject_lists_every_package_folder():
@@ -251,6 +293,16 @@ def test_an_import_from_a_layer_above_and_a_module_in_no_layer_are_caught(copy):
     problems = layer_problems(import_graph(copy, "course"), layers_of(copy))
     assert problems == ["course.unlisted is in no layer: add it to course/__init__.py's docstring",
                         "course.check (lab kit) imports course.hybrid_view (views), a layer above it"]
+
+
+def test_an_import_from_a_subsystem_above_and_a_grader_module_in_none_are_caught(copy):
+    add_line(copy, "grader.jail.host", "    from ..grading import verdict")   # the jail reaching up
+    add_line(copy, "grader.judge", "from . import server")                   # a package's __init__
+    (copy / "grader" / "feedback" / "unlisted.py").write_text("from grader.common import labs\n")
+    problems = subsystem_problems(import_graph(copy, "grader"), subsystems_of(copy))
+    assert problems == ["grader.feedback.unlisted is in no subsystem: add it to grader/__init__.py's docstring",
+                        "grader.jail.host (jail) imports grader.grading.verdict (grading), a subsystem above it",
+                        "grader.judge's __init__ imports grader.judge.server: it holds only its docstring"]
 
 
 def test_plotting_loaded_by_import_course_is_caught(copy):

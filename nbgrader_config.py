@@ -25,7 +25,7 @@ os.makedirs(WORK, exist_ok=True)
 # nbgrader makes a new gradebook by running the `alembic` script by name. `make lab`
 # starts .venv/bin/jupyter without activating the venv, so formgrader's first page
 # failed with "No such file or directory: 'alembic'": find it beside this Python.
-# (Not imported from grader.nbgrader_cli, which does the same for the grader's own
+# (Not imported from grader.common.nbgrader_cli, which does the same for the grader's own
 # subprocesses: this file must load wherever it is copied, with or without grader/.)
 _scripts = [os.path.dirname(sys.executable), sysconfig.get_path("scripts")]
 os.environ["PATH"] = os.pathsep.join(dict.fromkeys(_scripts + os.environ.get("PATH", "").split(os.pathsep)))
@@ -87,19 +87,19 @@ c.Execute.skip_cells_with_tag = "nbgrader-skip-5c1e9a07d3b84f26a9e0b71c4d62f8e3"
 # configurable and is always True, which autograde needs (a failing test cell
 # is recorded as 0 points and the remaining cells still run).
 
-# Under `python -m grader grade`, the kernel runs in a sandbox (grader/sandbox.py),
-# and the judge (grader/judge.py) must know which test cell runs: the same
+# Under `python -m grader grade`, the kernel runs in a sandbox (grader/jail/bwrap.py),
+# and the judge (grader/judge/server.py) must know which test cell runs: the same
 # preprocessors as nbgrader's, with Execute swapped for one that tells the judge,
 # jailed unless the instructor asked for --unsafe. A jail is asked for by its spec
 # alone: a lab whose tests check no reference value has no judge, and still a jail.
-# Last, the autograded notebook is made inert (grader/feedback_safety.py): formgrader
+# Last, the autograded notebook is made inert (grader/feedback/safety.py): formgrader
 # and nbgrader's own generate_feedback render its outputs, its markdown and raw cells
 # as they are, and the student's scripts would run in the instructor's browser. That
 # step is nbgrader's too wherever grader/ can be imported (formgrader's own autograde).
 if os.environ.get("GRADER_SANDBOX_SPEC"):
-    _execute = "grader.judged_execute.JudgedSandboxedExecute"
+    _execute = "grader.judge.judged_execute.JudgedSandboxedExecute"
 elif os.environ.get("GRADER_JUDGE_CELL_FILE"):
-    _execute = "grader.judged_execute.JudgedExecute"
+    _execute = "grader.judge.judged_execute.JudgedExecute"
 else:
     _execute = "nbgrader.preprocessors.Execute"
 if _execute != "nbgrader.preprocessors.Execute" or importlib.util.find_spec("grader") is not None:
@@ -111,7 +111,7 @@ if _execute != "nbgrader.preprocessors.Execute" or importlib.util.find_spec("gra
         "nbgrader.preprocessors.SaveAutoGrades",
         "nbgrader.preprocessors.AssignLatePenalties",
         "nbgrader.preprocessors.CheckCellMetadata",
-        "grader.feedback_safety.InertNotebook",
+        "grader.feedback.safety.InertNotebook",
     ]
 
 # A graded test cell deleted from a submission is restored from the gradebook
@@ -122,13 +122,13 @@ c.OverwriteCells.add_missing_cells = True
 # nbgrader's generate_feedback through another: each makes it inert first too, which
 # covers a notebook autograded before that step existed, or by another tool.
 if importlib.util.find_spec("grader") is not None:
-    c.HTMLExporter.preprocessors = ["grader.feedback_safety.InertNotebook"]
+    c.HTMLExporter.preprocessors = ["grader.feedback.safety.InertNotebook"]
 
 # --- Feedback ---------------------------------------------------------------
-# nbgrader 0.9.6 shows hidden tests in the feedback HTML; grader.feedback
+# nbgrader 0.9.6 shows hidden tests in the feedback HTML; grader.feedback.page
 # removes them, and the tracebacks that would quote them.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
-    "grader.feedback.HideHiddenTests",
+    "grader.feedback.page.HideHiddenTests",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

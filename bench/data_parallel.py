@@ -30,7 +30,7 @@ from _results import count, emit, headline_row
 from _rounds import compare, ratio_text, unrecorded
 
 import course
-from grader.solution import load
+from grader.common.solution import load
 
 LAB = load("02_data_parallel")
 SIZES_MB = (1, 16)

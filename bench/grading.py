@@ -3,7 +3,7 @@
 Side by side, in one run, lab by lab and round by round:
 
 - run: the solution notebook executed headless in this interpreter's kernel,
-  as a student runs it (grader.execute);
+  as a student runs it (grader.common.execute);
 - grade: one `grader.grade` run on the same notebooks handed in as one
   student's complete submission, start to CSV: for each lab
   the sandbox, autograde (which runs every cell again), judge, verdict,
@@ -33,8 +33,8 @@ from _rounds import spread, spread_text
 
 from course import grading
 from grader import COURSE_ROOT, grade
-from grader.execute import execute
-from grader.workspace import gradable_labs
+from grader.common.execute import execute
+from grader.grading.workspace import gradable_labs
 
 PROMISE = 1.5
 

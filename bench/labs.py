@@ -2,7 +2,7 @@
 
 Every solution notebook `solutions/<lab>/<lab>.ipynb` (and the live demo,
 `solutions/demo.ipynb`, as an extra row) is executed top to bottom the way
-tests/test_notebooks.py does it (`grader.execute`: this interpreter's kernel,
+tests/test_notebooks.py does it (`grader.common.execute`: this interpreter's kernel,
 figures inline), in a temporary folder, at its default sizes. The labs whose
 ranks come from `course.lab_ranks` run again with $COURSE_RANKS set to each
 --ranks count (unless that is already their default).
@@ -31,7 +31,7 @@ from _rounds import spread, spread_text
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from course.placement import RANKS_VARIABLE
-from grader.execute import execute
+from grader.common.execute import execute
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = REPO / "solutions"

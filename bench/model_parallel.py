@@ -1,7 +1,7 @@
 """Lab 3's column-then-row block against PyTorch's tensor parallelism, side by side.
 
 The reference `SplitBlock` (solutions/03_model_parallel, loaded by
-`grader.solution`) against `torch.distributed.tensor.parallel`'s
+`grader.common.solution`) against `torch.distributed.tensor.parallel`'s
 ColwiseParallel + RowwiseParallel on a device mesh of the same ranks, training
 a block Linear(F, H) -> ReLU -> Linear(H, F) with SGD. The block's input needs
 its gradient, as inside a deeper network, so both all-reduces run: one forward,
@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import course
-from grader.solution import load
+from grader.common.solution import load
 
 LAB = load("03_model_parallel")
 FEATURES, HIDDEN, BATCH = 512, 2048, 64

@@ -1,7 +1,7 @@
 """Lab 6's 1F1B against PyTorch's Schedule1F1B, and the bubble measured against the formula.
 
 1. Step time: the reference `one_f_one_b` (solutions/06_pipeline_parallel, loaded by
-   `grader.solution`, run by the lab's `pipeline_training`) against torch.distributed.pipelining's
+   `grader.common.solution`, run by the lab's `pipeline_training`) against torch.distributed.pipelining's
    `Schedule1F1B` (the lab's `pytorch_pipeline`) on the same stages of the lab's timed MLP, the
    same batch and micro-batches. The contenders alternate round by round in one launch, course
    recording off (`bench/_rounds.py`); both time a step the same way, from a barrier to a barrier
@@ -31,7 +31,7 @@ from _rounds import compare, per_round, ratio_text, spread, spread_text, unrecor
 import course
 from course import check, data, models
 from course import pipeline as cost_model
-from grader.solution import load
+from grader.common.solution import load
 
 LAB = load("06_pipeline_parallel")
 FULL = {"widths": (LAB.TIMED_MLP["in_features"], LAB.TIMED_MLP["hidden"]), "batch": LAB.TIMED_BATCH,

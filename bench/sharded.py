@@ -1,7 +1,7 @@
 """Lab 5's ZeRO-3 against PyTorch's fully_shard, and memory per rank against the formula.
 
 1. The reference ZeRO-3 (`sharded_training(stage=3)` of solutions/05_sharded_data_parallel,
-   loaded by `grader.solution`, with torch.distributed's own collectives,
+   loaded by `grader.common.solution`, with torch.distributed's own collectives,
    `course.sharding.reduce_scatter` and `all_gather`, so that the comparison is of the
    sharding, not of the ring) against FSDP2's `fully_shard` (`pytorch_training("fully_shard")`,
    one unit per layer), on the same MLP, batch and steps:
@@ -37,7 +37,7 @@ from _rounds import compare, ratio_text, unrecorded
 
 import course
 from course import data, memory, models, sharding
-from grader.solution import load
+from grader.common.solution import load
 
 LAB = load("05_sharded_data_parallel")
 WIDTHS = (64, (512, 512))        # the lab's wide MLP: 301,066 parameters

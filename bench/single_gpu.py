@@ -1,7 +1,7 @@
 """Lab 1 on the device at hand: throughput against batch size, and where a step's time goes.
 
 Runs lab 1's reference training step (its PhaseTimer, MomentumSGD and train_step,
-loaded from solutions/01_single_gpu with grader.solution.load) on course.device():
+loaded from solutions/01_single_gpu with grader.common.solution.load) on course.device():
 
 1. Throughput against batch size, for lab 1's sweep MLP (256 -> 512 -> 512 -> 10) and,
    on a GPU, a wide one (1024 -> 4096 -> 4096 -> 10) that can keep a large GPU busy.
@@ -36,7 +36,7 @@ from _results import emit, headline_row
 
 import course
 from course import data, mfu, models, throughput
-from grader.solution import load
+from grader.common.solution import load
 
 LAB = load("01_single_gpu")
 #: name -> models.mlp arguments, and whether it runs on a CPU too (the wide one would take minutes there)

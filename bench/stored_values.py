@@ -29,7 +29,7 @@ from _results import count, emit, headline_row
 
 from course import check
 from grader import GraderError
-from grader.labs import find_labs, select
+from grader.common.labs import find_labs, select
 from grader.reference import compare, record
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ solution's, stored in ``grader/reference/<lab>.json``:
 
 While grading, the reference values stay outside the submission's reach: `check`
 sends the value to the grader's judge (``COURSE_REFERENCE_JUDGE``, see
-grader/judge.py), which compares it with its own copy, under the tolerance
+grader/judge/server.py), which compares it with its own copy, under the tolerance
 stored with that copy, and answers only pass or fail. How far off a value was
 goes into the grader's verdict, never back into the kernel.
 
@@ -56,7 +56,7 @@ from course import check
 
 RECORD_ENV = "COURSE_REFERENCE_RECORD"   # folder to record reference values into
 DIR_ENV = "COURSE_REFERENCE_DIR"         # folder to read them from (default: grader/reference)
-JUDGE_ENV = "COURSE_REFERENCE_JUDGE"     # while grading: the judge's socket (grader.judge)
+JUDGE_ENV = "COURSE_REFERENCE_JUDGE"     # while grading: the judge's socket (grader.judge.server)
 SEED_ENV = "COURSE_REFERENCE_SEED"       # while recording: the seed REFERENCE.seed() returns
 STORED_SEED = 0                          # the seed of the values stored in grader/reference
 #: The least (rtol, atol) a floating-point value is held to against a stored one: float32's (module docstring).
@@ -285,7 +285,7 @@ def _offset(offset) -> int:
     return offset
 
 
-#: The judge (grader.judge) refuses larger requests; `_ask` says so before sending one.
+#: The judge (grader.judge.server) refuses larger requests; `_ask` says so before sending one.
 MAX_JUDGED_BYTES = 8 << 20
 
 

@@ -6,7 +6,54 @@ and is listed in ``grader.__main__.COMMANDS``.
 
 Layout (see ``nbgrader_config.py``): ``solutions/<lab>/<lab>.ipynb`` are the
 instructor's nbgrader source notebooks, ``labs/<lab>/<lab>.ipynb`` the generated
-student release, and ``grader/work/`` (git-ignored) nbgrader's grading work area.
+student release, ``grader/reference/`` the hidden tests' stored values, and
+``grader/work/`` (git-ignored) nbgrader's grading work area.
+
+Student code is hostile, and the jail is the security boundary. No module of this
+package runs inside it: a jail holds the student's kernel, the ranks it launches and
+a copy of `course/`. Everything here runs outside, as the user who runs the grader
+(when that is root, each jail also gets a uid of its own), unless its subsystem says
+otherwise.
+
+The subsystems come in six layers, bottom up. A module imports from its own layer and
+the layers below, never above (tests/test_architecture.py holds this, and that every
+module is in exactly one layer):
+
+- common (grader/common/): labs, quoting, nbgrader_cli, warm_process, execute, solution, compare.
+  What the others use: the labs in solutions/ and their notebooks, one executed in this
+  interpreter's kernel or loaded as a module (the instructor's solutions: trusted code),
+  nbgrader's command line, a helper process kept warm for a whole grading run, and the
+  student's text as the grader quotes it.
+- jail (grader/jail/): seccomp, uids, cgroups, bwrap, host, kernel.
+  The boundary. `host` holds one jail in the grader (its folder, cgroup and uid, what it
+  used). `kernel` is nbgrader's kernel manager and Execute, in the autograde worker: it
+  starts the kernel through the launcher, ``python -m grader.jail.bwrap``, which joins
+  the cgroup, sets the rlimits and execs bwrap; inside, the kernel runs under the seccomp
+  filter, as the jail's uid when the grader is root. What the kernel sends back is capped
+  by `kernel` before the grader holds it.
+- judge (grader/judge/): server, judged_execute, tampering.
+  The hidden tests' answers, kept outside the jail. `server` is a process of its own
+  (``python -m grader.judge.server``, as an unprivileged uid when started by root) that
+  answers the jailed kernel pass or fail over a unix socket; `judged_execute`, in the
+  autograde worker, tells it which test cell runs; `tampering` reads the student's code
+  as text, in the grader, and never runs it.
+- feedback (grader/feedback/): safety, page, worker.
+  The feedback page, from a notebook the student's code wrote into: `safety` makes it
+  inert (also as autograde's last step, in the autograde worker), `page` renders it in
+  the feedback worker, a process of its own that is killed past its time.
+- grading (grader/grading/): collect, gradebook, workspace, verdict, export, autograde_worker, submission.
+  A grading run's parts, in the grader: the submissions collected, each graded in a jail
+  of its own (`submission`: nbgrader's autograde in the slot's warm autograde worker),
+  the verdict in plain words, the class gradebook and the CSV.
+- commands (grader/): __main__, grade, judge_values, release, reference, run.
+  What an instructor types. `grade` grades a class with all of the above (`judge_values`:
+  the judge's values of its run, recorded by `reference` or reused from an earlier run); `release`,
+  `reference` and `run` work only on the instructor's own solutions (trusted code), with
+  no jail.
+
+A subpackage's ``__init__`` holds its docstring and nothing else: the launcher, the judge
+and the workers start with ``python -m``, and a package that imported them would load each
+twice, once as itself and once as ``__main__``.
 """
 
 from pathlib import Path

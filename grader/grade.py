@@ -1,21 +1,21 @@
 """``python -m grader grade SUBMISSIONS``: a whole class, in one command.
 
 1. collect: each student's notebooks in SUBMISSIONS, a folder or a zip (see
-   grader.collect), are copied into nbgrader's submitted/ folder;
+   grader.grading.collect), are copied into nbgrader's submitted/ folder;
 2. record the judge's reference values for this run: each lab's solution,
    executed outside the jail as autograde executes it, with a seed drawn for
    the run; the hidden tests draw their inputs from it (grader.judge_values:
    ``--judge-values`` reuses an earlier run's, for a class graded in batches);
-3. grade each student's lab in a sandbox (grader.grade_submission): autograde,
+3. grade each student's lab in a sandbox (grader.grading.submission): autograde,
    verdict, feedback page, scores into the class gradebook; several at once
    with ``--jobs``, recordings included: a lab's students start as soon as its
    own recording is done;
-4. export: one CSV row per student (grader.export), the written answers' points
+4. export: one CSV row per student (grader.grading.export), the written answers' points
    apart: given in formgrader, or pending until then (a later run exports them).
 
 A step that fails for one submission (collecting it, reading it, grading,
 scanning, merging or exporting it) is that submission's verdict alone, and the
-class goes on (grader.collect, grader.grade_submission, grader.export); only what
+class goes on (grader.grading.collect, grader.grading.submission, grader.grading.export); only what
 concerns the whole run stops it (no sandbox, a lab whose recording failed, a
 folder of submissions that cannot be read).
 
@@ -34,21 +34,24 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from . import COURSE_ROOT, GraderError, collect, export, gradebook, jail, sandbox, verdict
-from .autograde_worker import AutogradeWorker
-from .feedback_worker import FeedbackWorker
-from .grade_submission import SubmissionGrader, log_failure, not_graded
+from . import COURSE_ROOT, GraderError
+from .common.labs import display_path, find_labs
+from .feedback.worker import FeedbackWorker
+from .grading import collect, export, gradebook, verdict
+from .grading.autograde_worker import AutogradeWorker
+from .grading.submission import SubmissionGrader, log_failure, not_graded
+from .grading.workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
+from .jail import bwrap
+from .jail.host import unavailable as jail_unavailable
 from .judge_values import record_judged_values
-from .labs import display_path, find_labs
-from .workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
 
 DEFAULT_WORK = COURSE_ROOT / "grader" / "work"
 FEEDBACK_TIMEOUT_S = 600
-DEFAULT_LIMITS = sandbox.Limits()  # frozen: one instance serves every call
+DEFAULT_LIMITS = bwrap.Limits()  # frozen: one instance serves every call
 
 
 def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFAULT_WORK,
-          root: Path = COURSE_ROOT, csv_path: Path | None = None, limits: sandbox.Limits = DEFAULT_LIMITS,
+          root: Path = COURSE_ROOT, csv_path: Path | None = None, limits: bwrap.Limits = DEFAULT_LIMITS,
           cell_timeout: float | None = None, jobs: int = 1, unsafe: bool = False, regrade: bool = False,
           judge_values: Path | None = None, say=print) -> Path:
     """Collect, autograde, give feedback and export; returns the CSV's path.
@@ -75,7 +78,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         problems = []
         if submissions.is_file():
             submissions, problems = collect.unpack(submissions, ws.root / "unzipped" / submissions.stem, list(infos))
-        why_not = jail.unavailable()
+        why_not = jail_unavailable()
         if why_not and not unsafe:
             raise GraderError(f"cannot sandbox the submissions: {why_not}. Fix that, or pass --unsafe to grade "
                               "without a sandbox (only for notebooks you trust)")
@@ -123,7 +126,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
             started = time.time()
             try:
                 entry = grader.grade(submission, slot)
-            except Exception as error:  # this student's alone: the class goes on (grader.grade_submission)
+            except Exception as error:  # this student's alone: the class goes on (grader.grading.submission)
                 log_failure(ws, submission, "grade this notebook", error)
                 entry = not_graded(ws, submission, verdict.could_not("grade this notebook", error), started)
             finally:
@@ -226,7 +229,7 @@ def _main(args: argparse.Namespace) -> int:
         raise GraderError(f"--jobs must be at least 1, not {args.jobs}")
     if args.cpus <= 0:
         raise GraderError(f"--cpus must be more than 0, not {args.cpus:g}")
-    limits = replace(sandbox.Limits(), wall_s=args.timeout, memory_bytes=int(args.memory_gb * 2**30),
+    limits = replace(bwrap.Limits(), wall_s=args.timeout, memory_bytes=int(args.memory_gb * 2**30),
                      processes=args.max_processes, cpus=args.cpus)
     grade(args.submissions, labs=args.labs, work=args.work, root=args.root, csv_path=args.csv, limits=limits,
           cell_timeout=args.cell_timeout, jobs=args.jobs, unsafe=args.unsafe, regrade=args.regrade,

@@ -25,8 +25,8 @@ from importlib import metadata
 from pathlib import Path
 
 from . import GraderError, reference
-from .labs import Lab
-from .workspace import Workspace
+from .common.labs import Lab
+from .grading.workspace import Workspace
 
 
 def recording_stamp(root: Path, lab: Lab) -> str:

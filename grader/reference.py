@@ -10,7 +10,7 @@ its value instead of comparing. A lab that records nothing has no file.
 within the course's tolerances, at least float32's for floating-point values (the
 stored ones may come from another machine: course.grading.ACROSS_MACHINES): exit
 status 1 when they drift apart. Both first
-check the cells each solution tags for `grader.solution.load` (a `reused` cell
+check the cells each solution tags for `grader.common.solution.load` (a `reused` cell
 must only define), before executing anything.
 
 The stored files are recorded with seed 0 (course.grading.STORED_SEED). A
@@ -32,9 +32,9 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 from course import check, grading
 
 from . import COURSE_ROOT, GraderError
-from .execute import execute
-from .labs import display_path, find_labs, ignore_patterns, select
-from .solution import marking_problems
+from .common.execute import execute
+from .common.labs import display_path, find_labs, ignore_patterns, select
+from .common.solution import marking_problems
 
 REFERENCE_DIR = "grader/reference"
 
@@ -135,7 +135,7 @@ def _main(args: argparse.Namespace) -> int:
     marking = [problem for lab in labs for problem in
                marking_problems(nbformat.read(lab.notebook, as_version=4), display_path(lab.notebook, root))]
     if marking:
-        print("cells tagged for grader.solution.load that it cannot load as they are:", file=sys.stderr)
+        print("cells tagged for grader.common.solution.load that it cannot load as they are:", file=sys.stderr)
         print("  " + "\n  ".join(marking), file=sys.stderr)
         return 1
     if args.check:

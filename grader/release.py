@@ -29,9 +29,10 @@ from pathlib import Path
 
 import nbformat
 
-from . import COURSE_ROOT, GraderError, nbgrader_cli
-from .compare import compare_releases
-from .labs import (
+from . import COURSE_ROOT, GraderError
+from .common import nbgrader_cli
+from .common.compare import compare_releases
+from .common.labs import (
     INDEX_NAME,
     KERNELSPEC,
     LAB_NAME_RE,
@@ -50,25 +51,6 @@ INDEX_BLURB = "Hands-on Jupyter labs on training neural networks on several GPUs
 # --------------------------------------------------------------------------
 # Generating the release
 # --------------------------------------------------------------------------
-
-
-def generate_assignment(lab: str, root: Path, dest: Path | None = None, db_url: str | None = None) -> None:
-    """Run ``nbgrader generate_assignment LAB --force`` with cwd = course root.
-
-    dest / db_url override the config's release directory / gradebook.
-    """
-    args = ["generate_assignment", lab, "--force", "--log-level=WARN"]
-    if dest is not None:
-        args.append(f"--CourseDirectory.release_directory={dest}")
-    if db_url is not None:
-        args.append(f"--CourseDirectory.db_url={db_url}")
-    proc = nbgrader_cli.run(args, root)
-    out_dir = (dest if dest is not None else root / RELEASE_DIR) / lab
-    if proc.returncode != 0 or not (out_dir / f"{lab}.ipynb").is_file():
-        raise GraderError(
-            f"nbgrader generate_assignment failed for {SOURCE_DIR}/{lab}/{lab}.ipynb "
-            f"(exit status {proc.returncode}):\n{nbgrader_cli.log_tail(proc)}"
-        )
 
 
 def index_notebook(labs: list[Lab]) -> nbformat.NotebookNode:
@@ -130,7 +112,7 @@ def release(
         db_url = None if out == default_dest else "sqlite:///" + os.path.join(tmp, "gradebook.db")
         for lab in selected:
             t0 = time.perf_counter()
-            generate_assignment(lab.name, root, staging, db_url)
+            nbgrader_cli.generate_assignment(lab.name, root, staging, db_url)
             say(f"generated {SOURCE_DIR}/{lab.name} ({time.perf_counter() - t0:.1f} s)")
         out.mkdir(parents=True, exist_ok=True)
         for lab in selected:

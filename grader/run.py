@@ -9,7 +9,7 @@
 
 It belongs with the instructor's tools, not in `course/`: it runs the answers.
 The training is the solution notebook's own function (loaded with
-`grader.solution.load`: the answers live only in the notebook), called with the
+`grader.common.solution.load`: the answers live only in the notebook), called with the
 arguments the notebook gives it, through `course.launch`, as the notebook does.
 Under torchrun each process runs it as its own rank; without torchrun, --ranks
 starts that many ranks here. Each rank prints a line; rank 0 gathers every
@@ -305,7 +305,7 @@ def _run(options) -> dict | None:
 
 
 def _solution(name):
-    from grader.solution import load  # the answers: only in the solution notebook
+    from grader.common.solution import load  # the answers: only in the solution notebook
 
     return load(name)
 

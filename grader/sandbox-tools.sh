@@ -1,5 +1,5 @@
 #!/bin/sh
-# Installs bubblewrap, the sandbox the grader runs submissions in (grader/sandbox.py).
+# Installs bubblewrap, the sandbox the grader runs submissions in (grader/jail/bwrap.py).
 # Debian and Ubuntu package it. Without root or apt-get, says what to install instead
 # of failing: students never grade, and `python -m grader grade` refuses to run
 # unsandboxed unless given --unsafe.

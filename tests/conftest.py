@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(config, items):
     labs = config.getoption("--lab")
     if not labs:
         return
-    from grader.labs import find_labs
+    from grader.common.labs import find_labs
 
     known = {lab.name for lab in find_labs(REPO)}
     unknown = sorted(set(labs) - known)

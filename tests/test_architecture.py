@@ -1,11 +1,13 @@
-"""Imports run one way: the rules of course/__init__.py's docstring, held.
+"""Imports run one way: the rules of course/__init__.py's and grader/__init__.py's docstrings, held.
 
 - no import cycle among the modules of `course/`, nor among those of `grader/`
   (an import inside a function counts: it is a cycle that only waits to be called);
 - `course/` (what students import, copied into each jail) never imports `grader/`;
 - the cost models import neither torch nor the views, not even through another module;
 - a module imports from its own layer and those below (the docstring's list), and
-  every module is in exactly one layer;
+  every module is in exactly one layer: `course/`'s five, and `grader/`'s six subsystems,
+  each a folder (the commands are grader/ itself), whose `__init__` imports nothing;
+- pyproject.toml lists every package folder of both (a wheel holds only those);
 - `import course` in a fresh interpreter loads no matplotlib, pandas, ipywidgets
   or scikit-learn (every rank imports it).
 
@@ -21,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -31,27 +34,40 @@ NOT_IN_COST_MODELS = ("torch", "matplotlib", "ipywidgets", "IPython", "pandas")
 NOT_ON_IMPORT = ("matplotlib", "pandas", "ipywidgets", "sklearn")
 # A layer's modules, on its line and on indented lines after it that hold only names: "- views: a, b,\n  c."
 LAYER_LINE = re.compile(r"^- (?P<layer>[a-z ]+): (?P<modules>[\w, ]+(?:,\n {2}[\w, ]+)*)\.$", re.M)
+# A subsystem of grader/, its folder and its modules: "- jail (grader/jail/): seccomp, uids."
+SUBSYSTEM_LINE = re.compile(r"^- (?P<name>[a-z]+) \(grader/(?P<folder>[a-z_]*/?)\): (?P<modules>[\w, ]+)\.$", re.M)
 
 
 # --- what the rules look at -----------------------------------------------------------
 
+def package_files(root: Path, package: str) -> dict[str, Path]:
+    """{dotted module name: its file}, for root/package and every package folder in it."""
+    files = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if all((root.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(1, len(parts))):
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """{module: every module it imports, anywhere in its source}, for root/package/*.py.
-    `from course import x` names course.x where x is a module of the package."""
-    files = {("" if f.stem == "__init__" else f.stem): f for f in (root / package).glob("*.py")}
-    modules = {f"{package}.{stem}" if stem else package for stem in files}
+    """{module: every module it imports, anywhere in its source}, for the modules of root/package.
+    `from grader.jail import host` names grader.jail.host where host is a module of the package;
+    relative imports are resolved from the importing module's own package."""
+    files = package_files(root, package)
     graph = {}
-    for stem, path in files.items():
-        name = f"{package}.{stem}" if stem else package
+    for name, path in files.items():
+        own_package = name if path.stem == "__init__" else name.rpartition(".")[0]
         imported = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 imported.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
-                base = package if node.level else node.module
-                if node.level and node.module:
-                    base = f"{package}.{node.module}"
-                submodules = {f"{base}.{alias.name}" for alias in node.names} & modules
+                base = node.module
+                if node.level:  # from . (own package), from .. (its parent), ...
+                    parts = own_package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                submodules = {f"{base}.{alias.name}" for alias in node.names} & set(files)
                 imported.update(submodules or {base})
         graph[name] = imported
     return graph
@@ -142,6 +158,38 @@ def layer_problems(graph: dict[str, set[str]], layers: dict[str, str]) -> list[s
     return problems
 
 
+def subsystems_of(root: Path) -> dict[str, str]:
+    """{grader module: its subsystem}, from the list in grader/__init__.py's docstring; each
+    subsystem's folder (grader/<name>/, or grader/ itself) holds the modules it lists."""
+    doc = ast.get_docstring(ast.parse((root / "grader" / "__init__.py").read_text()))
+    subsystems = {}
+    for line in SUBSYSTEM_LINE.finditer(doc):
+        package = "grader" + ("." + line["folder"].strip("/") if line["folder"] else "")
+        if package != "grader":
+            subsystems[package] = line["name"]   # the folder's __init__
+        for module in line["modules"].split(","):
+            name = f"{package}.{module.strip()}"
+            assert name not in subsystems, f"{name} is in two subsystems of grader/__init__.py's docstring"
+            subsystems[name] = line["name"]
+    return subsystems
+
+
+def subsystem_problems(graph: dict[str, set[str]], subsystems: dict[str, str]) -> list[str]:
+    order = list(dict.fromkeys(subsystems.values()))  # bottom up, as the docstring lists them
+    problems = [f"{m} is in no subsystem: add it to grader/__init__.py's docstring"
+                for m in sorted(graph) if m != "grader" and m not in subsystems]
+    problems += [f"{m} is in a subsystem but is not a module of grader/" for m in sorted(set(subsystems) - set(graph))]
+    subpackages = {m for m in graph if m != "grader" and any(other.startswith(m + ".") for other in graph)}
+    for module, names in sorted(graph.items()):
+        if module in subpackages and names:
+            problems.append(f"{module}'s __init__ imports {', '.join(sorted(names))}: it holds only its docstring")
+        for name in sorted(names & set(subsystems)):
+            if module in subsystems and order.index(subsystems[name]) > order.index(subsystems[module]):
+                problems.append(f"{module} ({subsystems[module]}) imports {name} ({subsystems[name]}), "
+                                "a subsystem above it")
+    return problems
+
+
 def loaded_by_import_course(root: Path) -> list[str]:
     """The top-level packages of NOT_ON_IMPORT that `import course` loads, from root, in a fresh interpreter."""
     probe = ("import json, sys; import course; "
@@ -179,6 +227,21 @@ def test_every_module_is_in_one_layer_and_imports_only_downwards(graphs):
     assert layer_problems(graphs["course"], layers) == []
 
 
+def test_every_grader_module_is_in_one_subsystem_and_imports_only_downwards(graphs):
+    subsystems = subsystems_of(REPO)
+    assert list(dict.fromkeys(subsystems.values())) == ["common", "jail", "judge", "feedback", "grading",
+                                                         "commands"]
+    assert subsystem_problems(graphs["grader"], subsystems) == []
+
+
+def test_pyproject_lists_every_package_folder():
+    """A folder left out of pyproject's packages is left out of a wheel (an editable install still finds it)."""
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    folders = [name for package in ("course", "grader") for name, path in package_files(REPO, package).items()
+               if path.name == "__init__.py"]
+    assert sorted(listed) == sorted(folders)
+
+
 def test_import_course_loads_no_plotting_tables_widgets_or_scikit_learn():
     assert loaded_by_import_course(REPO) == []
 
@@ -189,15 +252,16 @@ def test_import_course_loads_no_plotting_tables_widgets_or_scikit_learn():
 def copy(tmp_path):
     """A copy of course/ and grader/'s Python files, to add a forbidden import to."""
     for package in ("course", "grader"):
-        shutil.copytree(REPO / package, tmp_path / package,
-                        ignore=lambda folder, names: [n for n in names if not n.endswith(".py")])
+        shutil.copytree(REPO / package, tmp_path / package, ignore=lambda folder, names: [
+            n for n in names if not n.endswith(".py") and not (Path(folder) / n / "__init__.py").is_file()])
     return tmp_path
 
 
 def add_line(root: Path, module: str, line: str) -> None:
-    """Append `line` to root/module.py, inside a function when it is indented (an import
-    that runs only when called is still an import)."""
-    path = root / f"{module.replace('.', '/')}.py"
+    """Append `line` to root/module.py (or a package's __init__.py), inside a function when it is
+    indented (an import that runs only when called is still an import)."""
+    path = root / module.replace(".", "/")
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     body = f"\n\ndef _added():\n{line}\n" if line.startswith(" ") else f"\n{line}\n"
     path.write_text(path.read_text() + body)
 
@@ -206,13 +270,13 @@ def test_a_cycle_is_caught(copy):
     add_line(copy, "course.transfer", "    from course import launch")  # launch -> recorder -> transfer
     found = cycles(import_graph(copy, "course"))
     assert len(found) == 1 and {"course.transfer", "course.launch", "course.recorder"} <= set(found[0])
-    add_line(copy, "grader.labs", "    from . import grade")               # grade -> labs
-    assert any({"grader.grade", "grader.labs"} <= set(c) for c in cycles(import_graph(copy, "grader")))
+    add_line(copy, "grader.common.labs", "    from grader import grade")          # grade -> common.labs
+    assert any({"grader.grade", "grader.common.labs"} <= set(c) for c in cycles(import_graph(copy, "grader")))
 
 
 def test_course_importing_grader_is_caught(copy):
-    add_line(copy, "course.check", "    from grader.solution import load")
-    assert imports_of(import_graph(copy, "course"), "grader") == ["course.check imports grader.solution"]
+    add_line(copy, "course.check", "    from grader.common.solution import load")
+    assert imports_of(import_graph(copy, "course"), "grader") == ["course.check imports grader.common.solution"]
 
 
 def test_torch_or_a_view_in_a_cost_model_is_caught(copy):
@@ -229,6 +293,16 @@ def test_an_import_from_a_layer_above_and_a_module_in_no_layer_are_caught(copy):
     problems = layer_problems(import_graph(copy, "course"), layers_of(copy))
     assert problems == ["course.unlisted is in no layer: add it to course/__init__.py's docstring",
                         "course.check (lab kit) imports course.hybrid_view (views), a layer above it"]
+
+
+def test_an_import_from_a_subsystem_above_and_a_grader_module_in_none_are_caught(copy):
+    add_line(copy, "grader.jail.host", "    from ..grading import verdict")   # the jail reaching up
+    add_line(copy, "grader.judge", "from . import server")                   # a package's __init__
+    (copy / "grader" / "feedback" / "unlisted.py").write_text("from grader.common import labs\n")
+    problems = subsystem_problems(import_graph(copy, "grader"), subsystems_of(copy))
+    assert problems == ["grader.feedback.unlisted is in no subsystem: add it to grader/__init__.py's docstring",
+                        "grader.jail.host (jail) imports grader.grading.verdict (grading), a subsystem above it",
+                        "grader.judge's __init__ imports grader.judge.server: it holds only its docstring"]
 
 
 def test_plotting_loaded_by_import_course_is_caught(copy):

@@ -29,7 +29,7 @@ import pytest
 
 from course.placement import RANKS_VARIABLE
 from grader import reference
-from grader.labs import ignore_patterns
+from grader.common.labs import ignore_patterns
 from helpers import REPO
 from helpers import solution_runs as runs
 from helpers.browser import LAB_SETTINGS, SERVER_ARGS, Notebook, chromium, move_first_slider, text_of, widget_cells
@@ -331,8 +331,8 @@ def test_an_instructor_grades_a_written_answer_by_hand_in_formgrader(server, pag
     from the autograded score, nothing pending any more."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    from grader import export
-    from grader.gradebook import written_points
+    from grader.grading import export
+    from grader.grading.gradebook import written_points
 
     lab, student, gid = "04_hybrid", "written_student", "written_averaging_groups"
     source = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)

@@ -16,7 +16,7 @@ import re
 import nbformat
 import pytest
 
-from grader.labs import find_labs, graded_cells, written_cells
+from grader.common.labs import find_labs, graded_cells, written_cells
 from helpers import REPO
 
 GUIDE = REPO / "course_guide"
@@ -102,7 +102,7 @@ def test_every_link_resolves(page):
 
 
 def test_the_release_copies_nothing_of_the_guide():
-    """The release takes labs from solutions/ (grader.labs.find_labs) and writes labs/ only."""
+    """The release takes labs from solutions/ (grader.common.labs.find_labs) and writes labs/ only."""
     assert all(lab.notebook.is_relative_to(REPO / "solutions") for lab in LABS)
     assert not list((REPO / "labs").rglob("course_guide*")), "something of course_guide/ is in labs/"
     source = (REPO / "grader" / "release.py").read_text()

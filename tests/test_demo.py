@@ -24,7 +24,7 @@ import nbformat
 import pytest
 
 from course.grid_model import TABLE_1
-from grader.execute import execute
+from grader.common.execute import execute
 from helpers import REPO
 
 pytestmark = pytest.mark.notebook

@@ -8,7 +8,7 @@ The pages: README.md, docs/*.md, bench/README.md, CONTRIBUTING.md and tests/READ
 - Every `python -m grader COMMAND ...` written as code (also `-m grader` after torchrun) names a
   command of the grader's parser, and its `--options` are options of that command (of the lab's
   parser, for `run LAB`).
-- README's list of labs is the labs of solutions/ as the grader finds them (grader.labs.find_labs),
+- README's list of labs is the labs of solutions/ as the grader finds them (grader.common.labs.find_labs),
   in order, each with its notebook's title: a new lab without a line fails.
 - tests/README.md's table of tiers names exactly pyproject.toml's markers (`lab` is no tier).
 - The suite's time is stated in tests/README.md alone: README.md, docs/ and bench/README.md link it.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.labs import find_labs
+from grader.common.labs import find_labs
 from helpers import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bench" / "README.md",

@@ -13,7 +13,7 @@ import torch
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from course import drawings, sharding, sizes, transfer
-from grader.solution import load
+from grader.common.solution import load
 
 RANKS = range(1, 9)
 

@@ -1,6 +1,6 @@
 """Feedback pages run nothing of the student's and show no hidden test.
 
-Unit tests render crafted notebooks through grader.feedback (without a
+Unit tests render crafted notebooks through grader.feedback.page (without a
 gradebook); a student whose notebook does all of it at once is graded in the
 shared lab 1 class (helpers.lab1_class) beside an honest one, and its page is
 opened in headless Chromium to see that none of its scripts ran.
@@ -14,9 +14,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_output
 
-from grader.feedback import CSP, html_page
-from grader.feedback_safety import HIDDEN_LINE_NOTE, hidden_lines
-from grader.labs import graded_cells
+from grader.common.labs import graded_cells
+from grader.feedback.page import CSP, html_page
+from grader.feedback.safety import HIDDEN_LINE_NOTE, hidden_lines
 from helpers import REPO
 from helpers.lab1_class import HONEST, TEST_TIMEOUT_S
 from helpers.submissions import released, solved
@@ -258,7 +258,7 @@ def _nbgrader_html(nb, template: str, course_config: bool = False) -> str:
     from nbgrader.server_extensions.formgrader import handlers
     from traitlets.config import Config
 
-    from grader.labs import course_config as load
+    from grader.common.labs import course_config as load
 
     c = load() if course_config else Config()
     c.HTMLExporter.template_name = template
@@ -303,7 +303,7 @@ def _autograded_with_scripts() -> nbformat.NotebookNode:
 
 @pytest.mark.parametrize("template", ["formgrade", "feedback"])
 def test_the_autograded_notebook_runs_nothing_of_the_students_in_formgrader_or_nbgrader_feedback(template):
-    from grader.feedback_safety import SHOWN_AS_TEXT, InertNotebook
+    from grader.feedback.safety import SHOWN_AS_TEXT, InertNotebook
 
     nb = _autograded_with_scripts()
     assert _students_markup(nb, template), "nbgrader's page runs these as they are: this tests nothing"
@@ -330,16 +330,16 @@ def test_formgrader_and_nbgrader_feedback_make_a_notebook_autograded_before_iner
 
 
 def test_the_course_ends_every_autograde_with_the_inert_step_and_jails_on_a_spec_alone(monkeypatch):
-    from grader.labs import course_config
+    from grader.common.labs import course_config
 
     for name in ("GRADER_SANDBOX_SPEC", "GRADER_JUDGE_CELL_FILE"):
         monkeypatch.delenv(name, raising=False)
     steps = list(course_config().Autograde.autograde_preprocessors)
-    assert steps[0] == "nbgrader.preprocessors.Execute" and steps[-1] == "grader.feedback_safety.InertNotebook"
+    assert steps[0] == "nbgrader.preprocessors.Execute" and steps[-1] == "grader.feedback.safety.InertNotebook"
     monkeypatch.setenv("GRADER_SANDBOX_SPEC", "/nowhere/sandbox.json")  # no judge: a lab that records no value
     steps = list(course_config().Autograde.autograde_preprocessors)
-    assert steps[0] == "grader.judged_execute.JudgedSandboxedExecute", steps
-    assert steps[-1] == "grader.feedback_safety.InertNotebook"
+    assert steps[0] == "grader.judge.judged_execute.JudgedSandboxedExecute", steps
+    assert steps[-1] == "grader.feedback.safety.InertNotebook"
 
 
 @pytest.mark.grading

@@ -22,14 +22,15 @@ import torch
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from course import grading
-from grader import COURSE_ROOT, GraderError, collect, export, reference, verdict
-from grader.feedback import HIDDEN_NOTE, HideHiddenTests
-from grader.feedback_worker import FeedbackWorker
-from grader.grade_submission import inspect_autograded
-from grader.judge import required_checks
-from grader.labs import graded_cells
-from grader.sandbox import Limits
-from grader.workspace import gradable_labs
+from grader import COURSE_ROOT, GraderError, reference
+from grader.common.labs import graded_cells
+from grader.feedback.page import HIDDEN_NOTE, HideHiddenTests
+from grader.feedback.worker import FeedbackWorker
+from grader.grading import collect, export, verdict
+from grader.grading.submission import inspect_autograded
+from grader.grading.workspace import gradable_labs
+from grader.jail.bwrap import Limits
+from grader.judge.server import required_checks
 from helpers import graded_labs
 
 LABS = ["01_single_gpu", "02_data_parallel"]
@@ -229,7 +230,7 @@ def test_reference_check_says_whether_the_stored_values_agree(stored, status, sa
     assert says in proc.stdout, proc.stdout
 
 
-# --- grader.solution: the solution notebook's definitions, for benchmarks ----------
+# --- grader.common.solution: the solution notebook's definitions, for benchmarks ----------
 
 def _cell(source, *tags):
     cell = nbformat.v4.new_code_cell(source)
@@ -238,7 +239,7 @@ def _cell(source, *tags):
 
 
 def test_solution_loader_runs_the_cells_tagged_for_it_only():
-    from grader.solution import code_cells, defines_only, marking_problems
+    from grader.common.solution import code_cells, defines_only, marking_problems
     assert defines_only("import torch\n\ndef f():\n    return 1\n\nclass A:\n    pass\n")
     assert not defines_only("def f():\n    pass\nf()\n")        # a call: a demonstration
     assert not defines_only("x = 1\n")
@@ -256,7 +257,7 @@ def test_solution_loader_runs_the_cells_tagged_for_it_only():
 
 
 def test_a_reused_cell_that_does_more_than_define_is_named_with_its_statement():
-    from grader.solution import marking_problems
+    from grader.common.solution import marking_problems
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# a lab"),
         _cell("import torch", "setup"),
@@ -281,7 +282,7 @@ def test_a_reused_cell_that_does_more_than_define_is_named_with_its_statement():
 
 def test_reference_check_fails_on_a_reused_cell_that_is_not_definitions_only(tmp_path):
     """Before executing anything: a solution whose tagged cell also runs code."""
-    from grader.solution import REUSED_TAG
+    from grader.common.solution import REUSED_TAG
     shutil.copytree(COURSE_ROOT / "solutions" / "01_single_gpu", tmp_path / "solutions" / "01_single_gpu")
     shutil.copy(COURSE_ROOT / "nbgrader_config.py", tmp_path)
     path = tmp_path / "solutions" / "01_single_gpu" / "01_single_gpu.ipynb"
@@ -297,9 +298,9 @@ def test_reference_check_fails_on_a_reused_cell_that_is_not_definitions_only(tmp
 
 
 def test_every_solution_tags_its_cells_for_the_loader_as_it_can_load_them():
-    from grader.labs import find_labs
+    from grader.common.labs import find_labs
+    from grader.common.solution import code_cells, marking_problems
     from grader.run import LABS
-    from grader.solution import code_cells, marking_problems
     for lab in find_labs():
         assert marking_problems(nbformat.read(lab.notebook, as_version=4), lab.name) == []
     for name in LABS:  # what `python -m grader run` loads: a setup and something reused
@@ -309,7 +310,7 @@ def test_every_solution_tags_its_cells_for_the_loader_as_it_can_load_them():
 
 def test_solution_loader_gives_lab_2_answers_that_run_on_ranks():
     import course
-    from grader.solution import load
+    from grader.common.solution import load
     lab = load("02_data_parallel")
     assert callable(lab.ring_all_reduce) and isinstance(lab.BucketedGradients, type)
 
@@ -323,7 +324,7 @@ def test_solution_loader_gives_lab_2_answers_that_run_on_ranks():
 
 
 def test_solution_loader_names_the_labs_it_has(tmp_path):
-    from grader.solution import load
+    from grader.common.solution import load
     (tmp_path / "solutions" / "01_x").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=r"01_x"):
         load("02_missing", root=tmp_path)
@@ -551,7 +552,7 @@ def _run_with(stand, tmp_path, monkeypatch, labs, jobs):
                         "AutogradeWorker": Worker, "FeedbackWorker": Worker,
                         "prepare_gradebook": stand.prepare_gradebook}.items():
         monkeypatch.setattr(grading_run, name, value)
-    monkeypatch.setattr(grading_run.jail, "unavailable", lambda: None)
+    monkeypatch.setattr(grading_run, "jail_unavailable", lambda: None)
     monkeypatch.setattr(grading_run.export, "write_csv", lambda *args, **kwargs: None)
     for student in ("ada", "bo"):
         for lab in labs:
@@ -616,12 +617,12 @@ def test_tampering_with_test_cells_is_reported():
 
 @pytest.mark.parametrize("last_cell", ["course.launch(one, 2)", "raise KeyError('a student error')"])
 def test_execute_leaves_no_kernel_or_rank_running(tmp_path, last_cell):
-    # nbclient shuts down only kernels it starts itself; grader.execute starts its own, with a
+    # nbclient shuts down only kernels it starts itself; grader.common.execute starts its own, with a
     # forkserver holding torch: one of each left per notebook would pile up in a test run
     import psutil
     from nbclient.exceptions import CellExecutionError
 
-    from grader.execute import execute
+    from grader.common.execute import execute
 
     nb = new_notebook(cells=[new_code_cell("import course\ndef one():\n    return 1\ncourse.launch(one, 2)"),
                              new_code_cell(last_cell)])
@@ -637,12 +638,12 @@ def test_execute_leaves_no_kernel_or_rank_running(tmp_path, last_cell):
 
 
 def test_a_graded_kernel_waits_longer_for_its_ranks_unless_the_instructor_says_otherwise(tmp_path):
-    from grader import sandbox
-    spec = sandbox.Spec(root=str(tmp_path), uid=None)
-    env = sandbox.jail_environment(spec, {"PATH": "/usr/bin", "SECRET": "x"})
-    assert env["COURSE_RANK_TIMEOUT"] == sandbox.GRADED_RANK_TIMEOUT_S
+    from grader.jail import bwrap
+    spec = bwrap.Spec(root=str(tmp_path), uid=None)
+    env = bwrap.jail_environment(spec, {"PATH": "/usr/bin", "SECRET": "x"})
+    assert env["COURSE_RANK_TIMEOUT"] == bwrap.GRADED_RANK_TIMEOUT_S
     assert float(env["COURSE_RANK_TIMEOUT"]) > 30 and "SECRET" not in env
-    assert sandbox.jail_environment(spec, {"COURSE_RANK_TIMEOUT": "300"})["COURSE_RANK_TIMEOUT"] == "300"
+    assert bwrap.jail_environment(spec, {"COURSE_RANK_TIMEOUT": "300"})["COURSE_RANK_TIMEOUT"] == "300"
 
 
 # --------------------------------------------------------------------------
@@ -662,7 +663,7 @@ def _gradebook_with_written_answers(path, students):
     from nbgrader.api import Gradebook
     from sqlalchemy.exc import SAWarning
 
-    from grader.labs import course_config
+    from grader.common.labs import course_config
     course_id = course_config(COURSE_ROOT).CourseDirectory.course_id
     with warnings.catch_warnings(), Gradebook(f"sqlite:///{path}", course_id=course_id) as gb:
         warnings.simplefilter("ignore", SAWarning)  # nbgrader's add_submission trips autoflush warnings
@@ -714,7 +715,7 @@ def test_written_answers_are_exported_as_pending_until_graded_by_hand(tmp_path):
 def test_the_feedback_page_says_pending_for_an_answer_nobody_graded_and_escapes_it(tmp_path):
     from nbformat.v4 import new_markdown_cell
 
-    from grader.feedback import html_page
+    from grader.feedback.page import html_page
     db = _gradebook_with_written_answers(tmp_path / "gb.db", {"ada": {}, "bo": {"written_why": 1.5}})
     released = "YOUR ANSWER HERE"
     cells = [_graded_cell("assert True", "test_step", True)]

@@ -4,8 +4,8 @@ row), and whatever is wrong with one student's part of the class's zip or folder
 member, stray notebooks, an id nbgrader cannot use, a folder named like a lab), is that
 student's verdict alone: every other student is graded and the CSV is written.
 
-A grading run's orchestration runs for real here (grader.grade, grader.grade_submission's
-SubmissionGrader, grader.export's CSV), with stand-ins for nbgrader, the feedback renderer and
+A grading run's orchestration runs for real here (grader.grade, grader.grading.submission's
+SubmissionGrader, grader.grading.export's CSV), with stand-ins for nbgrader, the feedback renderer and
 the gradebook's database: seconds, not a real grading run (tests/test_hostile_grading.py has those).
 """
 from __future__ import annotations
@@ -24,12 +24,13 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from grader import collect, tampering, verdict
 from grader import grade as grading_run
-from grader import grade_submission as submission_grading
-from grader.grade_submission import SubmissionGrader
-from grader.sandbox import Limits
-from grader.workspace import LabInfo, Workspace
+from grader.grading import collect, verdict
+from grader.grading import submission as submission_grading
+from grader.grading.submission import SubmissionGrader
+from grader.grading.workspace import LabInfo, Workspace
+from grader.jail.bwrap import Limits
+from grader.judge import tampering
 
 LAB = "01_tiny"
 
@@ -127,7 +128,7 @@ class _Class:
             with lock:
                 merged[(student, lab)] = 1.0
 
-        class Gradebook:  # nbgrader.api.Gradebook, as grader.export reads it
+        class Gradebook:  # nbgrader.api.Gradebook, as grader.grading.export reads it
             def __init__(self, *args, **kwargs):
                 pass
 
@@ -164,7 +165,7 @@ class _Class:
         for name, value in {"lab_infos": lambda root: {LAB: INFO}, "prepare_gradebook": lambda *args: None,
                             "AutogradeWorker": Autograde, "FeedbackWorker": Feedback}.items():
             monkeypatch.setattr(grading_run, name, value)
-        monkeypatch.setattr(grading_run.jail, "unavailable", lambda: "no jail in this test")
+        monkeypatch.setattr(grading_run, "jail_unavailable", lambda: "no jail in this test")
         for name, value in {"private_copy": private_copy, "cell_scores": lambda *a: {"test_answer": 1.0},
                             "zero_cells": lambda *a: None, "score": score, "merge": merge}.items():
             monkeypatch.setattr(submission_grading.gradebook, name, value)

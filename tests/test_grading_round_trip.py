@@ -20,7 +20,7 @@ from nbgrader.api import Gradebook
 from test_lab1_grading import MISTAKES
 
 from grader import COURSE_ROOT
-from grader.labs import course_config, graded_cells, read_notebook
+from grader.common.labs import course_config, graded_cells, read_notebook
 from helpers import REPO
 from helpers.lab1_class import HONEST, TEST_TIMEOUT_S
 from helpers.submissions import hidden_lines, released, solved

@@ -24,8 +24,8 @@ import pytest
 from nbformat.v4 import new_code_cell
 from test_lab1_grading import MISTAKES
 
-from grader.jail_uids import outlived
-from grader.labs import graded_cells, read_notebook
+from grader.common.labs import graded_cells, read_notebook
+from grader.jail.uids import outlived
 from helpers import REPO, needs_sandbox
 from helpers.submissions import grade_class, grade_id, solved
 
@@ -194,7 +194,7 @@ def test_the_gradebook_holds_every_grade_intact(hostile):
     db.close()
     from nbgrader.api import Gradebook
 
-    from grader.labs import course_config
+    from grader.common.labs import course_config
     course_id = course_config(REPO).CourseDirectory.course_id
     with Gradebook(f"sqlite:///{hostile['work'] / 'gradebook.db'}", course_id=course_id) as gb:
         for student, row in hostile["csv"].items():

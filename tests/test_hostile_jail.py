@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from grader import sandbox
+from grader.jail import bwrap
 from helpers import REPO, needs_sandbox
 from helpers.lab1_class import HONEST, LAB, MEMORY_GB, TEST_TIMEOUT_S
 from helpers.submissions import solved
@@ -127,7 +127,7 @@ def test_memory_split_over_processes_is_held_to_the_jails_limit(graded):
 @pytest.mark.parametrize("student", ["display_flood", "huge_error"])
 def test_display_updates_and_error_messages_count_against_the_output_cap(graded, student):
     notebook = graded["work"] / "autograded" / student / LAB / f"{LAB}.ipynb"
-    limits = sandbox.Limits()
+    limits = bwrap.Limits()
     assert notebook.stat().st_size < limits.notebook_output_bytes + (2 << 20), notebook.stat().st_size
     nb = nbformat.read(notebook, as_version=4)
     if student == "huge_error":

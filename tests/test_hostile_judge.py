@@ -17,7 +17,7 @@ from nbformat.v4 import new_code_cell
 from test_hostile_grading import _with_cells
 
 from course import grading
-from grader.labs import graded_cells, read_notebook
+from grader.common.labs import graded_cells, read_notebook
 from helpers import REPO, needs_sandbox, round_trips
 from helpers.lab1_class import HONEST, TEST_TIMEOUT_S
 from helpers.submissions import solved

@@ -1,6 +1,6 @@
-"""The jail itself (grader.sandbox, grader.cgroups, grader.seccomp, grader.jail_uids), without nbgrader.
+"""The jail itself (grader.jail.bwrap, grader.jail.cgroups, grader.jail.seccomp, grader.jail.uids), without nbgrader.
 
-Each test starts a jail through its launcher (``python -m grader.sandbox``),
+Each test starts a jail through its launcher (``python -m grader.jail.bwrap``),
 as the kernel manager does, and runs a small program in it: a few seconds
 each. What graded notebooks do to the jail is in test_hostile_jail.py.
 """
@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from grader import cgroups, sandbox, seccomp
-from grader.jail import Jail
-from grader.jail_uids import processes_of
+from grader.jail import bwrap, cgroups, seccomp
+from grader.jail.host import Jail
+from grader.jail.uids import processes_of
 from helpers import needs_sandbox
 from helpers.jails import jail_in, run_in_jail
 
 pytestmark = [pytest.mark.grading, needs_sandbox()]
 
-LIMITS = sandbox.Limits(memory_bytes=1 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
+LIMITS = bwrap.Limits(memory_bytes=1 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_the_kernel_works_in_a_folder_of_its_own_and_sees_no_host_path(jail, tmp
         print("cwd", os.getcwd())
         print("course", course.__file__)
         open("notes.txt", "w").write("mine")
-        for path in ("/x", "/course/x", "/run/grader/x", {str(sandbox.TREE_HOME / 'x')!r}):
+        for path in ("/x", "/course/x", "/run/grader/x", {str(bwrap.TREE_HOME / 'x')!r}):
             try:
                 open(path, "w")
                 print("WROTE", path)
@@ -173,7 +173,7 @@ def test_two_jails_at_once_have_their_own_uids_and_do_not_kill_each_others_proce
     try:
         if os.geteuid() == 0:
             assert first.uid != second.uid
-        command = sandbox.launch_command(second.spec, "lab1", ["sleep", "120"])
+        command = bwrap.launch_command(second.spec, "lab1", ["sleep", "120"])
         sleeper = subprocess.Popen(command)
         deadline = time.monotonic() + 60
         while "sleep" not in _names(second) and time.monotonic() < deadline:
@@ -203,7 +203,7 @@ def _names(jail: Jail) -> list[str]:
 def test_a_uid_is_held_by_one_jail_at_a_time(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("uids are leased only by a grader running as root")
-    from grader.jail_uids import UidLease
+    from grader.jail.uids import UidLease
     leases = [UidLease(tmp_path / "locks", first=62000, count=2) for _ in range(2)]
     assert sorted(lease.uid for lease in leases) == [62000, 62001]
     with pytest.raises(RuntimeError, match="in use"):
@@ -215,7 +215,7 @@ def test_a_uid_is_held_by_one_jail_at_a_time(tmp_path):
 def test_only_processes_of_a_uid_no_jail_holds_count_as_outlived(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("uids are leased only by a grader running as root")
-    from grader.jail_uids import UidLease, kill_uid, outlived
+    from grader.jail.uids import UidLease, kill_uid, outlived
     locks = tmp_path / "locks"
     lease = UidLease(locks, first=62010, count=1)
     sleeper = subprocess.Popen(["sleep", "60"], user=lease.uid, group=lease.uid)

@@ -23,15 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from grader import sandbox, seccomp, verdict
-from grader.jail import JailUsage
-from grader.jail_uids import descendants, start_time
+from grader.grading import verdict
+from grader.jail import bwrap, seccomp
+from grader.jail.host import JailUsage
+from grader.jail.uids import descendants, start_time
 from helpers import REPO, needs_sandbox
 from helpers.jails import jail_in, run_in_jail
 
 pytestmark = pytest.mark.grading
 
-LIMITS = sandbox.Limits(memory_bytes=1 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
+LIMITS = bwrap.Limits(memory_bytes=1 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
 #: Three children of 400 MB each, touched, held for 4 s: 1.2 GB in all against a 1 GiB jail.
 SPLIT_BOMB = """
     import subprocess, sys
@@ -158,7 +159,7 @@ def test_the_environment_passes_by_exact_names_only(tmp_path):
     from course.errors import TIMEOUT_VARIABLE
     from course.placement import RANKS_VARIABLE
 
-    spec = sandbox.Spec(root=str(tmp_path), uid=None)
+    spec = bwrap.Spec(root=str(tmp_path), uid=None)
     wanted = {TIMEOUT_VARIABLE: "300", RANKS_VARIABLE: "4", grading.DIR_ENV: "/nowhere",
               grading.JUDGE_ENV: str(spec.judge_dir / "judge.sock"), "NBGRADER_EXECUTION": "autograde",
               "MPLBACKEND": "agg", "OMP_NUM_THREADS": "2", "LC_ALL": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "0",
@@ -167,11 +168,11 @@ def test_the_environment_passes_by_exact_names_only(tmp_path):
                 grading.SEED_ENV: "7", "NCCL_ANYTHING": "x", "CUDA_SECRET": "x", "NVIDIA_VISIBLE_DEVICES": "all",
                 "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0", "LC_SECRET": "x",
                 "GRADER_SANDBOX_SPEC": "/host/spec.json", "GRADER_JUDGE_CELL_FILE": "/host/cell", "AWS_SECRET": "x"}
-    env = sandbox.jail_environment(spec, {**wanted, **unwanted})
+    env = bwrap.jail_environment(spec, {**wanted, **unwanted})
     assert not set(unwanted) & set(env), sorted(set(unwanted) & set(env))
-    assert {k: env[k] for k in wanted} == {**wanted, grading.JUDGE_ENV: f"{sandbox.JAIL_JUDGE}/judge.sock"}
-    assert not any(name.endswith("_") for name in sandbox.JAIL_ENV_NAMES)
-    assert not hasattr(sandbox, "JAIL_ENV_PREFIXES")
+    assert {k: env[k] for k in wanted} == {**wanted, grading.JUDGE_ENV: f"{bwrap.JAIL_JUDGE}/judge.sock"}
+    assert not any(name.endswith("_") for name in bwrap.JAIL_ENV_NAMES)
+    assert not hasattr(bwrap, "JAIL_ENV_PREFIXES")
 
 
 @needs_sandbox()
@@ -263,12 +264,13 @@ def test_as_an_unprivileged_user_split_memory_is_killed_and_the_verdict_says_so(
             import json, subprocess, sys, textwrap
             from dataclasses import asdict
             from pathlib import Path
-            from grader import sandbox, verdict
-            from grader.jail import Jail
-            limits = sandbox.Limits(**json.loads({json.dumps(asdict(LIMITS))!r}))
+            from grader.grading import verdict
+            from grader.jail import bwrap
+            from grader.jail.host import Jail
+            limits = bwrap.Limits(**json.loads({json.dumps(asdict(LIMITS))!r}))
             jail = Jail(Path({str(folder / "jail")!r}), limits)  # asks for a cgroup: a user gets none
             try:
-                command = sandbox.launch_command(jail.spec, "lab1", [sys.executable, "-c",
+                command = bwrap.launch_command(jail.spec, "lab1", [sys.executable, "-c",
                                                                      textwrap.dedent({SPLIT_BOMB!r})])
                 subprocess.run(command, timeout=120)
                 usage = jail.usage()

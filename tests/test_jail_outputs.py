@@ -1,8 +1,8 @@
 """What a jailed kernel sends back, and where it may write: nbgrader's jailed Execute on small notebooks.
 
-Each test runs a few cells through grader.sandboxed.SandboxedExecute, as
+Each test runs a few cells through grader.jail.kernel.SandboxedExecute, as
 ``nbgrader autograde`` does (the synchronous ExecutePreprocessor path), in a
-real jail (grader.jail.Jail), without a grading run: a kernel start and a few
+real jail (grader.jail.host.Jail), without a grading run: a kernel start and a few
 seconds each.
 """
 from __future__ import annotations
@@ -16,15 +16,16 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from grader import sandbox, sandboxed, verdict
-from grader.jail import Jail
-from grader.sandboxed import SPEC_ENV, SandboxedExecute
+from grader.grading import verdict
+from grader.jail import bwrap, kernel
+from grader.jail.host import Jail
+from grader.jail.kernel import SPEC_ENV, SandboxedExecute
 from helpers import needs_sandbox
 from helpers.jails import jail_in
 
 pytestmark = [pytest.mark.grading, needs_sandbox()]
 
-LIMITS = sandbox.Limits(memory_bytes=2 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
+LIMITS = bwrap.Limits(memory_bytes=2 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
 #: What the grader's own memory may grow by while the kernel floods it: about 30 MiB here, the kernel's
 #: client and a 3 MB error's reply. Held whole, as they were before, the floods below took 180 MiB
 #: (a 50 MB display three times over: the frame, its text, and the JSON it was sized by).
@@ -58,7 +59,7 @@ def _memory_kib(field: str) -> int:
 def test_every_kind_of_output_is_capped_before_the_grader_holds_it(jail, tmp_path, monkeypatch):
     # zmq's refusal at the cell's cap plus its slack, without the floor that lets a print flood be counted:
     # the 20 MB buffers and the 50 MB display below are then each a frame too large.
-    monkeypatch.setattr(sandboxed, "FRAME_FLOOR", 0)
+    monkeypatch.setattr(kernel, "FRAME_FLOOR", 0)
     folder = tmp_path / "autograded"
     folder.mkdir()
     before = _memory_kib("VmRSS")
@@ -95,7 +96,7 @@ def test_every_kind_of_output_is_capped_before_the_grader_holds_it(jail, tmp_pat
 
     assert growth < GROWTH_BOUND, f"the grader grew by {growth >> 20} MiB"
     assert "printed 2.3 MB" in _texts(small), small.outputs
-    frame = sandbox.Limits().output_bytes + sandboxed.FRAME_SLACK
+    frame = bwrap.Limits().output_bytes + kernel.FRAME_SLACK
     for cell, after in ((big, "after the big messages"), (shown, "after the display")):
         assert after in _texts(cell), cell.outputs  # the channel was connected again; nothing counted
         assert f"printed more than {frame / 2**20:.1f} MB in one output" in _texts(cell), cell.outputs
@@ -149,7 +150,7 @@ def test_the_kernels_folders_are_capped_and_sealed(jail, tmp_path, monkeypatch):
         """, monkeypatch=monkeypatch)
     work, sealed = _texts(nb.cells[0]), _texts(nb.cells[1])
     assert "stopped: No space left on device" in work, work
-    assert f"cwd {sandbox.workdir(folder.name)}" in work, work  # a folder of the jail, not the host's
+    assert f"cwd {bwrap.workdir(folder.name)}" in work, work  # a folder of the jail, not the host's
     assert "planted lab1.ipynb" in work  # in the jail's own folder: nothing outside sees it
     assert sorted(p.name for p in folder.iterdir()) == ["lab1.ipynb"]
     assert (folder / "lab1.ipynb").read_text() == "{}" and not (folder / "lab1.ipynb").is_symlink()
@@ -164,7 +165,7 @@ def test_the_kernels_folders_are_capped_and_sealed(jail, tmp_path, monkeypatch):
 def test_the_verdict_names_each_cut_the_grader_notes():
     from nbformat.v4 import new_output
 
-    from grader.sandboxed import NOTEBOOK_OUTPUT_NOTE, OUTPUT_NOTE
+    from grader.jail.kernel import NOTEBOOK_OUTPUT_NOTE, OUTPUT_NOTE
 
     notes = [OUTPUT_NOTE.format(printed="3.0 MB", kept="1.0 MB"),
              OUTPUT_NOTE.format(printed="more than 2.0 MB in one output", kept="1.0 MB"),

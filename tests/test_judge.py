@@ -1,6 +1,6 @@
 """The judge, a process of its own: authoritative, pass-or-fail, and only for the test cell that runs.
 
-Each test starts a real judge (grader.judge.Judge) on a small lab of its own and
+Each test starts a real judge (grader.judge.server.Judge) on a small lab of its own and
 talks to it as a submission's kernel does: through course.grading, or with raw
 requests a hostile kernel could send.
 """
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from course import grading
-from grader.judge import (
+from grader.common.labs import find_labs, read_notebook
+from grader.judge.server import (
     MAX_CHECKS_PER_KEY,
     MAX_REQUEST_BYTES,
     UNPRIVILEGED_UID,
@@ -25,7 +26,6 @@ from grader.judge import (
     findings,
     required_checks,
 )
-from grader.labs import find_labs, read_notebook
 from helpers import REPO
 
 pytestmark = pytest.mark.grading
@@ -196,7 +196,7 @@ def _referee(tmp_path, values: dict, checks: dict | None = None, required=None):
     """The judge's answering part in this process, its log in memory: (referee, log)."""
     import io
 
-    from grader.judge import Referee
+    from grader.judge.server import Referee
     path = tmp_path / "values.json"
     grading.write(path, LAB, values, None, checks)
     (tmp_path / "cell").write_text("test_w")
@@ -289,16 +289,16 @@ def test_the_judges_words_name_the_key_never_the_requests_name(tmp_path):
 def test_the_judges_log_stays_bounded_whatever_is_sent(tmp_path, monkeypatch):
     """100 refused requests of 8 MB each once made a log of 762 MiB. Each entry is cut, the requests
     logged are bounded (MAX_REQUESTS), and the log as a whole too: here a cap of 200 kB to reach."""
-    from grader import judge
+    from grader.judge import server
     referee, log = _referee(tmp_path, {"n": 3}, required={"test_w": ["n"], "test_n": ["n"]})
     huge = "k" * (1 << 20)
     for fields in ({"key": huge}, {"op": huge}, {"lab": huge}):
         referee.answer(json.dumps({"lab": LAB, "op": "check", "value": {"number": 3}, **fields}).encode())
-    assert all(len(line) < 3 * judge.MAX_MESSAGE for line in log.getvalue().splitlines())
-    monkeypatch.setattr(judge, "MAX_LOG_BYTES", 200_000)
+    assert all(len(line) < 3 * server.MAX_MESSAGE for line in log.getvalue().splitlines())
+    monkeypatch.setattr(server, "MAX_LOG_BYTES", 200_000)
     for i in range(400):    # each logged with its key cut to MAX_MESSAGE: about 750 bytes
         referee.answer(json.dumps({"lab": LAB, "op": "check", "key": f"{i}" + "k" * 1000}).encode())
-    assert len(log.getvalue()) <= judge.MAX_LOG_BYTES
+    assert len(log.getvalue()) <= server.MAX_LOG_BYTES
     assert _entries(log)[-1]["op"] == "full"
     # Once full, checks no longer reach the grader: they earn nothing, and the verdict says why.
     (tmp_path / "cell").write_text("test_n")

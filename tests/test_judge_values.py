@@ -10,8 +10,8 @@ import stat
 import pytest
 
 from grader import GraderError, grade, judge_values, reference
-from grader.labs import find_labs
-from grader.workspace import Workspace
+from grader.common.labs import find_labs
+from grader.grading.workspace import Workspace
 from helpers import REPO
 
 LAB = next(lab for lab in find_labs(REPO) if lab.name == "01_single_gpu")

@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from grader.labs import graded_cells
+from grader.common.labs import graded_cells
 from helpers import REPO, needs_sandbox, round_trips
 from helpers.submissions import solved
 

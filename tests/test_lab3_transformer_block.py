@@ -10,7 +10,7 @@ import torch
 
 import course
 from course import check, transformer
-from grader.solution import load
+from grader.common.solution import load
 
 pytestmark = pytest.mark.lab("03_model_parallel")
 

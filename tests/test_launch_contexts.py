@@ -69,7 +69,7 @@ KERNEL_DRIVER = """
 import json, sys
 import nbformat
 from nbclient import NotebookClient
-from grader.execute import this_interpreters_kernel
+from grader.common.execute import this_interpreters_kernel
 
 cells = json.loads(sys.argv[1])
 notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])

@@ -33,7 +33,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 
 from course.placement import RANKS_VARIABLE
 from grader import reference
-from grader.execute import INLINE_BACKEND, execute
+from grader.common.execute import INLINE_BACKEND, execute
 from helpers import REPO
 from helpers import solution_runs as runs
 from helpers.forked_cells import CAPABILITY_VARIABLE, settings_env
@@ -60,7 +60,7 @@ def _execute(nb: nbformat.NotebookNode, cwd: Path, progress: dict | None = None,
 @pytest.fixture(autouse=True)
 def _headless(monkeypatch):
     # The kernel inherits this process's environment.
-    monkeypatch.setenv("MPLBACKEND", "Agg")  # grader.execute gives the kernel the inline backend
+    monkeypatch.setenv("MPLBACKEND", "Agg")  # grader.common.execute gives the kernel the inline backend
     monkeypatch.delenv(CAPABILITY_VARIABLE, raising=False)  # the machine's own, unless a run sets it
 
 

@@ -20,8 +20,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from grader import GraderError
-from grader.compare import compare_releases
-from grader.labs import DEMO_NOTEBOOK, find_labs, ignore_patterns
+from grader.common.compare import compare_releases
+from grader.common.labs import DEMO_NOTEBOOK, find_labs, ignore_patterns
 from grader.release import release
 from helpers import REPO
 
@@ -142,7 +142,7 @@ def test_solution_region_replaced_by_stub(course):
 def test_a_written_answer_is_released_blank_and_known_to_the_gradebook_as_graded_by_hand(course):
     from nbgrader.api import Gradebook
 
-    from grader.labs import find_labs
+    from grader.common.labs import find_labs
     cells = released_cells(course)
     assert cells[3].source == QUESTION_SRC and cells[3].metadata.get("editable") is False
     assert cells[4].source == "YOUR ANSWER HERE" and cells[4].metadata.nbgrader["points"] == 3

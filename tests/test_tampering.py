@@ -1,4 +1,4 @@
-"""grader.tampering: each way of reaching for the grading machinery is flagged at its line, and
+"""grader.judge.tampering: each way of reaching for the grading machinery is flagged at its line, and
 correct answers (the solutions, the labs' answers written differently) are never flagged."""
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import importlib
 import pytest
 from nbformat.v4 import new_code_cell
 
-from grader import tampering, verdict
-from grader.quoting import quoted
-from grader.tampering import flags
+from grader.common.quoting import quoted
+from grader.grading import verdict
+from grader.judge import tampering
+from grader.judge.tampering import flags
 from helpers import REPO, graded_labs
 from helpers.submissions import released, solved
 

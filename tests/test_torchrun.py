@@ -20,8 +20,8 @@ import course
 from course import _processes, check, stages
 from course.grid_model import Grid
 from grader import run as run_script
+from grader.common.solution import load
 from grader.run import main
-from grader.solution import load
 
 pytestmark = pytest.mark.torchrun
 
@@ -391,7 +391,8 @@ def test_the_script_is_a_grader_command_and_starts_without_nbgrader():
     probe = ("import sys, runpy; sys.argv = ['grader', 'run', '--help']\n"
              "try: runpy.run_module('grader', run_name='__main__')\n"
              "except SystemExit: pass\n"
-             "print(sorted(m for m in sys.modules if m.startswith(('nbgrader', 'grader.grade', 'grader.jail'))))")
+             "grading = ('nbgrader', 'grader.grad', 'grader.jail', 'grader.judge', 'grader.feedback')\n"
+             "print(sorted(m for m in sys.modules if m.startswith(grading)))")
     started = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "02_data_parallel" in started.stdout and "04_hybrid" in started.stdout, started.stdout + started.stderr
     assert started.stdout.strip().splitlines()[-1] == "[]", started.stdout

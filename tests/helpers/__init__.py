@@ -23,20 +23,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def graded_labs(root: Path = REPO) -> list:
-    """The labs of the course at root that have graded test cells, in lab order (grader.labs.Lab).
+    """The labs of the course at root that have graded test cells, in lab order (grader.common.labs.Lab).
 
-    Found as the grader finds them (grader.labs.find_labs, as grader.workspace.gradable_labs),
+    Found as the grader finds them (grader.common.labs.find_labs, as grader.grading.workspace.gradable_labs),
     never listed by hand: a test of every lab takes its labs from here, so a new lab folder is
     held to each rule as soon as it is in solutions/.
     """
-    from grader.labs import find_labs
+    from grader.common.labs import find_labs
 
     return [lab for lab in find_labs(root) if lab.points]
 
 
 def needs_sandbox():
     """Skipped where this machine cannot make a jail; never in CI, which must."""
-    from grader.jail import unavailable  # a probe that starts a jail: only for the tests that need one
+    from grader.jail.host import unavailable  # a probe that starts a jail: only for the tests that need one
 
     return pytest.mark.skipif(unavailable() is not None and not os.environ.get("CI"),
                               reason=f"no sandbox here: {unavailable()}")

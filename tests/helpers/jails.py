@@ -12,13 +12,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from grader import sandbox
-from grader.jail import Jail
+from grader.jail import bwrap
+from grader.jail.host import Jail
 
 
 @contextlib.contextmanager
-def jail_in(folder: Path, limits: sandbox.Limits, **kwargs):
-    """A jail made in folder/jail (grader.jail.Jail's keywords: use_cgroup, ...), closed afterwards."""
+def jail_in(folder: Path, limits: bwrap.Limits, **kwargs):
+    """A jail made in folder/jail (grader.jail.host.Jail's keywords: use_cgroup, ...), closed afterwards."""
     (Path(folder) / "jail").mkdir()
     made = Jail(Path(folder) / "jail", limits, **kwargs)
     try:
@@ -29,6 +29,6 @@ def jail_in(folder: Path, limits: sandbox.Limits, **kwargs):
 
 def run_in_jail(jail: Jail, code: str, env: dict | None = None, timeout: float = 180) -> str:
     """Run code in the jail; its console (the program's stdout and stderr, and the launcher's line)."""
-    command = sandbox.launch_command(jail.spec, "lab1", [sys.executable, "-c", textwrap.dedent(code)])
+    command = bwrap.launch_command(jail.spec, "lab1", [sys.executable, "-c", textwrap.dedent(code)])
     subprocess.run(command, env={**os.environ, **(env or {})}, timeout=timeout, check=False)
     return jail.spec.console.read_text(errors="replace")

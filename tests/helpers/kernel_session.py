@@ -18,7 +18,7 @@ from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from grader.execute import this_interpreters_kernel
+from grader.common.execute import this_interpreters_kernel
 
 CELLS = [
     """

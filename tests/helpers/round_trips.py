@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader.labs import graded_cells
+from grader.common.labs import graded_cells
 
 from . import REPO
 from .forked_cells import SETTINGS_PROBE, settings_env

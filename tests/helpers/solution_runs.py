@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 
 from grader import reference
-from grader.labs import ignore_patterns
+from grader.common.labs import ignore_patterns
 
 from . import REPO
 from .forked_cells import SETTINGS_PROBE, assert_ran_on

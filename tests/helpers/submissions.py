@@ -24,7 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader.labs import graded_cells
+from grader.common.labs import graded_cells
 
 from . import REPO
 from .forked_cells import failing_tests_forked

@@ -15,7 +15,7 @@ from pathlib import Path
 from nbgrader.api import Gradebook
 from sqlalchemy.exc import SAWarning
 
-from . import nbgrader_cli
+from grader.common import nbgrader_cli
 
 
 def db_url(path: Path) -> str:
@@ -79,7 +79,7 @@ def score(path: Path, course_id: str, lab: str, student: str) -> float:
 
 @dataclass(frozen=True)
 class Written:
-    """A submission's answers graded by hand (grader.labs.written_cells), as the gradebook has them now."""
+    """A submission's answers graded by hand (grader.common.labs.written_cells), as the gradebook has them now."""
     given: float = 0.0       # points given so far: in formgrader, or 0 by autograde for an answer left blank
     pending: float = 0.0     # points of answers that await grading by hand
     max_score: float = 0.0

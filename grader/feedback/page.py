@@ -9,10 +9,10 @@ the hidden lines that raised it. The message itself stays; the course's checks
 write it for students (which result, the largest difference, the tolerance).
 
 `render` makes the same page as ``nbgrader generate_feedback`` (its template,
-its grades), without starting nbgrader: grader.feedback_worker calls it in a
+its grades), without starting nbgrader: grader.feedback.worker calls it in a
 process that stays up for a whole grading run. What the submission produced
-is made inert first (grader.feedback_safety), the template
-(grader/feedback_template) shows the student's markdown as text, the verdict
+is made inert first (grader.feedback.safety), the template
+(grader/feedback/template) shows the student's markdown as text, the verdict
 is escaped here, and the page's Content-Security-Policy lets no script run
 and nothing load from elsewhere, in case something was missed.
 """
@@ -30,11 +30,11 @@ from nbgrader.preprocessors import GetGrades, NbGraderPreprocessor
 from traitlets import Unicode
 from traitlets.config import Config
 
-from .feedback_safety import VERDICT, HiddenLines, make_inert
+from .safety import VERDICT, HiddenLines, make_inert
 
 HIDDEN_NOTE = "# (hidden tests, not shown)"
 _FORMGRADER = Path(nbgrader.__file__).parent / "server_extensions" / "formgrader"
-_TEMPLATES = Path(__file__).parent / "feedback_template"
+_TEMPLATES = Path(__file__).parent / "template"
 # Inline styles and data: images only: no script, no plugin, nothing fetched from elsewhere.
 CSP = ("default-src 'none'; script-src 'none'; object-src 'none'; style-src 'unsafe-inline'; "
        "img-src data:; font-src data:; base-uri 'none'; form-action 'none'")

@@ -1,9 +1,9 @@
-"""Renders feedback pages (grader.feedback.render) in a warm process, one per grading slot.
+"""Renders feedback pages (grader.feedback.page.render) in a warm process, one per grading slot.
 
 It stays a separate process for the reason ``nbgrader generate_feedback`` was
 one: a submission's markdown and outputs are rendered outside the grader,
 under a time limit, and a render that runs past it is killed without taking
-the grader down (grader.warm_process).
+the grader down (grader.common.warm_process).
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from .warm_process import WarmProcess, serve
+from grader.common.warm_process import WarmProcess, serve
 
 
 class FeedbackWorker(WarmProcess):
     def __init__(self, root: Path, timeout: float, log: Path):
-        super().__init__("grader.feedback_worker", root, log)
+        super().__init__("grader.feedback.worker", root, log)
         self.timeout = timeout
 
     def write(self, autograded: Path, target: Path, db_url: str, student: str, lab: str,
@@ -25,7 +25,7 @@ class FeedbackWorker(WarmProcess):
         """Write the feedback page to target; None if it was written, else what went wrong.
 
         hidden_lines: the lab's hidden tests, cut from the page; lab_markdown: the released
-        lab's markdown cells, the only ones rendered as markdown (grader.feedback.render).
+        lab's markdown cells, the only ones rendered as markdown (grader.feedback.page.render).
         """
         answer = self.ask({"autograded": str(autograded), "target": str(target), "db_url": db_url,
                            "student": student, "lab": lab, "verdict": verdict,
@@ -34,7 +34,7 @@ class FeedbackWorker(WarmProcess):
 
 
 def _write(request: dict) -> dict:
-    from .feedback import render  # the slow imports, once: later calls find them loaded
+    from .page import render  # the slow imports, once: later calls find them loaded
 
     started = time.perf_counter()
     page = render(Path(request["autograded"]), request["db_url"], request["student"],
@@ -49,5 +49,5 @@ def _write(request: dict) -> dict:
 
 
 if __name__ == "__main__":
-    importlib.import_module("grader.feedback")  # now, while the grader starts the first autograde
+    importlib.import_module("grader.feedback.page")  # now, while the grader starts the first autograde
     serve(_write)

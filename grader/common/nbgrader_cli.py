@@ -3,7 +3,7 @@
 A subprocess, not nbgrader's in-process API: config loading is exactly the
 CLI's, and no nbgrader or traitlets state leaks from one run into the next.
 (Grading, which runs autograde once per notebook, keeps one warm nbgrader per
-slot instead: grader.autograde_worker.)
+slot instead: grader.grading.autograde_worker.)
 """
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import GraderError
+from grader import GraderError
+
+from .labs import RELEASE_DIR, SOURCE_DIR
 
 LOG_TAIL_CHARS = 6000
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -64,3 +66,22 @@ def die_with_grader() -> None:
 def log_tail(proc: subprocess.CompletedProcess) -> str:
     log = (proc.stdout or "").strip()
     return log if len(log) <= LOG_TAIL_CHARS else "...\n" + log[-LOG_TAIL_CHARS:]
+
+
+def generate_assignment(lab: str, root: Path, dest: Path | None = None, db_url: str | None = None) -> None:
+    """Run ``nbgrader generate_assignment LAB --force`` with cwd = course root.
+
+    dest / db_url override the config's release directory / gradebook.
+    """
+    args = ["generate_assignment", lab, "--force", "--log-level=WARN"]
+    if dest is not None:
+        args.append(f"--CourseDirectory.release_directory={dest}")
+    if db_url is not None:
+        args.append(f"--CourseDirectory.db_url={db_url}")
+    proc = run(args, root)
+    out_dir = (dest if dest is not None else root / RELEASE_DIR) / lab
+    if proc.returncode != 0 or not (out_dir / f"{lab}.ipynb").is_file():
+        raise GraderError(
+            f"nbgrader generate_assignment failed for {SOURCE_DIR}/{lab}/{lab}.ipynb "
+            f"(exit status {proc.returncode}):\n{log_tail(proc)}"
+        )

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import COURSE_ROOT, GraderError
+from grader import COURSE_ROOT, GraderError
 
 SOURCE_DIR = "solutions"  # must match c.CourseDirectory.source_directory
 RELEASE_DIR = "labs"  # must match c.CourseDirectory.release_directory

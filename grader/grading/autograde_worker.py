@@ -4,7 +4,7 @@ The same application and configuration as the command line (nbgrader's own
 tests run it in-process the same way: initialize, start, reset), without
 starting Python and importing nbgrader again for every notebook. The kernel's
 jail dies with this process (bwrap --die-with-parent), so a notebook that runs
-past its time is stopped by killing the worker (grader.warm_process).
+past its time is stopped by killing the worker (grader.common.warm_process).
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .warm_process import WarmProcess, serve
+from grader.common.warm_process import WarmProcess, serve
 
 
 class AutogradeWorker(WarmProcess):
     def __init__(self, root: Path, log: Path):
-        super().__init__("grader.autograde_worker", root, log)
+        super().__init__("grader.grading.autograde_worker", root, log)
 
     def run(self, args: Sequence[str], env: Mapping[str, str], log: Path, timeout: float) -> int | None:
         """`nbgrader autograde ARGS` with env added, its output in log; None if it ran past timeout."""

@@ -1,8 +1,8 @@
 """One submission's jail as the grader holds it: its folder, its cgroup, its uid, and what it used.
 
-grader.sandbox builds what runs inside (bwrap's command line, the launcher);
+grader.jail.bwrap builds what runs inside (bwrap's command line, the launcher);
 this module is the host's side of one jail's life: `Jail` prepares the folder,
-makes the cgroup (grader.cgroups) and leases the uid (grader.jail_uids); the
+makes the cgroup (grader.jail.cgroups) and leases the uid (grader.jail.uids); the
 kernel manager starts the kernel in it; afterwards `stop` kills what is left,
 `usage` says what it used and ran into (`JailUsage`, for the verdict), and
 `close` gives everything back. A watchdog ends a jail stuck at its memory limit;
@@ -23,9 +23,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import cgroups, sandbox, seccomp
-from .jail_uids import UidLease, descendants, kill_uid, start_time
-from .sandbox import Limits, prepare
+from . import bwrap, cgroups, seccomp
+from .bwrap import Limits, prepare
+from .uids import UidLease, descendants, kill_uid, start_time
 
 CODE_ROOM_BYTES = 256 << 20  # a jail needs this much of its memory limit for the code it runs
 THRASH_S = 2                 # memory pinned past that for this long ends the jail (Jail._watch_memory)
@@ -115,8 +115,8 @@ class Jail:
             raise
 
     def _watch_total_until_closed(self) -> None:
-        launcher, limit = Path(self.spec.root) / sandbox.LAUNCHER_FILE, self.limits.memory_bytes
-        while not self._watching.wait(sandbox.WATCHDOG_S):
+        launcher, limit = Path(self.spec.root) / bwrap.LAUNCHER_FILE, self.limits.memory_bytes
+        while not self._watching.wait(bwrap.WATCHDOG_S):
             try:
                 pid, started = (int(x) for x in launcher.read_text().split())
             except (OSError, ValueError):
@@ -223,7 +223,7 @@ def unavailable() -> str | None:
     with tempfile.TemporaryDirectory(prefix="grader-probe-") as tmp:
         jail = Jail(Path(tmp), Limits(), use_cgroup=False)
         try:
-            probe = subprocess.run(sandbox.launch_command(jail.spec, "probe", [sys.executable, "-c", "import course"]),
+            probe = subprocess.run(bwrap.launch_command(jail.spec, "probe", [sys.executable, "-c", "import course"]),
                                    capture_output=True, text=True, timeout=60)
         finally:
             jail.close()

@@ -1,6 +1,6 @@
 """nbgrader's Execute that tells the judge which graded test cell is running.
 
-The judge (grader.judge) answers only while a graded test cell runs, and only
+The judge (grader.judge.server) answers only while a graded test cell runs, and only
 for the keys that cell checks. This preprocessor, outside the jail, is the one
 that knows which cell the kernel is executing: before each cell it writes the
 cell's grade_id (after nbgrader has put the lab's own test cells back) into
@@ -13,8 +13,9 @@ import os
 
 from nbgrader.preprocessors import Execute
 
-from .judge import announce
-from .sandboxed import SandboxedExecute
+from grader.jail.kernel import SandboxedExecute
+
+from .server import announce
 
 CELL_FILE_ENV = "GRADER_JUDGE_CELL_FILE"
 
@@ -40,4 +41,4 @@ class JudgedExecute(AnnouncesCells, Execute):
 
 
 class JudgedSandboxedExecute(AnnouncesCells, SandboxedExecute):
-    """The jailed Execute (grader.sandboxed)."""
+    """The jailed Execute (grader.jail.kernel)."""

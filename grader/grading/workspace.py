@@ -13,11 +13,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.common.labs import find_labs, read_notebook, source_text
+from grader.common.nbgrader_cli import generate_assignment
+from grader.feedback.safety import hidden_lines
+from grader.judge.server import required_checks
+
 from . import collect, gradebook
-from .feedback_safety import hidden_lines
-from .judge import required_checks
-from .labs import find_labs, read_notebook, source_text
-from .release import generate_assignment
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class LabInfo:
 
     @property
     def max_score(self) -> float:
-        """The autograded points: the written answers' are reported apart (grader.export)."""
+        """The autograded points: the written answers' are reported apart (grader.grading.export)."""
         return sum(self.points.values())
 
     @property

@@ -27,8 +27,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import GraderError
-from .labs import NotebookError, parse_notebook, validate_notebook
+from grader import GraderError
+from grader.common.labs import NotebookError, parse_notebook, validate_notebook
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 SKIPPED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}

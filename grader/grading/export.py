@@ -11,7 +11,7 @@ Here each lab has seven columns:
     <lab> written max score     the written answers' points available
     <lab> pending manual        the written answers' points that await grading by hand: not a zero
     <lab> graded                yes / no
-    <lab> verdict               what happened, in plain words (grader.verdict): "graded: 9 of 13
+    <lab> verdict               what happened, in plain words (grader.grading.verdict): "graded: 9 of 13
                                 points; 4 points await manual grading in formgrader (...)"
                                 or "not graded: <why>"
 
@@ -31,9 +31,10 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
-from . import nbgrader_cli
+from grader.common import nbgrader_cli
+from grader.common.labs import course_config
+
 from .gradebook import written_points
-from .labs import course_config
 from .verdict import as_text, could_not, with_written, written_line
 
 WRITTEN = ("written score", "written max score", "pending manual")
@@ -49,7 +50,7 @@ def columns(labs: list[str]) -> list[str]:
 
 def rows(students: list[str], points: dict[str, float], status: dict, db_url: str, root: Path,
          written: dict[str, dict[str, float]] | None = None) -> list[dict]:
-    """written: {lab: {grade_id: points}} of the answers graded by hand (grader.labs.written_cells)."""
+    """written: {lab: {grade_id: points}} of the answers graded by hand (grader.common.labs.written_cells)."""
     course_id = course_config(root).CourseDirectory.course_id
     written = {lab: dict((written or {}).get(lab, {})) for lab in points}
     nbgrader_cli.put_scripts_on_path()

@@ -8,7 +8,7 @@ autograded notebook from what the page may safely show:
   images that decode as such; HTML, JavaScript, SVG, markdown, LaTeX, widgets
   and any other kind become their text/plain fallback or a short note;
 - markdown cells are marked ``lab`` only where their source is the lab's own;
-  the template (grader/feedback_template) shows every other one as escaped text;
+  the template (grader/feedback/template) shows every other one as escaped text;
 - cell and notebook metadata keep only what the template needs, checked
   (a grade_id or an image width lands in HTML attributes unquoted or unescaped);
 - every line of the hidden tests (more than MIN_HIDDEN_LINE characters) is cut
@@ -16,7 +16,7 @@ autograded notebook from what the page may safely show:
   their source. Only a verbatim (or repr-escaped) copy is caught: an encoded
   leak (base64, one character per line, ...) still gets through.
 
-The page's Content-Security-Policy (grader.feedback) forbids scripts as well,
+The page's Content-Security-Policy (grader.feedback.page) forbids scripts as well,
 so whatever this misses does not run.
 
 The autograded notebook itself is opened by formgrader and rendered by
@@ -39,7 +39,7 @@ HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 MIN_HIDDEN_LINE = 20
 HIDDEN_LINE_NOTE = "[a line of the hidden tests, not shown]"
 LAB_MARKDOWN = "lab"          # cell.metadata["feedback"]: the template renders it as markdown
-VERDICT = "verdict"           # cell.metadata["feedback"]: HTML built by grader.feedback, escaped there
+VERDICT = "verdict"           # cell.metadata["feedback"]: HTML built by grader.feedback.page, escaped there
 IMAGE_HEADS = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 NOTEBOOK_METADATA = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
                      "language_info": {"name": "python", "pygments_lexer": "ipython3"}}

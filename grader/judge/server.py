@@ -50,9 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course import check, grading
-
-from .labs import source_text
-from .quoting import quoted
+from grader.common.labs import source_text
+from grader.common.quoting import quoted
 
 MAX_REQUEST_BYTES = grading.MAX_JUDGED_BYTES  # a lab's largest answer is tens of kB of JSON
 MAX_CHECKS_PER_KEY = 64           # the tests check a key once per rank or per case, not more
@@ -194,7 +193,7 @@ def serve(referee: Referee, socket_path: Path, uid: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m grader.judge", description="the judge of one submission")
+    p = argparse.ArgumentParser(prog="python -m grader.judge.server", description="the judge of one submission")
     p.add_argument("--lab", required=True)
     p.add_argument("--values", type=Path, required=True, help="the reference values (course.grading format)")
     p.add_argument("--seed", type=int, required=True)
@@ -239,7 +238,7 @@ class Judge:
         self.log_path = Path(private_dir) / "judge.log"
         required_file = Path(private_dir) / "judge-required.json"
         required_file.write_text(json.dumps(required), encoding="utf-8")
-        self._argv = [sys.executable, "-m", "grader.judge", "--lab", lab, "--values", str(values),
+        self._argv = [sys.executable, "-m", "grader.judge.server", "--lab", lab, "--values", str(values),
                       "--seed", str(seed), "--required", str(required_file), "--socket", str(self.socket_path),
                       "--cell-file", str(self.cell_file), "--log", str(self.log_path),
                       *(["--uid", str(uid)] if uid is not None else [])]

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import ast
 
-from .labs import source_text
-from .quoting import quoted
+from grader.common.labs import source_text
+from grader.common.quoting import quoted
 
 MAX_FLAGS = 6
 RECORDER = "touches course.recorder, which records the ranks' messages for the tests"

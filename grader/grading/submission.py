@@ -1,12 +1,12 @@
 """Grading one student's lab, start to finish, in a sandbox (one slot of ``grade --jobs``).
 
-1. autograde: ``nbgrader autograde`` in the slot's warm process, its kernel in a sandbox (grader.sandbox)
+1. autograde: ``nbgrader autograde`` in the slot's warm process, its kernel in a sandbox (grader.jail.bwrap)
    with the limits of `Limits`, the hidden tests' reference answers held
-   outside it by the judge (grader.judge), against a private copy of the
+   outside it by the judge (grader.judge.server), against a private copy of the
    gradebook;
-2. verdict: what happened, in plain words (grader.verdict); a test cell gets
+2. verdict: what happened, in plain words (grader.grading.verdict); a test cell gets
    its points only if the judge saw every one of its hidden checks pass while
-   it ran; written answers (grader.labs.written_cells) await the instructor in
+   it ran; written answers (grader.common.labs.written_cells) await the instructor in
    formgrader: their points are pending, apart from the autograded score;
 3. feedback: the page rendered by the slot's feedback worker, hidden tests
    removed, the verdict on top; a page with the verdict where nothing could
@@ -34,17 +34,19 @@ from pathlib import Path
 import nbformat
 
 from course import grading
+from grader.common.execute import INLINE_BACKEND
+from grader.common.labs import course_config
+from grader.common.quoting import quoted
+from grader.feedback.worker import FeedbackWorker
+from grader.jail import bwrap
+from grader.jail.host import Jail
+from grader.jail.kernel import SPEC_ENV
+from grader.judge import tampering
+from grader.judge.judged_execute import CELL_FILE_ENV
+from grader.judge.server import UNPRIVILEGED_UID, Judge
 
-from . import collect, gradebook, sandbox, tampering, verdict
+from . import collect, gradebook, verdict
 from .autograde_worker import AutogradeWorker
-from .execute import INLINE_BACKEND
-from .feedback_worker import FeedbackWorker
-from .jail import Jail
-from .judge import UNPRIVILEGED_UID, Judge
-from .judged_execute import CELL_FILE_ENV
-from .labs import course_config
-from .quoting import quoted
-from .sandboxed import SPEC_ENV
 from .workspace import LabInfo, Workspace
 
 
@@ -116,7 +118,7 @@ class SubmissionGrader:
     root: Path
     ws: Workspace
     labs: dict[str, LabInfo]
-    limits: sandbox.Limits
+    limits: bwrap.Limits
     cell_timeout: float | None
     sandboxed: bool
     lock: threading.Lock
@@ -202,7 +204,7 @@ class SubmissionGrader:
                                   tampered=self._tampering(submission, submitted, lab) + restored,
                                   ran=self._ran(submission, autograded, lab, usage),
                                   unverified=unverified, judged=judged_failures)
-            # The page is written now, the CSV later from the class gradebook (grader.export): there the
+            # The page is written now, the CSV later from the class gradebook (grader.grading.export): there the
             # written answers' line says what formgrader has given by then.
             said = verdict.written_line(written.given, written.pending, written.max_score, written.unanswered)
             shown = verdict.with_written(lines, said)

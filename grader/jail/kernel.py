@@ -2,7 +2,7 @@
 
 ``nbgrader autograde`` runs with ``Autograde.autograde_preprocessors`` naming
 `SandboxedExecute` instead of nbgrader's Execute (grader.grade passes the flag
-and points GRADER_SANDBOX_SPEC at the jail's grader.sandbox.Spec). Its kernel
+and points GRADER_SANDBOX_SPEC at the jail's grader.jail.bwrap.Spec). Its kernel
 manager talks to the kernel over unix sockets in the jail (zmq's ipc
 transport): the jail has no network to reach a TCP port, and submissions
 graded side by side never race for port numbers.
@@ -34,7 +34,7 @@ from nbgrader.preprocessors import Execute
 from traitlets import DottedObjectName, Integer, Type
 from zmq.utils.monitor import recv_monitor_message
 
-from . import sandbox
+from . import bwrap
 
 SPEC_ENV = "GRADER_SANDBOX_SPEC"
 OUTPUT_NOTE = "[grader] this cell printed {printed}; only the first {kept} are kept."
@@ -135,7 +135,7 @@ class SandboxedKernelClient(AsyncKernelClient):
 
 
 class SandboxedKernelManager(AsyncKernelManager):
-    """A python3 kernel of this interpreter, started by grader.sandbox in the jail.
+    """A python3 kernel of this interpreter, started by grader.jail.bwrap in the jail.
 
     The kernel's folder (connection file, ipc sockets) is on the host, so root
     must never follow a link in it: the kernel, as the jail's uid, may create
@@ -145,21 +145,21 @@ class SandboxedKernelManager(AsyncKernelManager):
     """
 
     def __init__(self, **kwargs):
-        # This interpreter's own kernel, as grader.execute does: a stale user-level
+        # This interpreter's own kernel, as grader.common.execute does: a stale user-level
         # kernelspec could name a Python the jail does not contain.
         kwargs.setdefault("kernel_spec_manager", KernelSpecManager(kernel_dirs=[]))
         super().__init__(**kwargs)
-        self.jail = sandbox.Spec.load(os.environ[SPEC_ENV])
+        self.jail = bwrap.Spec.load(os.environ[SPEC_ENV])
         self.transport = "ipc"
         self.connection_file = str(self.jail.kernel_dir / "kernel.json")
         self.ip = str(self.jail.kernel_dir / "k")
         self.sealed = False
 
-    client_class = DottedObjectName("grader.sandboxed.SandboxedKernelClient")
+    client_class = DottedObjectName("grader.jail.kernel.SandboxedKernelClient")
     client_factory = Type(SandboxedKernelClient, klass=AsyncKernelClient)
 
     def client(self, **kwargs) -> SandboxedKernelClient:
-        output_bytes = sandbox.Limits(**self.jail.limits).output_bytes
+        output_bytes = bwrap.Limits(**self.jail.limits).output_bytes
         return super().client(iopub_frame_bytes=output_frame_bytes(output_bytes), **kwargs)
 
     def write_connection_file(self, **kwargs) -> None:
@@ -182,7 +182,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         # nbgrader starts the kernel in its autograded/<student>/<lab> folder; the jail
         # gets a working folder of that name, never the host folder itself.
         lab = Path(str(self._launch_args.get("cwd") or os.getcwd())).name
-        return sandbox.launch_command(self.jail, lab, cmd)
+        return bwrap.launch_command(self.jail, lab, cmd)
 
     async def _async_interrupt_kernel(self) -> None:
         # By message, not by signal: the process this manager started is bwrap, and a
@@ -243,7 +243,7 @@ class SandboxedExecute(Execute):
     def __init__(self, **kwargs):
         kwargs["kernel_manager_class"] = SandboxedKernelManager
         super().__init__(**kwargs)
-        limits = sandbox.Limits(**sandbox.Spec.load(os.environ[SPEC_ENV]).limits)
+        limits = bwrap.Limits(**bwrap.Spec.load(os.environ[SPEC_ENV]).limits)
         self.output_bytes, self.notebook_output_bytes = limits.output_bytes, limits.notebook_output_bytes
         self._printed: dict[int, int] = {}
         self._notebook_printed = 0

@@ -11,25 +11,25 @@ A submission's kernel (and every rank it launches) runs inside `bwrap` with:
   folder /home/student/<lab>, private /tmp and /dev/shm, each a tmpfs of
   capped size that vanishes with the jail; the kernel's folder (connection
   file, zmq sockets), which the kernel may write only while it starts (see
-  grader.sandboxed); the judge's socket, read-only. The root is read-only.
+  grader.jail.kernel); the judge's socket, read-only. The root is read-only.
   The solutions, the reference answers, the gradebook, nbgrader's folders,
   other students' work and the rest of the course tree are not in it at all;
-- limits for the whole jail in a cgroup (grader.cgroups: memory, processes,
+- limits for the whole jail in a cgroup (grader.jail.cgroups: memory, processes,
   CPU); where none can be made (a grader not root, no delegated cgroup), the
   rlimits below, and the grader sums the memory of the jail's processes every
-  WATCHDOG_S and kills the largest past the limit (grader.jail); the console
+  WATCHDOG_S and kills the largest past the limit (grader.jail.host); the console
   says which;
 - rlimits, a second line: memory per process (RLIMIT_DATA: unlike RLIMIT_AS it
   does not count the large address-space reservations CUDA makes), processes
   and threads per uid (RLIMIT_NPROC), file size (RLIMIT_FSIZE), no core dumps;
-- a seccomp filter (grader.seccomp): no ptrace, no new namespaces, no mounts;
+- a seccomp filter (grader.jail.seccomp): no ptrace, no new namespaces, no mounts;
 - an environment from an allowlist of exact names (JAIL_ENV_NAMES), not the grader's;
-- when the grader runs as root, a uid held by this jail alone (grader.jail_uids).
+- when the grader runs as root, a uid held by this jail alone (grader.jail.uids).
 
-grader.jail makes one on the host (folder, cgroup, uid), and after it ends says
+grader.jail.host makes one on the host (folder, cgroup, uid), and after it ends says
 what it used. The launcher is this module's ``main``: nbgrader's kernel
-manager runs ``python -m grader.sandbox SPEC LAB -- KERNEL_ARGV`` (see
-grader.sandboxed), which joins the cgroup, sets the limits and execs bwrap.
+manager runs ``python -m grader.jail.bwrap SPEC LAB -- KERNEL_ARGV`` (see
+grader.jail.kernel), which joins the cgroup, sets the limits and execs bwrap.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from course.errors import TIMEOUT_VARIABLE
 from course.placement import RANKS_VARIABLE
 
 from . import cgroups, seccomp
-from .jail_uids import start_time
+from .uids import start_time
 
 #: Where the editable install imports `course` from; the jail gets a copy of its package.
 TREE_HOME = Path(course.__file__).resolve().parent.parent
@@ -109,9 +109,9 @@ class Spec:
     uid: int | None               # run as this uid (the grader is root), else as the grader's own
     limits: dict = field(default_factory=lambda: asdict(Limits()))
     readonly: list[str] = field(default_factory=list)   # host paths bound read-only at the same path
-    cgroup: dict | None = None    # grader.cgroups.Cgroup's fields; None: rlimits only
+    cgroup: dict | None = None    # grader.jail.cgroups.Cgroup's fields; None: rlimits only
     cgroup_problem: str = ""      # why there is none
-    memory_watchdog: bool = False  # no cgroup: the grader holds the jail's total memory (grader.jail)
+    memory_watchdog: bool = False  # no cgroup: the grader holds the jail's total memory (grader.jail.host)
 
     @property
     def tree(self) -> Path: return Path(self.root) / "tree"            # /course inside
@@ -157,7 +157,7 @@ def prepare(root: Path, uid: int | None, limits: Limits) -> Spec:
                  spec.judge_dir]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     if uid is not None:
-        # The kernel creates its sockets here while it starts; then grader.sandboxed seals it.
+        # The kernel creates its sockets here while it starts; then grader.jail.kernel seals it.
         os.chown(spec.kernel_dir, 0, uid)
         os.chmod(spec.kernel_dir, 0o770)
     spec.save()
@@ -265,7 +265,7 @@ def set_limits(limits: Limits) -> None:
 
 def launch_command(spec: Spec, lab: str, argv: list[str]) -> list[str]:
     """The command that runs argv in the jail (through the launcher, `main`)."""
-    return [sys.executable, "-m", "grader.sandbox", str(spec.spec_file), lab, "--", *argv]
+    return [sys.executable, "-m", "grader.jail.bwrap", str(spec.spec_file), lab, "--", *argv]
 
 
 def _seccomp_fd() -> int:
@@ -278,20 +278,20 @@ def _seccomp_fd() -> int:
 
 
 def _record_launcher(spec: Spec) -> None:
-    """Write LAUNCHER_FILE: this process's pid and start time (for grader.jail's memory watchdog)."""
+    """Write LAUNCHER_FILE: this process's pid and start time (for grader.jail.host's memory watchdog)."""
     fd = os.open(Path(spec.root) / LAUNCHER_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as f:
         f.write(f"{os.getpid()} {start_time(os.getpid())}\n")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m grader.sandbox SPEC LAB -- ARGV...``: join the cgroup, set the limits, exec bwrap."""
+    """``python -m grader.jail.bwrap SPEC LAB -- ARGV...``: join the cgroup, set the limits, exec bwrap."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 4 or argv[2] != "--":
-        sys.exit("usage: python -m grader.sandbox SPEC LAB -- ARGV...")
+        sys.exit("usage: python -m grader.jail.bwrap SPEC LAB -- ARGV...")
     spec, lab, command = Spec.load(argv[0]), argv[1], argv[3:]
     if not lab or "/" in lab or lab.startswith("."):
-        sys.exit(f"grader.sandbox: {lab!r} is not a lab's name")
+        sys.exit(f"grader.jail.bwrap: {lab!r} is not a lab's name")
     # The kernel's own stdout/stderr (not what cells print: that goes over zmq) into a
     # file of the jail, whose size RLIMIT_FSIZE bounds.
     console = os.open(spec.console, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)

@@ -10,11 +10,11 @@ import html
 import re
 from pathlib import Path
 
-from .jail import JailUsage
-from .labs import source_text
-from .quoting import quoted, short
-from .sandbox import JAIL_COURSE, JAIL_HOME, WRITABLE_INSIDE, Limits
-from .sandboxed import NOTEBOOK_OUTPUT_NOTE, OUTPUT_NOTE
+from grader.common.labs import source_text
+from grader.common.quoting import quoted, short
+from grader.jail.bwrap import JAIL_COURSE, JAIL_HOME, WRITABLE_INSIDE, Limits
+from grader.jail.host import JailUsage
+from grader.jail.kernel import NOTEBOOK_OUTPUT_NOTE, OUTPUT_NOTE
 
 MAX_LINE = 240
 MAX_LINES = 12

@@ -37,7 +37,7 @@ def test_the_kernel_works_in_a_folder_of_its_own_and_sees_no_host_path(jail, tmp
         print("cwd", os.getcwd())
         print("course", course.__file__)
         open("notes.txt", "w").write("mine")
-        for path in ("/x", "/course/x", "/run/grader/x", {str(bwrap.TREE_HOME / 'x')!r}):
+        for path in ("/x", "/course/x", "/run/grader/x", {str(bwrap.tree_home() / 'x')!r}):
             try:
                 open(path, "w")
                 print("WROTE", path)

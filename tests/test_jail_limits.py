@@ -171,7 +171,7 @@ def test_the_environment_passes_by_exact_names_only(tmp_path):
     env = bwrap.jail_environment(spec, {**wanted, **unwanted})
     assert not set(unwanted) & set(env), sorted(set(unwanted) & set(env))
     assert {k: env[k] for k in wanted} == {**wanted, grading.JUDGE_ENV: f"{bwrap.JAIL_JUDGE}/judge.sock"}
-    assert not any(name.endswith("_") for name in bwrap.JAIL_ENV_NAMES)
+    assert not any(name.endswith("_") for name in bwrap.jail_env_names())
     assert not hasattr(bwrap, "JAIL_ENV_PREFIXES")
 
 
@@ -312,3 +312,21 @@ def test_where_only_rlimits_held_memory_the_verdict_says_the_total_was_not_limit
     said = verdict.why_died("", LIMITS, usage)
     assert "1 GiB per process" in said and "processes together was not limited" in said, said
     assert verdict.memory_limit(LIMITS, JailUsage(LIMITS, "watchdog")) == "the 1 GiB memory limit of its jail"
+
+
+def test_the_launcher_reads_the_jails_names_from_its_spec_and_never_imports_the_course(tmp_path):
+    """The launcher runs once for every kernel a grading run starts: importing course (and torch) there
+    cost every student 1.7 s. What it needs of course, the allowed names, comes in the jail's Spec."""
+    from grader.jail import bwrap
+    spec = bwrap.Spec(root=str(tmp_path), uid=None)
+    assert set(spec.env_names) == bwrap.jail_env_names()
+    loaded = bwrap.Spec.load(spec.save())
+    assert loaded.env_names == spec.env_names
+    loaded.env_names = ["PATH"]   # the launcher keeps exactly what its spec allows
+    assert set(bwrap.jail_environment(loaded, {"PATH": "/usr/bin", "MPLBACKEND": "agg"})) == {
+        "PATH", "COURSE_RANK_TIMEOUT", "HOME", "TMPDIR", "PYTHONPATH", "USER", "LOGNAME"}
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, grader.jail.bwrap\n"
+         "print(sorted({m.split('.')[0] for m in sys.modules} & {'course', 'torch', 'numpy'}))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert imported == "[]", f"`python -m grader.jail.bwrap` imports {imported}: every kernel start pays for it"

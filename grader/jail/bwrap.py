@@ -23,7 +23,7 @@ A submission's kernel (and every rank it launches) runs inside `bwrap` with:
   does not count the large address-space reservations CUDA makes), processes
   and threads per uid (RLIMIT_NPROC), file size (RLIMIT_FSIZE), no core dumps;
 - a seccomp filter (grader.jail.seccomp): no ptrace, no new namespaces, no mounts;
-- an environment from an allowlist of exact names (JAIL_ENV_NAMES), not the grader's;
+- an environment from an allowlist of exact names (jail_env_names), not the grader's;
 - when the grader runs as root, a uid held by this jail alone (grader.jail.uids).
 
 grader.jail.host makes one on the host (folder, cgroup, uid), and after it ends says
@@ -41,16 +41,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import course
-from course import grading
-from course.errors import TIMEOUT_VARIABLE
-from course.placement import RANKS_VARIABLE
-
 from . import cgroups, seccomp
 from .uids import start_time
 
-#: Where the editable install imports `course` from; the jail gets a copy of its package.
-TREE_HOME = Path(course.__file__).resolve().parent.parent
+# No `course` import at the top: `main`, the launcher, runs once for every kernel a grading run
+# starts, and importing course imports torch (1.7 s on 2 cores, a student's whole kernel start
+# again). What the launcher needs of course, the grader writes into the jail's Spec.
 #: Paths inside the jail: none of them names a host folder.
 JAIL_HOME = "/home/student"           # the working folder is JAIL_HOME/<lab>
 JAIL_COURSE = "/course"               # holds the copy of the package: /course/course
@@ -60,9 +56,27 @@ SANDBOX_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
 # c10d looks up its peers' names; with DNS in the list, every lookup waits for
 # a network that is not there and prints a warning into the student's output.
 SANDBOX_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\n"
-#: The grader's environment variables the jail gets (besides HOME, TMPDIR, PYTHONPATH, set), by their
-#: exact names: no prefix, so that an instructor's COURSE_SECRET_TOKEN or NCCL_ANYTHING stays outside.
-JAIL_ENV_NAMES = frozenset({
+
+
+def tree_home() -> Path:
+    """Where the editable install imports `course` from; the jail gets a copy of its package."""
+    import course
+    return Path(course.__file__).resolve().parent.parent
+
+
+def jail_env_names() -> frozenset[str]:
+    """The grader's environment variables the jail gets (besides HOME, TMPDIR, PYTHONPATH, set), by their
+    exact names: no prefix, so that an instructor's COURSE_SECRET_TOKEN or NCCL_ANYTHING stays outside."""
+    from course import grading
+    from course.errors import TIMEOUT_VARIABLE
+    from course.placement import RANKS_VARIABLE
+    return _JAIL_ENV_NAMES | {TIMEOUT_VARIABLE, RANKS_VARIABLE, grading.JUDGE_ENV, grading.DIR_ENV}
+
+
+# What the course reads while graded joins them in jail_env_names: a launch's ranks and their deadline,
+# the judge's socket and where (not) to find stored values. Recording (COURSE_REFERENCE_RECORD, _SEED)
+# is never jailed: in a jail it would only make the kernel try to record.
+_JAIL_ENV_NAMES = frozenset({
     "PATH", "LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "NBGRADER_EXECUTION",
     "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES",
     "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS",
@@ -71,10 +85,6 @@ JAIL_ENV_NAMES = frozenset({
     # torch's CPU instruction set: the judge's values are recorded outside the jail with
     # the grader's, and the kernel must compute as they were computed
     "ATEN_CPU_CAPABILITY",
-    # what the course reads while graded: a launch's ranks and their deadline, the judge's
-    # socket and where (not) to find stored values. Recording (COURSE_REFERENCE_RECORD,
-    # _SEED) is never jailed: in a jail it would only make the kernel try to record.
-    TIMEOUT_VARIABLE, RANKS_VARIABLE, grading.JUDGE_ENV, grading.DIR_ENV,
     # which GPUs, and how NCCL may reach them on this machine. Not GLOO_ or NCCL_SOCKET_IFNAME:
     # the jail has the loopback only, and the course finds it.
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL",
@@ -112,6 +122,7 @@ class Spec:
     cgroup: dict | None = None    # grader.jail.cgroups.Cgroup's fields; None: rlimits only
     cgroup_problem: str = ""      # why there is none
     memory_watchdog: bool = False  # no cgroup: the grader holds the jail's total memory (grader.jail.host)
+    env_names: list[str] = field(default_factory=lambda: sorted(jail_env_names()))  # what the jail's env may hold
 
     @property
     def tree(self) -> Path: return Path(self.root) / "tree"            # /course inside
@@ -147,7 +158,7 @@ def prepare(root: Path, uid: int | None, limits: Limits) -> Spec:
     """Create the jail's folder: a copy of the course package, the judge's and kernel's folders."""
     spec = Spec(str(root), uid, asdict(limits), python_paths())
     os.chmod(root, 0o755)
-    shutil.copytree(TREE_HOME / "course", spec.tree / "course",
+    shutil.copytree(tree_home() / "course", spec.tree / "course",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (Path(root) / "hosts").write_text(SANDBOX_HOSTS, encoding="utf-8")
     (Path(root) / "nsswitch.conf").write_text(SANDBOX_NSSWITCH, encoding="utf-8")
@@ -201,7 +212,8 @@ def workdir(lab: str) -> str:
 
 def jail_environment(spec: Spec, outside: dict[str, str]) -> dict[str, str]:
     """The kernel's environment: the allowlisted names of outside's, host paths of the jail's mapped in."""
-    env = {k: v for k, v in outside.items() if k in JAIL_ENV_NAMES}
+    names = set(spec.env_names)
+    env = {k: v for k, v in outside.items() if k in names}
     judge = str(spec.judge_dir)
     for key, value in env.items():
         if value == judge or value.startswith(judge + "/"):

@@ -60,6 +60,7 @@ def test_an_interrupted_run_resumes_and_a_second_run_grades_only_what_changed(tm
         time.sleep(0.2)
     os.killpg(grader.pid, signal.SIGKILL)
     grader.wait()
+    keep_judge_values(work)
     finished = _status(work)
     assert len([lab for labs in finished.values() for lab in labs]) == 1, finished
     (first,) = finished

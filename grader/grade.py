@@ -43,6 +43,7 @@ from .grading.submission import SubmissionGrader, log_failure, not_graded
 from .grading.workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
 from .jail import bwrap
 from .jail.host import unavailable as jail_unavailable
+from .judge.spawner import JudgeSpawner
 from .judge_values import record_judged_values
 
 DEFAULT_WORK = COURSE_ROOT / "grader" / "work"
@@ -102,12 +103,13 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         autograde = {slot: AutogradeWorker(root, logs / f"autograde-{slot}.log") for slot in range(jobs)}
         feedback = {slot: FeedbackWorker(root, FEEDBACK_TIMEOUT_S, logs / f"feedback-{slot}.log")
                     for slot in range(jobs)}
-        workers = [*autograde.values(), *feedback.values()]
+        judges = JudgeSpawner(root, logs / "judges.log")  # one for all slots: a fork takes milliseconds
+        workers = [*autograde.values(), *feedback.values(), *([judges] if jobs else [])]
         for worker in workers:
             worker.start()
         judged: dict[str, tuple[Path, int]] = {}  # filled by each lab's recording before its students start
         grader = SubmissionGrader(root, ws, infos, limits, cell_timeout, not why_not, threading.Lock(),
-                                  autograde, feedback, judged)
+                                  autograde, feedback, judged, judges=judges)
         slots: queue.Queue[int] = queue.Queue()
         for slot in range(jobs):
             slots.put(slot)

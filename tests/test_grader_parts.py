@@ -527,7 +527,7 @@ class _Stand:
             with self.lock:
                 self.recording_now -= 1
 
-    def grader(self, *args):
+    def grader(self, *args, judges=None):
         stand, judged = self, args[-1]
 
         class Grader:

@@ -1,6 +1,6 @@
 """The judge, a process of its own: authoritative, pass-or-fail, and only for the test cell that runs.
 
-Each test starts a real judge (grader.judge.server.Judge) on a small lab of its own and
+Each test starts a real judge (grader.judge.client.Judge) on a small lab of its own and
 talks to it as a submission's kernel does: through course.grading, or with raw
 requests a hostile kernel could send.
 """
@@ -17,15 +17,10 @@ import torch
 
 from course import grading
 from grader.common.labs import find_labs, read_notebook
-from grader.judge.server import (
-    MAX_CHECKS_PER_KEY,
-    MAX_REQUEST_BYTES,
-    UNPRIVILEGED_UID,
-    Judge,
-    announce,
-    findings,
-    required_checks,
-)
+from grader.jail.uids import start_time
+from grader.judge.client import Judge, announce, findings
+from grader.judge.server import MAX_CHECKS_PER_KEY, MAX_REQUEST_BYTES, UNPRIVILEGED_UID, required_checks
+from grader.judge.spawner import JudgeSpawner
 from helpers import REPO
 
 pytestmark = pytest.mark.grading
@@ -35,13 +30,27 @@ REQUIRED = {"test_w": ["w", "n"], "test_n": ["n"], "test_seed": ["s"]}
 SECRET = 0.123456789  # a reference value the kernel must never see
 
 
-@pytest.fixture
-def judge(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def spawner(tmp_path_factory):
+    """A grading run's warm process that forks the judges (grader.judge.spawner)."""
+    spawner = JudgeSpawner(REPO, tmp_path_factory.mktemp("spawner") / "judges.log")
+    spawner.start()
+    yield spawner
+    spawner.close()
+
+
+# Each judge test runs on a judge started both ways a grading run may start one.
+STARTED = ["python -m", "forked"]
+
+
+@pytest.fixture(params=STARTED)
+def judge(tmp_path, monkeypatch, request):
     values = tmp_path / "values.json"
     grading.write(values, LAB, {"w": torch.tensor([1.0, 2.0, SECRET], dtype=torch.float64), "n": 3, "s": 1.0},
                   {"w": (None, 1e-6)})
     (tmp_path / "socket").mkdir()
-    with Judge(LAB, values, 4242, REQUIRED, tmp_path / "socket", tmp_path) as judge:
+    spawner = request.getfixturevalue("spawner") if request.param == "forked" else None
+    with Judge(LAB, values, 4242, REQUIRED, tmp_path / "socket", tmp_path, spawner=spawner) as judge:
         monkeypatch.setenv(grading.JUDGE_ENV, str(judge.socket_path))
         yield judge
 
@@ -156,26 +165,56 @@ def test_a_huge_request_is_refused_without_reading_it_all(judge):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root drops privileges")
-def test_the_judge_runs_unprivileged_and_with_a_memory_limit():
+@pytest.mark.parametrize("started", STARTED)
+def test_the_judge_runs_unprivileged_and_with_a_memory_limit(started, request):
     # As a grading run lays it out: the jail's folder in /tmp, open to the unprivileged judge.
+    spawner = request.getfixturevalue("spawner") if started == "forked" else None
     with tempfile.TemporaryDirectory(prefix="grader-test-") as folder:
         os.chmod(folder, 0o755)
-        run_unprivileged(Path(folder))
+        run_unprivileged(Path(folder), spawner)
 
 
-def run_unprivileged(folder: Path) -> None:
+def run_unprivileged(folder: Path, spawner=None) -> None:
     values = folder / "values.json"
     grading.write(values, LAB, {"n": 3})
     (folder / "socket").mkdir()
-    with Judge(LAB, values, 1, {"test_n": ["n"]}, folder / "socket", folder, UNPRIVILEGED_UID) as judge:
-        status = Path(f"/proc/{judge._proc.pid}/status").read_text()
+    with Judge(LAB, values, 1, {"test_n": ["n"]}, folder / "socket", folder, UNPRIVILEGED_UID,
+               spawner=spawner) as judge:
+        status = Path(f"/proc/{judge.pid}/status").read_text()
         uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
         assert uid_line.split()[1:] == [str(UNPRIVILEGED_UID)] * 4, uid_line
-        limits = Path(f"/proc/{judge._proc.pid}/limits").read_text()
+        limits = Path(f"/proc/{judge.pid}/limits").read_text()
         data_line = next(line for line in limits.splitlines() if line.startswith("Max data size"))
         assert "unlimited" not in data_line, data_line
         announce(judge.cell_file, "test_n")
         assert request(judge, op="check", key="n", value=grading.encode(3)) == {"ok": True}
+
+
+def test_a_forked_judge_is_a_session_of_its_own_holds_none_of_the_spawners_pipes_and_ends_with_it(
+        tmp_path, spawner):
+    values = tmp_path / "values.json"
+    grading.write(values, LAB, {"n": 3})
+    (tmp_path / "socket").mkdir()
+    with Judge(LAB, values, 1, {"test_n": ["n"]}, tmp_path / "socket", tmp_path, spawner=spawner) as judge:
+        pid = judge.pid
+        assert pid != spawner.proc.pid and os.getsid(pid) == pid
+        held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        spawners = {os.readlink(f"/proc/{spawner.proc.pid}/fd/{fd}") for fd in (0, 1)}   # its pipes to the grader
+        assert not held & spawners, held & spawners
+        announce(judge.cell_file, "test_n")
+        assert request(judge, op="check", key="n", value=grading.encode(3)) == {"ok": True}
+        assert request(judge, op="check", key="n", value=grading.encode(4)) == {"ok": False}
+    assert start_time(pid) is None, "the judge outlived its submission"
+    assert [f.why for f in judge.findings().values()] == ["its hidden check 'n' failed"]
+
+
+def test_a_forked_judge_that_cannot_start_says_why(tmp_path, spawner):
+    values = tmp_path / "values.json"
+    grading.write(values, LAB, {"n": 3})
+    # its socket's folder is missing: the judge cannot bind, and says so where the grader reads it
+    with pytest.raises(RuntimeError, match=r"(?s)the judge did not start:.*No such file"):
+        with Judge(LAB, values, 1, {"test_n": ["n"]}, tmp_path / "no-such-folder", tmp_path, spawner=spawner):
+            pass
 
 
 def test_findings_read_the_log_cell_by_cell():

@@ -42,8 +42,10 @@ from grader.jail import bwrap
 from grader.jail.host import Jail
 from grader.jail.kernel import SPEC_ENV
 from grader.judge import tampering
+from grader.judge.client import Judge
 from grader.judge.judged_execute import CELL_FILE_ENV
-from grader.judge.server import UNPRIVILEGED_UID, Judge
+from grader.judge.server import UNPRIVILEGED_UID
+from grader.judge.spawner import JudgeSpawner
 
 from . import collect, gradebook, verdict
 from .autograde_worker import AutogradeWorker
@@ -125,6 +127,7 @@ class SubmissionGrader:
     autograde: dict[int, AutogradeWorker]  # slot -> its nbgrader
     feedback: dict[int, FeedbackWorker]    # slot -> its renderer
     judged: dict[str, tuple[Path, int]]    # lab -> the judge's values for this run, and their seed
+    judges: JudgeSpawner | None = None     # forks each submission's judge; None: each starts with python -m
     course_id: str = ""                    # read from nbgrader_config.py once, not per submission
 
     def __post_init__(self):
@@ -162,7 +165,8 @@ class SubmissionGrader:
             limits = [f"--Execute.timeout={self.cell_timeout:g}"] if self.cell_timeout else []
             values, seed = self.judged.get(lab.name, (None, 0))
             with Judge(lab.name, values, seed, lab.required, judge_dir, jail,
-                       UNPRIVILEGED_UID if self.sandboxed else None) if values else nullcontext() as judge:
+                       UNPRIVILEGED_UID if self.sandboxed else None,
+                       spawner=self.judges) if values else nullcontext() as judge:
                 if judge:
                     env[grading.JUDGE_ENV] = str(judge.socket_path)
                     env[CELL_FILE_ENV] = str(judge.cell_file)

@@ -15,7 +15,7 @@ from nbgrader.preprocessors import Execute
 
 from grader.jail.kernel import SandboxedExecute
 
-from .server import announce
+from .client import announce
 
 CELL_FILE_ENV = "GRADER_JUDGE_CELL_FILE"
 

@@ -43,10 +43,6 @@ import json
 import os
 import resource
 import socketserver
-import subprocess
-import sys
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 from course import check, grading
@@ -208,125 +204,6 @@ def main(argv: list[str] | None = None) -> None:
     referee = Referee(args.lab, grading.read(args.values), grading.read_tolerances(args.values), args.seed,
                       json.loads(args.required.read_text(encoding="utf-8")), args.cell_file, log)
     serve(referee, args.socket, args.uid)
-
-
-# --------------------------------------------------------------------------
-# The grader's side
-# --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Finding:
-    """What the judge saw of one graded test cell."""
-    passed: bool
-    why: str = ""                 # why it gets no points, in words
-    detail: str = ""              # the comparison that failed, for the verdict
-
-
-class Judge:
-    """The judge of one submission, in its own process; a context manager.
-
-    socket_dir is what the jail sees (read-only); private_dir is the grader's
-    own (the log and the running cell's file), never mounted into the jail.
-    """
-
-    def __init__(self, lab: str, values: Path, seed: int, required: dict[str, list[str]],
-                 socket_dir: Path, private_dir: Path, uid: int | None = None):
-        self.lab, self.required = lab, required
-        self.expected = grading.read_checks(values)   # the ranks the solution checked each key on, this run
-        self.socket_path = Path(socket_dir) / "judge.sock"
-        self.cell_file = Path(private_dir) / "judge-cell"
-        self.log_path = Path(private_dir) / "judge.log"
-        required_file = Path(private_dir) / "judge-required.json"
-        required_file.write_text(json.dumps(required), encoding="utf-8")
-        self._argv = [sys.executable, "-m", "grader.judge.server", "--lab", lab, "--values", str(values),
-                      "--seed", str(seed), "--required", str(required_file), "--socket", str(self.socket_path),
-                      "--cell-file", str(self.cell_file), "--log", str(self.log_path),
-                      *(["--uid", str(uid)] if uid is not None else [])]
-        self._proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> Judge:
-        announce(self.cell_file, None)
-        self._proc = subprocess.Popen(self._argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-        ready = self._proc.stdout.readline()
-        if ready.strip() != "ready":
-            self._proc.kill()
-            _, err = self._proc.communicate()
-            raise RuntimeError(f"the judge did not start: {err.strip()[-500:]}")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.communicate()
-        self.socket_path.unlink(missing_ok=True)
-
-    def entries(self) -> list[dict]:
-        entries = []
-        with self.log_path.open(encoding="utf-8") as log:
-            for line in log:
-                try:
-                    entries.append(json.loads(line))
-                except ValueError:
-                    pass
-        return entries
-
-    def findings(self) -> dict[str, Finding]:
-        """{grade_id: Finding} for every test cell with hidden checks."""
-        return findings(self.entries(), self.required, self.expected)
-
-
-def _ranks(ranks) -> str:
-    """[0, 1, 2] as 'for ranks 0, 1, 2'; [None] as 'once'; [None, None] as '2 times'."""
-    if all(r is None for r in ranks):
-        return "once" if len(ranks) == 1 else f"{len(ranks)} times"
-    shown = ", ".join("-" if r is None else str(r) for r in sorted(ranks, key=lambda r: (r is None, r or 0)))
-    return f"for rank {shown}" if len(ranks) == 1 else f"for ranks {shown}"
-
-
-def findings(entries: list[dict], required: dict[str, list[str]],
-             expected: dict[str, list] | None = None) -> dict[str, Finding]:
-    """What the judge's log says of each test cell that has hidden checks.
-
-    expected: {key: the rank of each check the solution made of it}; a key whose checks arrived on
-    other ranks, or a different number of times, did not have all of its work judged.
-    """
-    expected = expected or {}
-    full = next((e for e in entries if e.get("op") == "full"), None)
-    out = {}
-    for grade_id, keys in required.items():
-        mine = [e for e in entries if e.get("cell") == grade_id]
-        refused = next((e for e in mine if e.get("op") == "refused"), None)
-        failed = next((e for e in mine if e.get("op") == "check" and not e.get("ok")), None)
-        arrived = {key: Counter(e.get("rank") for e in mine if e.get("op") == "check" and e.get("key") == key)
-                   for key in keys}
-        missing = [k for k in keys if not arrived[k]]
-        partial = [k for k in keys if k in expected and arrived[k] and arrived[k] != Counter(expected[k])]
-        if refused:
-            out[grade_id] = Finding(False, f"the grader's judge refused a request made while it ran "
-                                           f"({refused.get('why')})")
-        elif failed:
-            out[grade_id] = Finding(False, f"its hidden check {failed['key']!r} failed",
-                                    failed.get("message", ""))
-        elif missing:
-            out[grade_id] = Finding(False, f"its hidden check {missing[0]!r} never reached the grader"
-                                    + (f" ({full['why']})" if full else ""))
-        elif partial:
-            key = partial[0]
-            out[grade_id] = Finding(False, f"its hidden check {key!r} reached the grader "
-                                           f"{_ranks(list(arrived[key].elements()))}, the solution's "
-                                           f"{_ranks(expected[key])}: not all of its work was judged")
-        else:
-            out[grade_id] = Finding(True)
-    return out
-
-
-def announce(cell_file: Path, grade_id: str | None) -> None:
-    """Tell the judge which graded test cell runs now (None: none)."""
-    tmp = Path(f"{cell_file}.tmp")
-    tmp.write_text(grade_id or "", encoding="utf-8")
-    os.chmod(tmp, 0o644)
-    tmp.replace(cell_file)
 
 
 if __name__ == "__main__":

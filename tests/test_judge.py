@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -206,6 +207,23 @@ def test_a_forked_judge_is_a_session_of_its_own_holds_none_of_the_spawners_pipes
         assert request(judge, op="check", key="n", value=grading.encode(4)) == {"ok": False}
     assert start_time(pid) is None, "the judge outlived its submission"
     assert [f.why for f in judge.findings().values()] == ["its hidden check 'n' failed"]
+
+
+def test_a_judge_ends_with_whoever_started_it_even_killed(tmp_path):
+    """A grading run killed half-way (kill -9, a crash) takes its judges with it: each is a session of
+    its own, so only the parent-death signal reaches it. Here its spawner is killed under it."""
+    values = tmp_path / "values.json"
+    grading.write(values, LAB, {"n": 3})
+    (tmp_path / "socket").mkdir()
+    spawner = JudgeSpawner(REPO, tmp_path / "judges.log")
+    judge = Judge(LAB, values, 1, {"test_n": ["n"]}, tmp_path / "socket", tmp_path, spawner=spawner)
+    with judge:
+        pid, started = judge.pid, start_time(judge.pid)
+        spawner.close()   # SIGKILL to the spawner's session: not the judge's
+        deadline = time.monotonic() + 10
+        while start_time(pid) == started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert start_time(pid) != started, "the judge outlived the process that started it"
 
 
 def test_a_forked_judge_that_cannot_start_says_why(tmp_path, spawner):

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from course import check, grading
 from grader.common.labs import source_text
+from grader.common.nbgrader_cli import die_with_grader
 from grader.common.quoting import quoted
 
 MAX_REQUEST_BYTES = grading.MAX_JUDGED_BYTES  # a lab's largest answer is tens of kB of JSON
@@ -157,7 +158,7 @@ class Referee:
         return {"refused": why}
 
 
-def serve(referee: Referee, socket_path: Path, uid: int | None) -> None:
+def serve(referee: Referee, socket_path: Path, uid: int | None, parent: int) -> None:
     """Answer requests one at a time until killed (one client: the submission's kernel)."""
 
     class Handler(socketserver.StreamRequestHandler):
@@ -184,6 +185,11 @@ def serve(referee: Referee, socket_path: Path, uid: int | None) -> None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    # Ends with whoever started it (the grader, or its spawner), even killed: set after the uid
+    # drop, which would clear it, and checked once set, in case that one has ended already.
+    die_with_grader()
+    if os.getppid() != parent:
+        raise SystemExit("the judge's grader has ended")
     print("ready", flush=True)
     server.serve_forever()
 
@@ -198,12 +204,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cell-file", type=Path, required=True)
     p.add_argument("--log", type=Path, required=True)
     p.add_argument("--uid", type=int, help="drop to this uid once the socket is open (when root)")
+    parent = os.getppid()   # whoever started this judge, before anything can end it
     args = p.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_BYTES, MEMORY_BYTES))
     log = args.log.open("a", encoding="utf-8")
     referee = Referee(args.lab, grading.read(args.values), grading.read_tolerances(args.values), args.seed,
                       json.loads(args.required.read_text(encoding="utf-8")), args.cell_file, log)
-    serve(referee, args.socket, args.uid)
+    serve(referee, args.socket, args.uid, parent)
 
 
 if __name__ == "__main__":

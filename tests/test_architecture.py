@@ -146,15 +146,18 @@ def layers_of(root: Path) -> dict[str, str]:
     return layers
 
 
-def layer_problems(graph: dict[str, set[str]], layers: dict[str, str]) -> list[str]:
-    order = list(dict.fromkeys(layers.values()))  # bottom up, as the docstring lists them
-    problems = [f"{m} is in no layer: add it to course/__init__.py's docstring"
-                for m in sorted(graph) if m != "course" and m not in layers]
-    problems += [f"{m} is in a layer but is not a module of course/" for m in sorted(set(layers) - set(graph))]
+def layer_problems(graph: dict[str, set[str]], layers: dict[str, str], package: str = "course",
+                   kind: str = "layer") -> list[str]:
+    """What breaks a package's map: a module in no `kind` (layer, subsystem), one listed that does not
+    exist, and an import from a `kind` above the importer's (the map lists them bottom up)."""
+    order = list(dict.fromkeys(layers.values()))
+    problems = [f"{m} is in no {kind}: add it to {package}/__init__.py's docstring"
+                for m in sorted(graph) if m != package and m not in layers]
+    problems += [f"{m} is in a {kind} but is not a module of {package}/" for m in sorted(set(layers) - set(graph))]
     for module, names in sorted(graph.items()):
         for name in sorted(names & set(layers)):
             if module in layers and order.index(layers[name]) > order.index(layers[module]):
-                problems.append(f"{module} ({layers[module]}) imports {name} ({layers[name]}), a layer above it")
+                problems.append(f"{module} ({layers[module]}) imports {name} ({layers[name]}), a {kind} above it")
     return problems
 
 
@@ -175,18 +178,11 @@ def subsystems_of(root: Path) -> dict[str, str]:
 
 
 def subsystem_problems(graph: dict[str, set[str]], subsystems: dict[str, str]) -> list[str]:
-    order = list(dict.fromkeys(subsystems.values()))  # bottom up, as the docstring lists them
-    problems = [f"{m} is in no subsystem: add it to grader/__init__.py's docstring"
-                for m in sorted(graph) if m != "grader" and m not in subsystems]
-    problems += [f"{m} is in a subsystem but is not a module of grader/" for m in sorted(set(subsystems) - set(graph))]
+    """layer_problems for grader/'s subsystems, and a subpackage's __init__ that imports anything."""
+    problems = layer_problems(graph, subsystems, "grader", "subsystem")
     subpackages = {m for m in graph if m != "grader" and any(other.startswith(m + ".") for other in graph)}
-    for module, names in sorted(graph.items()):
-        if module in subpackages and names:
-            problems.append(f"{module}'s __init__ imports {', '.join(sorted(names))}: it holds only its docstring")
-        for name in sorted(names & set(subsystems)):
-            if module in subsystems and order.index(subsystems[name]) > order.index(subsystems[module]):
-                problems.append(f"{module} ({subsystems[module]}) imports {name} ({subsystems[name]}), "
-                                "a subsystem above it")
+    problems += [f"{module}'s __init__ imports {', '.join(sorted(names))}: it holds only its docstring"
+                 for module, names in sorted(graph.items()) if module in subpackages and names]
     return problems
 
 

@@ -109,20 +109,25 @@ def graded_only(nb, lab: str):
 _judge_values: Path | None = None
 
 
-def judge_values() -> list[str]:
-    """The option that has a grading run reuse the judge's values that earlier runs of this test
-    session recorded (`keep_judge_values`), as an instructor grading one class in batches does
-    (grader.judge_values): each lab's solution is recorded once a session, not once a run."""
+def _session_judge_values() -> Path:
+    """The folder of the judge's values this test session's grading runs share."""
     global _judge_values
     if _judge_values is None:
         _judge_values = Path(tempfile.mkdtemp(prefix="course-judge-values-"))
         atexit.register(shutil.rmtree, _judge_values, ignore_errors=True)
-    return ["--judge-values", str(_judge_values)]
+    return _judge_values
+
+
+def judge_values() -> list[str]:
+    """The option that has a grading run reuse the judge's values that earlier runs of this test
+    session recorded (`keep_judge_values`), as an instructor grading one class in batches does
+    (grader.judge_values): each lab's solution is recorded once a session, not once a run."""
+    return ["--judge-values", str(_session_judge_values())]
 
 
 def keep_judge_values(work: Path) -> None:
     """Keep the recordings of the grading run in `work` for the session's later runs."""
-    shared = Path(judge_values()[1])
+    shared = _session_judge_values()
     for about in (work / "judge").glob("*.seed.json"):
         values = about.with_name(about.name.removesuffix(".seed.json") + ".json")
         if values.is_file() and not (shared / about.name).exists():

@@ -11,6 +11,11 @@ Memory: the peak of the summed PSS of the kernel and all its descendants (the
 forkserver and every rank), beside the summed RSS sampled every 50 ms;
 bench/_peak_memory.py says why PSS, and how often it is read. The course
 promises under 4 GB per lab with 4 CPU ranks. GPU memory is not counted.
+
+Time: the course promises each lab within 90 s at its default ranks on 2 CPU
+cores, within 3 minutes on 4 ranks, and no cell of the live demo over 30 s.
+The tests run every notebook too, but beside other tests and never asserting on
+wall-clock speed; this script, run alone, is what holds the promise.
 Works as it is on a GPU machine, whose name the figures record.
 
     python bench/labs.py [--labs 00_ranks demo ...] [--ranks 4] [--rounds 1] [--json PATH]
@@ -18,6 +23,7 @@ Works as it is on a GPU machine, whose name the figures record.
 from __future__ import annotations
 
 import argparse
+import datetime
 import re
 import sys
 import tempfile
@@ -38,6 +44,9 @@ SOLUTIONS = REPO / "solutions"
 DEMO = "demo"  # solutions/demo.ipynb
 CELL_TIMEOUT_S = 300  # as in tests/test_notebooks.py
 LIMIT_BYTES = 4e9  # the course's promise: a lab on 4 CPU ranks stays under 4 GB
+TIME_BUDGET_S = 90  # ... a lab at its default ranks runs within 90 s on 2 CPU cores
+FOUR_RANKS_TIME_BUDGET_S = 180  # ... and within 3 minutes on 4 ranks
+DEMO_CELL_BUDGET_S = 30  # ... and no cell of the live demo takes longer than this
 _LAB_RANKS = re.compile(r"course\.lab_ranks\((\d*)\)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -70,8 +79,28 @@ def configurations(labs: list[str], extra_ranks: list[int]) -> list[dict]:
     return runs
 
 
+def cell_seconds(cell) -> float:
+    """How long an executed code cell ran, from the timing nbclient records in its metadata."""
+    timing = cell.metadata["execution"]
+    start, end = (datetime.datetime.fromisoformat(timing[key].replace("Z", "+00:00"))
+                  for key in ("iopub.execute_input", "shell.execute_reply"))
+    return (end - start).total_seconds()
+
+
+def time_budget(run: dict) -> str:
+    """The promise a run is held to, in words."""
+    whole = FOUR_RANKS_TIME_BUDGET_S if run["ranks"] == 4 else TIME_BUDGET_S
+    return f"{whole} s" + (f", cells {DEMO_CELL_BUDGET_S} s" if run["lab"] == DEMO else "")
+
+
+def in_time(run: dict, seconds: float, slowest_cell_s: float) -> bool:
+    whole = FOUR_RANKS_TIME_BUDGET_S if run["ranks"] == 4 else TIME_BUDGET_S
+    return seconds <= whole and (run["lab"] != DEMO or slowest_cell_s <= DEMO_CELL_BUDGET_S)
+
+
 def run_once(notebook: Path, env: dict[str, str]) -> dict:
-    """Execute the notebook once: {"seconds", memory figures (bench/_peak_memory.py)} or {"error"}."""
+    """Execute the notebook once: {"seconds", "slowest_cell_s", memory figures (bench/_peak_memory.py)}
+    or {"error"}."""
     nb = nbformat.read(notebook, as_version=4)
     progress = {}
 
@@ -84,7 +113,8 @@ def run_once(notebook: Path, env: dict[str, str]) -> dict:
         except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
             last_line = _ANSI.sub("", str(e)).strip().splitlines()[-1:] or [type(e).__name__]
             return {"error": f"cell {progress.get('cell', '?')}: {type(e).__name__}: {last_line[0][:300]}"}
-    return {"seconds": seconds, **memory.figures()}
+    slowest = max((cell_seconds(c) for c in nb.cells if c.cell_type == "code"), default=0.0)
+    return {"seconds": seconds, "slowest_cell_s": slowest, **memory.figures()}
 
 
 def measure(runs: list[dict], rounds: int) -> list[dict]:
@@ -103,7 +133,9 @@ def measure(runs: list[dict], rounds: int) -> list[dict]:
             rows.append({**row, "error": failed[0]})
             continue
         peak = max(outcomes[i], key=lambda o: o["peak_bytes"])
-        rows.append({**row, "seconds": spread([o["seconds"] for o in outcomes[i]]),
+        seconds, slowest = (spread([o[key] for o in outcomes[i]]) for key in ("seconds", "slowest_cell_s"))
+        rows.append({**row, "seconds": seconds, "slowest_cell_s": slowest,
+                     "in_time": in_time(run, seconds["median"], slowest["median"]),
                      "peak": peak, "within_limit": peak["peak_bytes"] < LIMIT_BYTES})
     return rows
 
@@ -121,19 +153,23 @@ def markdown(rows: list[dict], rounds: int, machine: dict) -> str:
              f"per rank, an upper bound. RSS is read every 50 ms; {metric} costs more, and is read as often as "
              f"keeps that near a tenth of a core (`every`: the mean interval) and whenever RSS grows past its "
              f"earlier peaks (bench/_peak_memory.py says why). Limit: {gigabytes(LIMIT_BYTES)}, the course's "
-             f"promise for a lab on 4 CPU ranks. GPU memory is not counted.", "",
+             f"promise for a lab on 4 CPU ranks. GPU memory is not counted. Time: within {TIME_BUDGET_S} s at "
+             f"the default ranks, {FOUR_RANKS_TIME_BUDGET_S} s on 4, no cell of the demo over "
+             f"{DEMO_CELL_BUDGET_S} s (the course's promise on 2 CPU cores).", "",
              f"| notebook | ranks | run | peak memory ({metric}) | under {gigabytes(LIMIT_BYTES)} | every | "
-             f"peak summed RSS | processes |", "|---|---|---|---|---|---|---|---|"]
+             f"peak summed RSS | processes | slowest cell | within its time |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ranks = r["ranks"] or "its own"
         if "error" in r:
-            lines.append(f"| `{r['lab']}` | {ranks} | FAILED: {r['error']} | | | | | |")
+            lines.append(f"| `{r['lab']}` | {ranks} | FAILED: {r['error']} | | | | | | | |")
             continue
         p = r["peak"]
         lines.append(f"| `{r['lab']}` | {ranks} | {spread_text(r['seconds'], '{:.1f}', ' s')} | "
                      f"{gigabytes(p['peak_bytes'])} | {'yes' if r['within_limit'] else '**no**'} | "
                      f"{p['pss_interval_s'] * 1e3:.0f} ms | {gigabytes(p['peak_rss_bytes'])} | "
-                     f"{p['most_processes']} |")
+                     f"{p['most_processes']} | {spread_text(r['slowest_cell_s'], '{:.1f}', ' s')} | "
+                     f"{'yes' if r['in_time'] else '**no**'} ({time_budget(r)}) |")
     lines += ["", f"(`its own`: the notebook picks its ranks itself, not from ${RANKS_VARIABLE}; "
               f"torch {machine['torch']}, {machine['cpu_count']} CPUs, "
               f"{', '.join(machine['gpus']) or 'no GPU'})"]
@@ -146,6 +182,13 @@ def headline(rows: list[dict], rounds: int) -> list[dict]:
                         f"FAILED: {r['error']}" if "error" in r else
                         f"{spread_text(r['seconds'], '{:.1f}', ' s')}, peak {gigabytes(r['peak']['peak_bytes'])}",
                         over) for r in rows]
+    timed = [r for r in rows if "error" not in r]
+    if timed:
+        late = [f"`{r['lab']}`" + (f" on {r['ranks']} ranks" if r["ranks"] else "") for r in timed if not r["in_time"]]
+        out.append(headline_row("every notebook within its time",
+                                f"**no**: {', '.join(late)}" if late else
+                                "yes" + (f" for {len(timed)} of {len(rows)}; the others failed"
+                                         if len(timed) < len(rows) else ""), over))
     on_four = [r for r in rows if r["ranks"] == 4]
     measured = [r for r in on_four if "error" not in r]
     if on_four:

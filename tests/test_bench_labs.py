@@ -85,14 +85,34 @@ def test_an_unknown_lab_is_named_with_the_labs_there_are():
     assert all(lab in result.stderr for lab in labs.all_labs())
 
 
-def _row(lab: str, peak_gb: float | None) -> dict:
-    """A measured run on 4 ranks (peak in GB), or a failed one (None), as bench/labs.py records it."""
+def _row(lab: str, peak_gb: float | None, seconds: float = 20.0, slowest_cell_s: float = 5.0,
+         ranks: int | None = 4) -> dict:
+    """A measured run (peak in GB), or a failed one (None), as bench/labs.py records it."""
+    run = {"lab": lab, "ranks": ranks, "env": {}}
     if peak_gb is None:
-        return {"lab": lab, "ranks": 4, "env": {}, "error": "cell 3: RankExited: rank 2 was killed"}
+        return {**run, "error": "cell 3: RankExited: rank 2 was killed"}
     peak = {"metric": "pss", "peak_bytes": peak_gb * 1e9, "peak_rss_bytes": 2 * peak_gb * 1e9,
             "pss_interval_s": 0.2, "most_processes": 7}
-    return {"lab": lab, "ranks": 4, "env": {}, "seconds": {"median": 20.0, "min": 20.0, "max": 20.0, "n": 1},
+    return {**run, "seconds": {"median": seconds, "min": seconds, "max": seconds, "n": 1},
+            "slowest_cell_s": {"median": slowest_cell_s, "min": slowest_cell_s, "max": slowest_cell_s, "n": 1},
+            "in_time": labs.in_time(run, seconds, slowest_cell_s),
             "peak": peak, "within_limit": peak["peak_bytes"] < labs.LIMIT_BYTES}
+
+
+def test_the_time_verdict_holds_each_run_to_its_promise():
+    def verdict(*rows):
+        return next(r["value"] for r in labs.headline(list(rows), 1) if r["figure"] == "every notebook within its time")
+
+    at_default, on_four = labs.TIME_BUDGET_S, labs.FOUR_RANKS_TIME_BUDGET_S
+    assert verdict(_row("a", 1.0, at_default, ranks=2), _row("a", 1.0, on_four)) == "yes"
+    assert verdict(_row("a", 1.0, at_default + 1, ranks=2), _row("b", 1.0, on_four)) == "**no**: `a` on 2 ranks"
+    assert verdict(_row("b", 1.0, on_four + 1), _row("c", None)) == "**no**: `b` on 4 ranks"
+    assert verdict(_row("a", 1.0), _row("b", None)) == "yes for 1 of 2; the others failed"
+    # the demo: its whole run, and each cell on its own
+    assert verdict(_row(labs.DEMO, 1.0, 60, labs.DEMO_CELL_BUDGET_S, ranks=None)) == "yes"
+    assert verdict(_row(labs.DEMO, 1.0, 60, labs.DEMO_CELL_BUDGET_S + 1, ranks=None)) == "**no**: `demo`"
+    table = labs.markdown([_row("a", 1.0, 95, ranks=2)], 1, {"torch": "2.4", "cpu_count": 2, "gpus": []})
+    assert "| 7 | 5.0 s | **no** (90 s) |" in table
 
 
 def test_the_4_gb_verdict_judges_every_measured_run_and_names_failed_ones():

@@ -1,7 +1,8 @@
 """The course in a real browser: JupyterLab in headless Chromium, driven as a person drives it.
 
-Every solution notebook is opened and run with Run > Run All Cells; each must run clean,
-in its budget, creating no file in its folder and recording the values grader/reference/
+Every solution notebook is opened and run with Run > Run All Cells; each must run clean
+(its time is recorded, not asserted: bench/labs.py, run alone, holds the labs' time),
+creating no file in its folder and recording the values grader/reference/
 stores (this is its lab's run at the default 2 ranks, on the machine's instruction set
 and 2 threads: helpers/solution_runs.py), and its figures' controls must respond (a
 slider moved with the keyboard redraws the figure and its numbers). Rank output must
@@ -42,8 +43,8 @@ SOLUTIONS = [p.relative_to(REPO) for p in runs.SOLUTIONS]
 # ... and the instructor's live demo (`make demo`), run and checked as the labs are
 DEMO = Path("solutions/demo.ipynb")
 DEADLOCK_TIMEOUT_S = 5
-# The labs' own time budget is 90 s headless; the browser, the server and the
-# kernel share the same 2 cores.
+# A hung run's limit, not the labs' time (bench/labs.py holds that): the browser, the server, the
+# kernel and a second test worker share the same 2 cores.
 RUN_LIMIT_S = 300
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(RUN_LIMIT_S + 120)]
@@ -157,7 +158,6 @@ def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path
     if path in SOLUTIONS:   # its lab's run at 2 ranks (helpers/solution_runs.py)
         name = f"{path} in JupyterLab"
         runs.assert_created_nothing(name, (course_copy / path).parent, before)
-        assert seconds <= runs.NOTEBOOK_BUDGET_S, f"{name}: ran in {seconds:.0f} s, over its {runs.NOTEBOOK_BUDGET_S} s"
         runs.assert_ran_as_asked(name, "".join(text_of(o) for o in cells[-1]["outputs"]), runs.IN_THE_BROWSER)
         runs.assert_recorded_the_reference(name, path.parent.name, recorded / path.parent.name)
     with_controls = widget_cells(cells)

@@ -1,12 +1,13 @@
-"""Every solution notebook runs top to bottom, headless, on CPU, in time, and records
+"""Every solution notebook runs top to bottom, headless, on CPU, and records
 the values grader/reference/ stores for it, on either instruction set.
 
 Each ``solutions/*/*.ipynb`` is executed with nbclient in its own folder, with
 the ``python3`` kernel of the interpreter running pytest, matplotlib's inline
-backend (figures become images in the notebook), a 300 s per-cell timeout, and
-a 90 s budget per notebook (the course promises well under two minutes each on
-2 CPU cores). The labs that launch ranks run here on 4 ranks ($COURSE_RANKS),
-in 3 minutes at most; their run at the default 2 ranks is tests/test_browser.py's,
+backend (figures become images in the notebook), and a 300 s per-cell timeout. Each run's
+time is recorded and shown, not asserted: the tests run beside each other, so the
+course's promise of time (90 s a lab on 2 CPU cores, 3 minutes on 4 ranks) is held by
+bench/labs.py, run alone. The labs that launch ranks run here on 4 ranks ($COURSE_RANKS);
+their run at the default 2 ranks is tests/test_browser.py's,
 in JupyterLab, which checks the same (helpers/solution_runs.py). Notebooks are
 only read: outputs are not written back.
 
@@ -98,18 +99,17 @@ def test_kernel_setup(tmp_path):
 @pytest.mark.timeout(CELL_TIMEOUT_S * 3)
 @pytest.mark.parametrize("path", AT_DEFAULT_RANKS, ids=[str(p.relative_to(REPO)) for p in AT_DEFAULT_RANKS])
 def test_notebook_executes(path: Path, wall_times, record_property, tmp_path):
-    _run_in_budget(path, wall_times, record_property, runs.NOTEBOOK_BUDGET_S, tmp_path, runs.WITHOUT_RANKS)
+    _run_and_check(path, wall_times, record_property, tmp_path, runs.WITHOUT_RANKS)
 
 
 @pytest.mark.timeout(CELL_TIMEOUT_S * 3)
 @pytest.mark.parametrize("path", runs.ON_RANKS, ids=[str(p.relative_to(REPO)) for p in runs.ON_RANKS])
 def test_notebook_executes_on_four_ranks(path: Path, wall_times, record_property, tmp_path):
-    _run_in_budget(path, wall_times, record_property, runs.FOUR_RANKS_BUDGET_S, tmp_path, runs.ON_FOUR_RANKS,
-                   {RANKS_VARIABLE: "4"})
+    _run_and_check(path, wall_times, record_property, tmp_path, runs.ON_FOUR_RANKS, {RANKS_VARIABLE: "4"})
 
 
-def _run_in_budget(path: Path, wall_times, record_property, budget_s: float, scratch: Path,
-                   settings: tuple[str | None, int], env=None):
+def _run_and_check(path: Path, wall_times, record_property, scratch: Path, settings: tuple[str | None, int],
+                   env=None):
     name = str(path.relative_to(REPO)) + (" on 4 ranks" if env else "")
     nb = runs.with_probe(nbformat.read(path, as_version=4))
     env = {**(env or {}), **settings_env(*settings), **reference.recording_env(scratch)}
@@ -131,6 +131,5 @@ def _run_in_budget(path: Path, wall_times, record_property, budget_s: float, scr
     print(f"{name}: executed in {wall:.1f} s")
     # nbgrader copies every file of the lab folder into the student release.
     runs.assert_created_nothing(name, path.parent, before)
-    assert wall <= budget_s, f"{name}: took {wall:.0f} s to execute, over its {budget_s} s budget"
     runs.assert_ran_as_asked(name, nb.cells[-1].outputs[-1]["text"], settings)
     runs.assert_recorded_the_reference(name, path.parent.name, scratch)

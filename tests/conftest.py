@@ -10,6 +10,12 @@
 - the fixture `round_trip_class`: the students of labs 2 and up that the selected tests
   enrolled, graded once (tests/helpers/round_trips.py).
 
+- under pytest-xdist (`make test` runs two workers, `-n 2 --dist loadscope`): each module
+  runs on one worker (module-scoped servers and browsers start once), the modules that share
+  a class graded once a session (`lab1_class`, `round_trip_class`) on one worker together
+  (`pytest_xdist_make_scheduler`), and the tiers that launch ranks or grade go first, so that
+  the unit tests fill the end (`pytest_collection_modifyitems`).
+
 - `--lab NN_slug` (repeatable): only the tests about that lab, whatever their tier:
   those whose id names it (its notebook, browser page, torchrun run, tamper scan, ...)
   and those of a module marked `pytest.mark.lab("NN_slug")` (its fairness tests and
@@ -18,8 +24,11 @@
 Helpers that tests import (REPO, submissions, a JupyterLab server, a browser)
 are in tests/helpers/; the markers are registered in pyproject.toml.
 """
+import os
 import re
+import shutil
 import sys
+from pathlib import Path
 
 import matplotlib
 import pytest
@@ -55,6 +64,13 @@ def round_trip_class(request, tmp_path_factory):
     return round_trips.grade(tmp_path_factory.mktemp("round_trips"), asking)
 
 
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):  # the session's own process, not an xdist worker
+        from helpers.submissions import session_judge_values
+
+        shutil.rmtree(session_judge_values(owner=os.getpid()), ignore_errors=True)
+
+
 def pytest_addoption(parser):
     parser.addoption("--lab", action="append", default=[], metavar="NN_slug",
                      help="run only the tests about this lab (repeatable), e.g. --lab 02_data_parallel")
@@ -68,7 +84,67 @@ def about_lab(item, lab: str) -> bool:
     return lab in item.nodeid or re.search(rf"\btest_lab{int(lab[:2])}_", item.nodeid) is not None
 
 
+#: Session fixtures that grade a class once for several modules: those modules share a worker.
+SHARED_CLASSES = ("lab1_class", "round_trip_class")
+#: The scope (xdist's unit of work) of the modules that use them.
+SHARED_SCOPE = "the classes graded once"
+#: Tiers whose tests take seconds to minutes each; the unit tests run after them.
+HEAVY_TIERS = ("grading", "browser", "notebook", "torchrun", "slow")
+
+
+def sharing_modules() -> set[str]:
+    """The test modules (file names) that name a fixture of SHARED_CLASSES, read as text: the xdist
+    controller collects no tests, so it cannot ask the tests which fixtures they use."""
+    pattern = re.compile(r"\b(" + "|".join(SHARED_CLASSES) + r")\b")
+    return {p.name for p in Path(__file__).parent.glob("test_*.py") if pattern.search(p.read_text(encoding="utf-8"))}
+
+
+def scope_of(nodeid: str, sharing: set[str]) -> str:
+    """The unit of work a test belongs to: its module, or SHARED_SCOPE."""
+    module = nodeid.split("::", 1)[0]
+    return SHARED_SCOPE if Path(module).name in sharing else module
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With `--dist loadscope`, a module runs on one worker (its servers and browsers start once),
+    and the modules that share a class graded once run on one worker together."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    sharing = sharing_modules()
+
+    class ByModuleAndSharedClass(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid, sharing)
+
+    return ByModuleAndSharedClass(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    _keep_only_the_labs_asked_for(config, items)
+    _order_for_workers(items)
+
+
+def _order_for_workers(items) -> None:
+    """Order the units of work (scope_of) heavy tiers first, each unit's tests together, so that with
+    `--no-loadscope-reorder` the workers take the long units first and the unit tests fill the end.
+    Refuses a module that uses a shared class without naming its fixture (sharing_modules would
+    miss it, and two workers would grade the class twice)."""
+    sharing = sharing_modules()
+    using = {item.nodeid.split("::", 1)[0] for item in items if set(SHARED_CLASSES) & set(item.fixturenames)}
+    missed = sorted(m for m in using if Path(m).name not in sharing)
+    if missed:
+        raise pytest.UsageError(f"{', '.join(missed)} use {' or '.join(SHARED_CLASSES)} without naming it: "
+                                f"name the fixture in the module, so that tests/conftest.py sees it")
+    scope = {item.nodeid: scope_of(item.nodeid, sharing) for item in items}
+    heavy = {scope[item.nodeid] for item in items if any(item.get_closest_marker(t) for t in HEAVY_TIERS)}
+    first_seen = {name: i for i, name in reversed(list(enumerate(scope[item.nodeid] for item in items)))}
+    items.sort(key=lambda item: (scope[item.nodeid] not in heavy, first_seen[scope[item.nodeid]]))
+
+
+def _keep_only_the_labs_asked_for(config, items) -> None:
     labs = config.getoption("--lab")
     if not labs:
         return

@@ -12,7 +12,6 @@ lab's many variants in one process forked where each first differs).
 """
 from __future__ import annotations
 
-import atexit
 import csv
 import os
 import shutil
@@ -106,33 +105,41 @@ def graded_only(nb, lab: str):
     return nb
 
 
-_judge_values: Path | None = None
-
-
-def _session_judge_values() -> Path:
-    """The folder of the judge's values this test session's grading runs share."""
-    global _judge_values
-    if _judge_values is None:
-        _judge_values = Path(tempfile.mkdtemp(prefix="course-judge-values-"))
-        atexit.register(shutil.rmtree, _judge_values, ignore_errors=True)
-    return _judge_values
+def session_judge_values(owner: int | None = None) -> Path:
+    """The folder of the judge's values this test session's grading runs share: one for the whole
+    session, its workers included under pytest-xdist (named after the process that started them,
+    which removes it at the end: conftest.py's pytest_unconfigure)."""
+    if owner is None:
+        owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+    folder = Path(tempfile.gettempdir()) / f"course-judge-values-{owner}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
 
 
 def judge_values() -> list[str]:
     """The option that has a grading run reuse the judge's values that earlier runs of this test
     session recorded (`keep_judge_values`), as an instructor grading one class in batches does
     (grader.judge_values): each lab's solution is recorded once a session, not once a run."""
-    return ["--judge-values", str(_session_judge_values())]
+    return ["--judge-values", str(session_judge_values())]
 
 
 def keep_judge_values(work: Path) -> None:
-    """Keep the recordings of the grading run in `work` for the session's later runs."""
-    shared = _session_judge_values()
+    """Keep the recordings of the grading run in `work` for the session's later runs: the first
+    run to finish a lab keeps it (two workers may record the same lab at once), its values
+    written before the seed that names them, each whole, so a run that finds a seed finds its values."""
+    shared = session_judge_values()
     for about in (work / "judge").glob("*.seed.json"):
         values = about.with_name(about.name.removesuffix(".seed.json") + ".json")
-        if values.is_file() and not (shared / about.name).exists():
-            shutil.copyfile(values, shared / values.name)
-            shutil.copyfile(about, shared / about.name)
+        if not values.is_file():
+            continue
+        try:
+            os.close(os.open(shared / f"{about.name}.kept", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            continue
+        for source in (values, about):
+            partial = shared / f".{source.name}.partial"
+            shutil.copyfile(source, partial)
+            partial.replace(shared / source.name)
 
 
 def grade_class(submissions: Path, work: Path, labs: str | list[str], *options: str, timeout: float = 1500,

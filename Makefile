@@ -4,6 +4,10 @@
 VENV ?= .venv
 PYTHON ?= python3
 PYTEST_ARGS ?=
+# The suite's workers (pytest-xdist): a test mostly waits on its ranks, a browser or a kernel
+# for a third of its time, and a second worker fills it. tests/conftest.py groups the modules.
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 # Extra flags for `jupyter lab`, e.g. LAB_ARGS='--port=8889 --no-browser'.
 LAB_ARGS ?=
 # JupyterLab refuses to run as root without this; containers and CI often are root.
@@ -43,18 +47,18 @@ browser-tools:
 	sh tests/browser-tools.sh
 
 test: $(INSTALL_STAMP) browser-tools
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # The edit-run loop, about 2 minutes on 2 cores: every test that is none of the kinds
 # pyproject.toml's markers name (browser, torchrun, notebook, grading, gpu, slow).
 test-fast: $(INSTALL_STAMP)
-	$(VENV)/bin/python -m pytest -m 'not (browser or torchrun or notebook or grading or gpu or slow)' $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PARALLEL) -m 'not (browser or torchrun or notebook or grading or gpu or slow)' $(PYTEST_ARGS)
 
 # Everything about one lab, every tier: its notebook (2 and 4 ranks), fairness tests and round
 # trip, browser page, torchrun runs, tamper scan and guide (tests/README.md), e.g. LAB=02_data_parallel.
 test-lab: $(INSTALL_STAMP) browser-tools
 	@test -n "$(LAB)" || { echo "usage: make test-lab LAB=02_data_parallel (a folder of solutions/)" >&2; exit 2; }
-	$(VENV)/bin/python -m pytest --lab '$(LAB)' $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PARALLEL) --lab '$(LAB)' $(PYTEST_ARGS)
 
 # ruff, as configured in pyproject.toml; CI (.ci/run) runs it before the tests.
 lint: $(INSTALL_STAMP)

@@ -11,9 +11,10 @@
   enrolled, graded once (tests/helpers/round_trips.py).
 
 - under pytest-xdist (`make test` runs two workers, `-n 2 --dist loadscope`): each module
-  runs on one worker (module-scoped servers and browsers start once), the modules that share
+  runs on one worker (module-scoped servers and browsers start once), the tests that share
   a class graded once a session (`lab1_class`, `round_trip_class`) on one worker together
-  (`pytest_xdist_make_scheduler`), and the tiers that launch ranks or grade go first, so that
+  (`pytest_xdist_make_scheduler`; the workers name those tests in a file, since the
+  controller collects none), and the tiers that launch ranks or grade go first, so that
   the unit tests fill the end (`pytest_collection_modifyitems`).
 
 - `--lab NN_slug` (repeatable): only the tests about that lab, whatever their tier:
@@ -24,10 +25,12 @@
 Helpers that tests import (REPO, submissions, a JupyterLab server, a browser)
 are in tests/helpers/; the markers are registered in pyproject.toml.
 """
+import json
 import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -69,6 +72,7 @@ def pytest_unconfigure(config):
         from helpers.submissions import session_judge_values
 
         shutil.rmtree(session_judge_values(owner=os.getpid()), ignore_errors=True)
+        _sharing_file(os.getpid()).unlink(missing_ok=True)
 
 
 def pytest_addoption(parser):
@@ -84,40 +88,43 @@ def about_lab(item, lab: str) -> bool:
     return lab in item.nodeid or re.search(rf"\btest_lab{int(lab[:2])}_", item.nodeid) is not None
 
 
-#: Session fixtures that grade a class once for several modules: those modules share a worker.
+#: Session fixtures that grade a class once for tests of several modules: those tests share a worker.
 SHARED_CLASSES = ("lab1_class", "round_trip_class")
-#: The scope (xdist's unit of work) of the modules that use them.
+#: The scope (xdist's unit of work) of the tests that use them.
 SHARED_SCOPE = "the classes graded once"
 #: Tiers whose tests take seconds to minutes each; the unit tests run after them.
 HEAVY_TIERS = ("grading", "browser", "notebook", "torchrun", "slow")
 
 
-def sharing_modules() -> set[str]:
-    """The test modules (file names) that name a fixture of SHARED_CLASSES, read as text: the xdist
-    controller collects no tests, so it cannot ask the tests which fixtures they use."""
-    pattern = re.compile(r"\b(" + "|".join(SHARED_CLASSES) + r")\b")
-    return {p.name for p in Path(__file__).parent.glob("test_*.py") if pattern.search(p.read_text(encoding="utf-8"))}
+def _sharing_file(session_pid: int) -> Path:
+    """Where the workers tell the controller which tests use SHARED_CLASSES: the controller
+    collects no tests, so it cannot see their fixtures."""
+    return Path(tempfile.gettempdir()) / f"course-test-scopes-{session_pid}.json"
 
 
 def scope_of(nodeid: str, sharing: set[str]) -> str:
-    """The unit of work a test belongs to: its module, or SHARED_SCOPE."""
-    module = nodeid.split("::", 1)[0]
-    return SHARED_SCOPE if Path(module).name in sharing else module
+    """The unit of work a test belongs to: SHARED_SCOPE for the tests in `sharing`, else its module."""
+    return SHARED_SCOPE if nodeid in sharing else nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     """With `--dist loadscope`, a module runs on one worker (its servers and browsers start once),
-    and the modules that share a class graded once run on one worker together."""
+    and the tests that share a class graded once run on one worker together."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    sharing = sharing_modules()
-
     class ByModuleAndSharedClass(LoadScopeScheduling):
+        sharing: set[str] = set()
+
+        def schedule(self):
+            if self.collection is None:  # the first call, every worker's collection in
+                self.sharing = set(json.loads(_sharing_file(os.getpid()).read_text(encoding="utf-8")))
+            super().schedule()
+
         def _split_scope(self, nodeid: str) -> str:
-            return scope_of(nodeid, sharing)
+            return scope_of(nodeid, self.sharing)
 
     return ByModuleAndSharedClass(config, log)
 
@@ -129,15 +136,13 @@ def pytest_collection_modifyitems(config, items):
 
 def _order_for_workers(items) -> None:
     """Order the units of work (scope_of) heavy tiers first, each unit's tests together, so that with
-    `--no-loadscope-reorder` the workers take the long units first and the unit tests fill the end.
-    Refuses a module that uses a shared class without naming its fixture (sharing_modules would
-    miss it, and two workers would grade the class twice)."""
-    sharing = sharing_modules()
-    using = {item.nodeid.split("::", 1)[0] for item in items if set(SHARED_CLASSES) & set(item.fixturenames)}
-    missed = sorted(m for m in using if Path(m).name not in sharing)
-    if missed:
-        raise pytest.UsageError(f"{', '.join(missed)} use {' or '.join(SHARED_CLASSES)} without naming it: "
-                                f"name the fixture in the module, so that tests/conftest.py sees it")
+    `--no-loadscope-reorder` the workers take the long units first and the unit tests fill the end;
+    in an xdist worker, tell the controller which tests share a class."""
+    sharing = {item.nodeid for item in items if set(SHARED_CLASSES) & set(item.fixturenames)}
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker writes the same, whole
+        partial = _sharing_file(os.getppid()).with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps(sorted(sharing)), encoding="utf-8")
+        partial.replace(_sharing_file(os.getppid()))
     scope = {item.nodeid: scope_of(item.nodeid, sharing) for item in items}
     heavy = {scope[item.nodeid] for item in items if any(item.get_closest_marker(t) for t in HEAVY_TIERS)}
     first_seen = {name: i for i, name in reversed(list(enumerate(scope[item.nodeid] for item in items)))}

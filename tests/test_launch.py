@@ -366,11 +366,16 @@ def fifty_runs() -> dict:
 
 
 @pytest.mark.slow
-def test_fifty_runs_leak_no_process_fd_port_or_file(tmp_path):
+def test_fifty_runs_leak_no_process_fd_port_or_file():
     # In a process of its own whose temporary folder is private and empty, so
-    # that every file the launcher, the forkserver or a rank leaves is seen.
-    private_tmp = tmp_path / "tmp"
-    private_tmp.mkdir()
+    # that every file the launcher, the forkserver or a rank leaves is seen. Beside
+    # the system's, not in tmp_path: the forkserver's socket lives in it, and a
+    # socket's path has at most 107 bytes (an xdist worker's tmp_path is long).
+    with tempfile.TemporaryDirectory(prefix="fifty-") as private_tmp:
+        _fifty_runs_in(Path(private_tmp))
+
+
+def _fifty_runs_in(private_tmp: Path):
     code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import test_launch; "
             "print(json.dumps(test_launch.fifty_runs()))")
     done = subprocess.run([sys.executable, "-c", code, str(REPO), str(REPO / "tests")],

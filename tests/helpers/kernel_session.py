@@ -69,6 +69,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _pids_written(folder: Path) -> list[int] | None:
+    """Both ranks' pids, once each has written its file whole (a file exists before its number is in it)."""
+    texts = [p.read_text() for p in folder.glob("*.pid")]
+    if len(texts) < 2 or not all(text.strip().isdigit() for text in texts):
+        return None
+    return [int(text) for text in texts]
+
+
 def main(pid_dir: Path) -> dict:
     cells = [nbformat.v4.new_code_cell(f"PID_DIR = {str(pid_dir)!r}")]
     cells += [nbformat.v4.new_code_cell(textwrap.dedent(c).strip()) for c in CELLS]
@@ -91,11 +99,10 @@ def main(pid_dir: Path) -> dict:
         runner = threading.Thread(target=run_last_cell)
         runner.start()
         deadline = time.monotonic() + 60
-        while len(list(pid_dir.glob("*.pid"))) < 2:
+        while (pids := _pids_written(pid_dir)) is None:
             if time.monotonic() > deadline:
                 raise SystemExit("ranks never started")
             time.sleep(0.05)
-        pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
         interrupted = time.monotonic()
         run_sync(client.km.interrupt_kernel)()  # what the stop button sends
         while any(_alive(pid) for pid in pids) and time.monotonic() - interrupted < 10:

@@ -3,7 +3,8 @@
 It runs top to bottom, headless, in a copy of the course that holds only what the
 demo may need (the package, the grader with its solution loader, the solutions):
 no labs/, no student folders, no grading work area (how long its cells take is
-bench/labs.py's to hold, run alone); its figures are projector-sized; its numbers come from the runs it makes.
+bench/labs.py's to hold, run alone); its figures are projector-sized; its numbers
+come from the runs it makes.
 That it is never released nor graded is tested in test_release.py; that it runs in
 JupyterLab, with its views live, in test_browser.py; `make demo` in test_lab_server.py.
 

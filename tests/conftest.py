@@ -36,7 +36,7 @@ from pathlib import Path
 import matplotlib
 import pytest
 
-from helpers import REPO
+from helpers import REPO, session_pid
 
 matplotlib.use("Agg")
 
@@ -69,10 +69,10 @@ def round_trip_class(request, tmp_path_factory):
 
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):  # the session's own process, not an xdist worker
-        from helpers.submissions import session_judge_values
+        from helpers.submissions import judge_values_folder
 
-        shutil.rmtree(session_judge_values(owner=os.getpid()), ignore_errors=True)
-        _sharing_file(os.getpid()).unlink(missing_ok=True)
+        shutil.rmtree(judge_values_folder(session_pid()), ignore_errors=True)
+        _sharing_file(session_pid()).unlink(missing_ok=True)
 
 
 def pytest_addoption(parser):
@@ -120,7 +120,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def schedule(self):
             if self.collection is None:  # the first call, every worker's collection in
-                self.sharing = set(json.loads(_sharing_file(os.getpid()).read_text(encoding="utf-8")))
+                self.sharing = set(json.loads(_sharing_file(session_pid()).read_text(encoding="utf-8")))
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
@@ -140,9 +140,9 @@ def _order_for_workers(items) -> None:
     in an xdist worker, tell the controller which tests share a class."""
     sharing = {item.nodeid for item in items if set(SHARED_CLASSES) & set(item.fixturenames)}
     if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker writes the same, whole
-        partial = _sharing_file(os.getppid()).with_suffix(f".{os.getpid()}.partial")
+        partial = _sharing_file(session_pid()).with_suffix(f".{os.getpid()}.partial")
         partial.write_text(json.dumps(sorted(sharing)), encoding="utf-8")
-        partial.replace(_sharing_file(os.getppid()))
+        partial.replace(_sharing_file(session_pid()))
     scope = {item.nodeid: scope_of(item.nodeid, sharing) for item in items}
     heavy = {scope[item.nodeid] for item in items if any(item.get_closest_marker(t) for t in HEAVY_TIERS)}
     first_seen = {name: i for i, name in reversed(list(enumerate(scope[item.nodeid] for item in items)))}

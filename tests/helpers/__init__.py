@@ -22,6 +22,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def session_pid() -> int:
+    """The process of this test session: pytest's own, or under pytest-xdist the controller that
+    started this worker. What the session's workers share is named after it, and it removes that
+    at the end (conftest.py's pytest_unconfigure)."""
+    return os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+
+
 def graded_labs(root: Path = REPO) -> list:
     """The labs of the course at root that have graded test cells, in lab order (grader.common.labs.Lab).
 

@@ -25,7 +25,7 @@ import pytest
 
 from grader.common.labs import graded_cells
 
-from . import REPO
+from . import REPO, session_pid
 from .forked_cells import failing_tests_forked
 
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
@@ -105,13 +105,15 @@ def graded_only(nb, lab: str):
     return nb
 
 
-def session_judge_values(owner: int | None = None) -> Path:
+def judge_values_folder(session: int) -> Path:
+    """Where the judge's values of the test session `session` (helpers.session_pid) are kept."""
+    return Path(tempfile.gettempdir()) / f"course-judge-values-{session}"
+
+
+def session_judge_values() -> Path:
     """The folder of the judge's values this test session's grading runs share: one for the whole
-    session, its workers included under pytest-xdist (named after the process that started them,
-    which removes it at the end: conftest.py's pytest_unconfigure)."""
-    if owner is None:
-        owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
-    folder = Path(tempfile.gettempdir()) / f"course-judge-values-{owner}"
+    session, its workers included under pytest-xdist."""
+    folder = judge_values_folder(session_pid())
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder
 

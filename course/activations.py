@@ -24,6 +24,18 @@ add one "none" layer.
 The count is the paper's GPT layer: a 4h GeLU MLP, dropout, every head its own K and V. Models that
 differ (LLaMA-2: SwiGLU MLP of width 3.5h, 8 K/V heads for 70B, no dropout) keep some percent more or less.
 
+In the course's dtypes (`element_bytes`, `dropout`): every 16-bit term is e bytes an element, each mask
+1 byte (torch's fused dropout keeps a bool mask on every device). Per token and feature: whole 4e + 2,
+split 12e, and the scores as/h·(2e + 1); without dropout 4e, 12e and as/h·e. Left out, as by the paper:
+each layer norm's mean and 1/σ (2 floats a token) and a causal mask (s² bools, one for all heads), about
+1 % of a small layer's activations.
+
+Context parallelism over c ranks (`context`) splits the sequence itself: each rank holds s/c tokens of
+every activation, and its queries' scores against all s keys (a·(s/c)·s per sample); ring attention,
+which keeps no scores (FlashAttention's backward recomputes them), is `recompute="selective"` with
+`context`. What it sends per layer (`ring_attention_sent`): its K and V blocks, N − 1 times forward, and in
+backward the blocks again with their gradients, which travel the ring back to their owners.
+
 FLOPs (`training_flop`), Narayanan et al. 2021's count: 6 a parameter a token (2 forward, 4 backward),
 plus attention's q·k and scores·v, 4·L·s·h a token forward (counted whole though the mask is causal),
 12·L·s·h with backward. Recomputation runs a forward again: "selective" attention's 4·L·s·h a token,
@@ -31,7 +43,9 @@ plus attention's q·k and scores·v, 4·L·s·h a token forward (counted whole t
 against 72 (P = 12·L·h², logits left out). "selective" adds s/(18h + 3s) of the step: attention's softmax
 and dropout, which it also reruns, cost time but are not counted (elementwise, no matmul FLOPs).
 
-Used by: course.choosing.
+Also used by course.choosing and course.sequence_view.
+
+Used in: lab 7 (07_long_sequences).
 """
 from __future__ import annotations
 
@@ -49,15 +63,46 @@ def check(recompute, sequence_parallel) -> None:
 
 
 def layer_bytes(s: int, b: int, h: int, a: int, tp: int = 1, *, recompute: str = "selective",
-                sequence_parallel: bool = False) -> float:
-    """One layer's activations for one micro-batch, 16-bit, on one of tp ranks (the table above)."""
+                sequence_parallel: bool = False, element_bytes: int = 2, dropout: bool = True,
+                context: int = 1) -> float:
+    """One layer's activations for one micro-batch, on one of tp ranks (the table above).
+
+    element_bytes: of each activation, 2 for the paper's 16 bits, 4 for float32; dropout: its three masks
+    kept (1 byte an element) or not (no dropout: attention's matmul keeps the softmax's own output, so
+    the scores cost e·as²b, not (2e + 1)·as²b); context: ranks of context parallelism, each holding s/context
+    of the sequence (every sbh term divides) and its queries' scores against all s keys."""
     check(recompute, sequence_parallel)
+    if context < 1 or tp < 1:
+        raise ValueError(f"tp and context count ranks, at least 1 each; got tp={tp}, context={context}")
+    e, m = element_bytes, (1 if dropout else 0)
+    tokens = s * b / context                                         # this rank's share of the sequence
     if recompute == "full":
-        return 2 * s * b * h / (tp if sequence_parallel else 1)
-    scores = 0 if recompute == "selective" else 5 * a * s / h       # the s² scores, their softmax and dropout
+        return e * tokens * h / (tp if sequence_parallel else 1)
+    whole, split = 4 * e + 2 * m, 12 * e                             # per token and feature, the table's 10 and 24
+    scores = 0 if recompute == "selective" else a * s / h * (2 * e + m if dropout else e)
     if sequence_parallel:
-        return s * b * h * (34 + scores) / tp
-    return s * b * h * (10 + 24 / tp + scores / tp)
+        return tokens * h * (whole + split + scores) / tp
+    return tokens * h * (whole + split / tp + scores / tp)
+
+
+def ring_attention_sent(s: int, b: int, h_kv: int, ranks: int, element_bytes: int = 4,
+                        backward: bool = True) -> float:
+    """Bytes one rank sends per layer in ring attention over `ranks` ranks, the sequence of s tokens split
+    evenly: forward, its K and V blocks (s/N · b · h_kv each) passed on N − 1 times; backward, K and V
+    passed on N − 1 times again and their gradients' accumulators N times (each returns to its owner)."""
+    if ranks < 1:
+        raise ValueError(f"ring attention runs on at least 1 rank, got {ranks}")
+    block = 2 * s / ranks * b * h_kv * element_bytes                   # one K and one V block
+    forward = (ranks - 1) * block
+    return forward + ((ranks - 1) * block + (ranks * block if ranks > 1 else 0) if backward else 0)
+
+
+def all_gather_kv_sent(s: int, b: int, h_kv: int, ranks: int, element_bytes: int = 4,
+                       backward: bool = True) -> float:
+    """The same with K and V all-gathered (ring all-gather: each rank sends (N − 1)/N of the whole), and
+    their gradients reduce-scattered in backward (the same bytes again)."""
+    whole = 2 * s * b * h_kv * element_bytes
+    return (ranks - 1) / ranks * whole * (2 if backward else 1)
 
 
 def training_flop(parameters: float, *, layers: int, sequence: int, hidden: int, tokens: float,

@@ -30,7 +30,7 @@ big for one device) and kept inside a node, on its fastest links (Narayanan et
 al. 2021); `all_reduces_per_step` and `replicas_for_split_to_send_less` give the
 numbers.
 
-Used in: lab 3 (03_model_parallel).
+Used in: lab 3 (03_model_parallel), lab 7 (07_long_sequences).
 """
 from __future__ import annotations
 
@@ -46,10 +46,12 @@ from course import sizes
 MLP_RATIO = 4
 
 
-def attention(qkv: torch.Tensor, head_dim: int, causal: bool = True) -> torch.Tensor:
+def attention(qkv: torch.Tensor, head_dim: int, causal: bool = True, dropout: float = 0.0,
+              training: bool = False) -> torch.Tensor:
     """Multi-head self-attention of `qkv` (..., sequence, heads × 3 × head_dim), laid out head
     by head as [q, k, v]; returns (..., sequence, heads × head_dim). Any number of whole heads:
-    a rank's share of a column-split qkv as well as the whole block's."""
+    a rank's share of a column-split qkv as well as the whole block's. With `dropout` and
+    `training`, the attention probabilities are dropped out (GPT-2's attention dropout)."""
     *lead, sequence, features = qkv.shape
     if features % (3 * head_dim):
         raise ValueError(f"qkv has {features} features, not a whole number of heads of 3 × {head_dim}: "
@@ -60,18 +62,24 @@ def attention(qkv: torch.Tensor, head_dim: int, causal: bool = True) -> torch.Te
     if causal:
         later = torch.ones(sequence, sequence, dtype=torch.bool, device=qkv.device).triu(1)
         scores = scores.masked_fill(later, float("-inf"))
-    mixed = scores.softmax(-1) @ v                                     # (..., heads, sequence, head_dim)
+    probabilities = scores.softmax(-1)
+    if dropout and training:
+        probabilities = dropped_out(probabilities, dropout)
+    mixed = probabilities @ v                                          # (..., heads, sequence, head_dim)
     return mixed.movedim(-3, -2).reshape(*lead, sequence, heads * head_dim)
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: attention, then an MLP, each with a residual."""
+    """One pre-norm transformer block: attention, then an MLP, each with a residual; with `dropout`,
+    GPT-2's three dropouts (attention's probabilities, after the output projection, after the MLP),
+    active in training mode (lab 7 counts their masks)."""
 
-    def __init__(self, width: int, heads: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+    def __init__(self, width: int, heads: int, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 dropout: float = 0.0):
         super().__init__()
         if width % heads:
             raise ValueError(f"a width of {width} does not split into {heads} heads")
-        self.width, self.heads, self.head_dim = width, heads, width // heads
+        self.width, self.heads, self.head_dim, self.dropout = width, heads, width // heads, dropout
         with torch.random.fork_rng(devices=[]):     # seeded weights, the caller's random state untouched
             torch.manual_seed(seed)
             self.ln1 = nn.LayerNorm(width, dtype=dtype)
@@ -81,9 +89,22 @@ class Block(nn.Module):
             self.mlp = nn.Sequential(nn.Linear(width, MLP_RATIO * width, dtype=dtype), nn.GELU(),
                                      nn.Linear(MLP_RATIO * width, width, dtype=dtype))
 
+    def attend(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Attention's core, q·k to scores·v: what selective recomputation recomputes (lab 7 wraps it)."""
+        return attention(qkv, self.head_dim, dropout=self.dropout, training=self.training)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.out(attention(self.qkv(self.ln1(x)), self.head_dim))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.dropped(self.out(self.attend(self.qkv(self.ln1(x)))))
+        return x + self.dropped(self.mlp(self.ln2(x)))
+
+    def dropped(self, x: torch.Tensor) -> torch.Tensor:
+        return dropped_out(x, self.dropout) if self.dropout and self.training else x
+
+
+def dropped_out(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout in training, through torch's fused kernel on every device, which keeps a 1-byte mask for
+    backward (as Korthikanti et al. count it); `F.dropout` on CPU keeps a float mask, 4 bytes."""
+    return torch.native_dropout(x, p, True)[0]
 
 
 def head_owners(heads: int, ranks: int) -> list[range]:

@@ -90,6 +90,14 @@ CASES = {
              ({"measured": []}, "named 'forward i' or 'backward i'")),
         graded={"measured": {"schedule": "gpipe", "stages": 2, "micro_batches": 2, "spans": _spans("gpipe", 2, 2)}},
         graded_says="**gpipe, 2 stages, 2 micro-batches:**"),
+    "sequence_view": Case(
+        off_grid={"model": "the lab's block (64 wide, 4 heads, float32)", "tp": 3, "context": 5},
+        bad=(({"context": 0}, "at least 1, got context=0"),
+             ({"measured": {"held": [{"sequence": 64, "bytes": 1}]}}, "keys bytes, scheme, sequence")),
+        graded={"measured": {"held": [{"sequence": 64, "scheme": "none", "bytes": 420_864}],
+                             "sent": [{"sequence": 1024, "bytes": 1_048_576}]},
+                "model": "the lab's block (64 wide, 4 heads, float32)", "tp": 2, "context": 2},
+        graded_says="the lab's block"),
     "split_view": Case(
         off_grid={"inputs": 256, "outputs": 130, "batch": 12, "gpus": 3},
         bad=(({"gpus": 1}, "at least 2 GPUs"), ({"measured": {"tree": 1}}, "schemes are")),

@@ -14,7 +14,7 @@ changes, and floating-point addition is not associative.
 
 Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3 (03_model_parallel),
 lab 4 (04_hybrid), lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel),
-the demo (solutions/demo.ipynb).
+lab 7 (07_long_sequences), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

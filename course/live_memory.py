@@ -28,7 +28,7 @@ objects, storages made before the context unless tracked, tensors of other
 threads, CUDA's cached but unallocated blocks (`memory_reserved`), and the buffers
 gloo and NCCL keep inside torch.distributed, which are not tensors any op returns.
 
-Used in: lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel).
+Used in: lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), lab 7 (07_long_sequences).
 """
 from __future__ import annotations
 

@@ -1,0 +1,283 @@
+"""Lab 7's tests grade fairly: each classic mistake of activation memory, recomputation, sequence
+parallelism and ring attention costs its own exercise and no other, and a correct answer written
+differently from the reference gets every point.
+
+As for labs 2 to 6: each submission runs as nbgrader scores it, minus the demonstrations; then one
+nbgrader round trip grades two students. The exercises' tests do not lean on each other: the
+recomputation's memory is measured with lab 5's tracker, not with `saved_bytes`; ring attention's
+backward is given one process's output and log-sum-exp, not the student's forward's; its tests split
+the sequence with the course's splits, not the student's zig-zag.
+"""
+from __future__ import annotations
+
+import pytest
+
+from helpers.submissions import fairness_tests
+
+LAB = "07_long_sequences"
+
+pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
+
+# The same exercises, answered in other correct ways than the reference's: storages kept in a list and compared
+# by address, the hooks entered by hand; the generator's state saved and restored by hand; the single-tensor
+# collectives; the ring's state merged as (output, log-sum-exp) pairs, K and V in one message; the backward's
+# travellers in one message; the zig-zag from chunk sizes worked out by hand.
+DIFFERENT = {
+    "saved_bytes": '''
+def saved_bytes(run, exclude=()):
+    skip = {p.untyped_storage().data_ptr() for p in exclude}
+    seen = []
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in skip and all(s.data_ptr() != other.data_ptr() for other in seen):
+            seen.append(s)
+        return t
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    hooks.__enter__()
+    try:
+        run()
+    finally:
+        hooks.__exit__(None, None, None)
+    return int(sum(s.nbytes() for s in seen))
+''',
+    "recompute": '''
+class Recompute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run, x):
+        ctx.run, ctx.state = run, torch.random.get_rng_state()
+        ctx.gpu = torch.cuda.get_rng_state(x.device) if x.is_cuda else None
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return run(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        now = torch.random.get_rng_state()
+        now_gpu = torch.cuda.get_rng_state(x.device) if ctx.gpu is not None else None
+        torch.random.set_rng_state(ctx.state)
+        if ctx.gpu is not None:
+            torch.cuda.set_rng_state(ctx.gpu, x.device)
+        try:
+            with torch.enable_grad():
+                inner = x.detach().requires_grad_(True)
+                out = ctx.run(inner)
+        finally:
+            torch.random.set_rng_state(now)
+            if now_gpu is not None:
+                torch.cuda.set_rng_state(now_gpu, x.device)
+        out.backward(grad)
+        return None, inner.grad
+
+
+def recomputed(run, x):
+    return Recompute.apply(run, x)
+''',
+    "sequence_parallel": '''
+def _gather(x):
+    n = dist.get_world_size()
+    flat = x.detach().contiguous().to(course.message_device())
+    out = flat.new_empty((n * flat.shape[0], *flat.shape[1:]))
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, flat)
+    return out.to(x.device)
+
+
+def _reduce_scatter(x):
+    n = dist.get_world_size()
+    if x.shape[0] % n != 0:
+        raise ValueError(f"{x.shape[0]} rows cannot be cut into {n} equal blocks, one a rank")
+    flat = x.detach().contiguous().to(course.message_device())
+    out = flat.new_empty((flat.shape[0] // n, *flat.shape[1:]))
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, flat)
+    return out.to(x.device)
+
+
+class GatherSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _gather(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad)
+
+
+class ScatterSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _reduce_scatter(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad)
+
+
+def gather_sequence(x):
+    return GatherSequence.apply(x)
+
+
+def scatter_sequence(x):
+    return ScatterSequence.apply(x)
+''',
+    "ring_forward": '''
+def ring_attention_forward(q, k, v, positions, causal):
+    me, n = dist.get_rank(), dist.get_world_size()
+    mine = positions[me].to(q.device)
+    out, lse = None, None
+    held = torch.stack([k, v])
+    for j in range(n):
+        owner = (me - j) % n
+        request = None
+        if j + 1 < n:
+            request = dist.isend(held.to(course.message_device()).contiguous(), dst=(me + 1) % n)
+        s = (q @ held[0].transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        if causal:
+            later = positions[owner].to(q.device)[None, :] > mine[:, None]
+            s = torch.where(later, torch.full_like(s, float("-inf")), s)
+        block_lse = torch.logsumexp(s, dim=-1)
+        block_out = torch.softmax(s, dim=-1).nan_to_num(0.0) @ held[1]
+        if out is None:
+            out, lse = block_out, block_lse
+        else:
+            new = torch.logaddexp(lse, block_lse)
+            out = out * torch.exp(lse - new)[..., None] + block_out * torch.exp(block_lse - new)[..., None]
+            lse = new
+        if request is not None:
+            incoming = torch.empty((2, *k.shape[:-2], len(positions[(me - j - 1) % n]), k.shape[-1]),
+                                   device=course.message_device())
+            dist.irecv(incoming, src=(me - 1) % n).wait()
+            request.wait()
+            held = incoming.to(q.device)
+    return out, lse
+''',
+    "ring_backward": '''
+def ring_attention_backward(dout, q, k, v, out, lse, positions, causal):
+    me, n = dist.get_rank(), dist.get_world_size()
+    d = q.shape[-1]
+    mine = positions[me].to(q.device)
+    delta = torch.einsum("bhtd,bhtd->bht", dout, out)
+    dq = torch.zeros_like(q)
+    grads = torch.zeros(2, *k.shape, dtype=k.dtype, device=k.device)
+    for j in range(n):
+        owner = (me - j) % n
+        s = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(d)
+        if causal:
+            s = s.masked_fill(positions[owner].to(q.device)[None, :] > mine[:, None], float("-inf"))
+        p = (s - lse.unsqueeze(-1)).exp()
+        grads[1] += torch.einsum("bhqk,bhqd->bhkd", p, dout)
+        ds = p * (torch.einsum("bhqd,bhkd->bhqk", dout, v) - delta.unsqueeze(-1)) / math.sqrt(d)
+        dq += torch.einsum("bhqk,bhkd->bhqd", ds, k)
+        grads[0] += torch.einsum("bhqk,bhqd->bhkd", ds, q)
+        if n == 1:
+            break
+        message = torch.cat([torch.stack([k, v]), grads]) if j + 1 < n else grads
+        size = len(positions[(me - j - 1) % n])
+        incoming = torch.empty((message.shape[0], *k.shape[:-2], size, d), device=course.message_device())
+        request = dist.isend(message.contiguous().to(course.message_device()), dst=(me + 1) % n)
+        dist.recv(incoming, src=(me - 1) % n)
+        request.wait()
+        incoming = incoming.to(q.device)
+        if j + 1 < n:
+            k, v, grads = incoming[0], incoming[1], incoming[2:].clone()
+        else:
+            grads = incoming
+    return dq, grads[0], grads[1]
+''',
+    "zigzag": '''
+def zigzag_positions(sequence, ranks):
+    pieces = 2 * ranks
+    sizes = [sequence // pieces + (1 if i < sequence % pieces else 0) for i in range(pieces)]
+    starts = [sum(sizes[:i]) for i in range(pieces)]
+    chunk = lambda i: list(range(starts[i], starts[i] + sizes[i]))
+    return [torch.tensor(chunk(r) + chunk(pieces - 1 - r)) for r in range(ranks)]
+''',
+}
+
+KEPT_GRAPH = [(
+    "        ctx.save_for_backward(x)\n        return run(x)",
+    "        with torch.enable_grad():\n"
+    "            ctx.kept_input = x.detach().requires_grad_()\n"
+    "            ctx.kept_output = run(ctx.kept_input)\n"
+    "        return ctx.kept_output.detach()"), (
+    "        (x,) = ctx.saved_tensors\n",
+    "        torch.autograd.backward(ctx.kept_output, grad)\n        return None, ctx.kept_input.grad\n"
+    "        (x,) = ctx.saved_tensors\n")]
+
+MISTAKES = {
+    "each saved tensor counted, not each storage": (
+        {"saved_bytes": [("kept[storage.data_ptr()] = storage.nbytes()",
+                          "kept[len(kept)] = tensor.nelement() * tensor.element_size()")]},
+        "test_saved_bytes"),
+    "a view counted at its own size, not its storage's": (
+        {"saved_bytes": [("kept[storage.data_ptr()] = storage.nbytes()",
+                          "kept[storage.data_ptr()] = tensor.nelement() * tensor.element_size()")]},
+        "test_saved_bytes"),
+    "the parameters counted too": (
+        {"saved_bytes": [("if storage.data_ptr() not in excluded:", "if True:")]},
+        "test_saved_bytes"),
+    "dropout rerun with another random state": (
+        {"recompute": [("            torch.set_rng_state(ctx.cpu_state)\n", "")]},
+        "test_recompute"),
+    "no recomputation: the forward's graph kept": ({"recompute": KEPT_GRAPH}, "test_recompute"),
+    "the parameters' gradients lost: only x's computed": (
+        {"recompute": [("torch.autograd.backward(y, grad)\n        return None, x.grad",
+                        "(dx,) = torch.autograd.grad(y, x, grad)\n        return None, dx")]},
+        "test_recompute"),
+    "an all-reduce where the gather's backward reduce-scatters": (
+        {"sequence_parallel": [(
+            "        blocks = list(grad.detach().to(course.message_device()).chunk(world_size))\n"
+            "        mine = torch.empty_like(blocks[0])\n"
+            "        dist.reduce_scatter(mine, [block.contiguous() for block in blocks])\n",
+            "        whole = grad.detach().to(course.message_device()).contiguous()\n"
+            "        dist.all_reduce(whole)\n"
+            "        mine = whole.chunk(world_size)[dist.get_rank()].contiguous()\n")]},
+        "test_sequence_parallel"),
+    "the gradient's own block kept, not summed over the ranks": (
+        {"sequence_parallel": [(
+            "        dist.reduce_scatter(mine, [block.contiguous() for block in blocks])\n",
+            "        mine.copy_(blocks[dist.get_rank()])\n")]},
+        "test_sequence_parallel"),
+    "the running max not rescaled when a new block arrives": (
+        {"ring_forward": [("running_sum = running_sum * correction + weights.sum(-1)",
+                           "running_sum = running_sum + weights.sum(-1)"),
+                          ("running_out = running_out * correction[..., None] + weights @ v",
+                           "running_out = running_out + weights @ v")]},
+        "test_ring_forward"),
+    "the causal mask applied per block as if each block started the sequence": (
+        {"ring_forward": [("context.causal_mask(mine, positions[owner].to(q.device))",
+                           "torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)")]},
+        "test_ring_forward"),
+    "the block's owner off by one": (
+        {"ring_forward": [("owner = (rank - step) % world_size", "owner = (rank - step - 1) % world_size")]},
+        "test_ring_forward"),
+    "the ring turned the other way, the blocks indexed as before": (
+        {"ring_forward": [("(rank + 1) % world_size) for t in (k, v)]", "(rank - 1) % world_size) for t in (k, v)]"),
+                          ("dist.recv(k, (rank - 1) % world_size)", "dist.recv(k, (rank + 1) % world_size)"),
+                          ("dist.recv(v, (rank - 1) % world_size)", "dist.recv(v, (rank + 1) % world_size)")]},
+        "test_ring_forward"),
+    "the backward's probabilities without the whole row's log-sum-exp": (
+        {"ring_backward": [("probabilities = torch.exp(scores - lse[..., None])",
+                            "probabilities = scores.softmax(-1)")]},
+        "test_ring_backward"),
+    "the backward without D = rowsum(dO·O)": (
+        {"ring_backward": [("rows = (dout * out).sum(-1, keepdim=True)", "rows = 0")]},
+        "test_ring_backward"),
+    "dK and dV left on the rank that computed them last": (
+        {"ring_backward": [("        if world_size == 1:\n            break",
+                            "        if step == world_size - 1:\n            break")]},
+        "test_ring_backward"),
+    "chunk 2N − r, not 2N − 1 − r": (
+        {"zigzag": [("chunks[2 * ranks - 1 - r]", "chunks[(2 * ranks - r) % (2 * ranks)]")]},
+        "test_zigzag"),
+    "N chunks, not 2N": (
+        {"zigzag": [("chunks = torch.arange(sequence).tensor_split(2 * ranks)\n"
+                     "    return [torch.cat([chunks[r], chunks[2 * ranks - 1 - r]]) for r in range(ranks)]",
+                     "return list(torch.arange(sequence).tensor_split(ranks))")]},
+        "test_zigzag"),
+}
+
+(test_every_exercise_is_graded, test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,
+ test_grading_round_trip) = fairness_tests(
+    LAB, DIFFERENT, MISTAKES, round_trip=("the running max not rescaled when a new block arrives",))

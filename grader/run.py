@@ -6,6 +6,7 @@
     python -m grader run 03_model_parallel --ranks 2      # no torchrun: 2 ranks on this machine
     torchrun --nproc-per-node=4 -m grader run 05_sharded_data_parallel --stage 2
     torchrun --nproc-per-node=4 -m grader run 06_pipeline_parallel --schedule gpipe --micro-batches 4
+    torchrun --nproc-per-node=4 -m grader run 07_long_sequences --sequence 4096
 
 It belongs with the instructor's tools, not in `course/`: it runs the answers.
 The training is the solution notebook's own function (loaded with
@@ -194,6 +195,30 @@ def _check_batch(batch_size, samples, world_size=1):
                          f"use a --batch-size of at most {samples}")
 
 
+# --- lab 7: long sequences --------------------------------------------------------------
+
+def _long_sequence_options(parser):
+    parser.add_argument("--sequence", type=_positive(int), default=None,
+                        help="tokens a sequence, split over the ranks (default: the notebook's TRAINING_SEQUENCE)")
+    parser.add_argument("--split", choices=("zig-zag", "contiguous"), default="zig-zag",
+                        help="which tokens each rank holds: zig-zag (balanced under the causal mask; default) "
+                             "or contiguous")
+
+
+def _long_sequence_arguments(lab, options, world_size):
+    sequence = options.sequence or lab.TRAINING_SEQUENCE
+    pieces = 2 * world_size if options.split == "zig-zag" else world_size
+    if sequence < pieces:
+        raise UsageError(f"a sequence of {sequence} tokens cannot be cut into the {pieces} pieces a {options.split} "
+                         f"split of {world_size} ranks needs: use a --sequence of at least {pieces}")
+    # as the notebook's training cell: seeded inputs and targets, a batch of sequences each step
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(options.batch_size, sequence, lab.WIDTH, generator=generator)
+    targets = torch.randn(options.batch_size, sequence, lab.WIDTH, generator=generator)
+    return ((lab.training_block, inputs, targets),
+            dict(steps=options.steps, learning_rate=options.lr, split=options.split))
+
+
 LABS = {
     "02_data_parallel": Lab("data_parallel_training", "data parallel MLP on digits: the weights on "
                             "every rank, the batch split", _data_parallel_options,
@@ -210,6 +235,10 @@ LABS = {
     "06_pipeline_parallel": Lab("pipeline_training", "the 8-layer MLP cut into one stage of whole layers a rank, "
                                 "micro-batches in GPipe's or 1F1B's order", _pipeline_options, _pipeline_arguments,
                                 lambda r: (r["parameters"], r["losses"]), stage_per_rank=True),
+    "07_long_sequences": Lab("long_sequence_training", "lab 3's transformer block trained on long sequences, "
+                             "each rank holding some of the tokens, attention by ring attention",
+                             _long_sequence_options, _long_sequence_arguments,
+                             lambda r: (r["parameters"], r["losses"])),
 }
 
 

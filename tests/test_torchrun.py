@@ -98,6 +98,19 @@ def _pipeline_run(nb, ranks, grid):
     return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
 
 
+def _long_sequence_run(nb, ranks, grid):
+    """The notebook's training cell: ring attention over the zig-zag split on RANKS, one_process_training on 1."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(nb.BATCH_SIZE, nb.TRAINING_SEQUENCE, nb.WIDTH, generator=generator)
+    targets = torch.randn(nb.BATCH_SIZE, nb.TRAINING_SEQUENCE, nb.WIDTH, generator=generator)
+    if ranks == 1:
+        trained = nb.one_process_training(nb.training_block, inputs, targets, steps=STEPS)
+        return {0: (trained["parameters"], trained["losses"])}
+    run = course.launch(nb.long_sequence_training, ranks, args=(nb.training_block, inputs, targets),
+                        kwargs=dict(steps=STEPS))
+    return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
+
+
 # lab -> (the solution function its notebook trains with, the notebook's run)
 NOTEBOOK_RUNS = {
     "02_data_parallel": ("data_parallel_training", _data_parallel_run),
@@ -105,6 +118,7 @@ NOTEBOOK_RUNS = {
     "04_hybrid": ("hybrid_training", _hybrid_run),
     "05_sharded_data_parallel": ("sharded_training", _sharded_run),
     PIPELINE: ("pipeline_training", _pipeline_run),
+    "07_long_sequences": ("long_sequence_training", _long_sequence_run),
 }
 
 
@@ -341,6 +355,8 @@ def test_without_torchrun_a_pipeline_of_4_stages_sends_to_its_neighbours_and_end
     ([PIPELINE, "--ranks", "2", "--micro-batches", "5"], "a batch of 48 samples does not cut into 5 equal micro"),
     ([PIPELINE, "--ranks", "2", "--schedule", "interleaved"], "argument --schedule: invalid choice: 'interleaved'"),
     ([PIPELINE, "--ranks", "2", "--micro-batches", "0"], "argument --micro-batches: must be a positive whole number"),
+    (["07_long_sequences", "--ranks", "4", "--sequence", "6"],
+     "a sequence of 6 tokens cannot be cut into the 8 pieces a zig-zag split of 4 ranks needs"),
 ])
 def test_what_cannot_run_is_refused_with_what_to_do(argv, message, capsys, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

@@ -1,0 +1,150 @@
+"""Lab 7's ring attention against one process's attention, and activation memory against the formula.
+
+1. Activation memory: the bytes autograd keeps for one layer (the lab's `saved_bytes`, per storage,
+   parameters left out) against `course.activations.layer_bytes` in float32, for the lab's block with
+   dropout at several sequence lengths: everything kept ("none"), attention's core recomputed
+   ("selective") and the block recomputed ("full"), each by the lab's `recomputed`; and context
+   parallelism, each rank of 2 holding half of the tokens of the lab's training block (no dropout),
+   attention by the lab's ring (`ring_attend`), against `layer_bytes(..., context=2)`. Goal: within 5 %.
+2. Ring attention against one process: attention alone (4 heads of 16, one sequence, causal, zig-zag
+   split), one forward and backward, by the lab's `attention_step`: the peak live bytes a rank holds
+   above its start (lab 5's tracker) and the median seconds, one process over the whole sequence and
+   each of 2 ranks of the ring, the two alternating round by round.
+3. PyTorch's `context_parallel` (torch.distributed.tensor.experimental) shards only CUDA's fused
+   attention kernels (flash, memory-efficient, cuDNN): it is compared on a machine with 2 or more
+   CUDA GPUs only, and this script says so where there are fewer (goal there: ≤ 1.2× its step).
+
+    python bench/long_sequences.py [--rounds 5] [--quick] [--json bench/results/long_sequences.json]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from _results import count, emit, headline_row
+from _rounds import spread, spread_text
+
+import course
+from course import activations
+from grader.common.solution import load
+
+LAB = load("07_long_sequences")
+FULL = {"sequences": (128, 256, 512), "ring_sequences": (1024, 2048), "context_sequence": 512}
+QUICK = {"sequences": (64,), "ring_sequences": (256,), "context_sequence": 64}    # --quick: for the tests
+GOAL = 0.05
+
+
+def context_parallel_layer(sequence, seed=0):
+    """Runs on every rank: the bytes autograd keeps for this rank's tokens of one training block (ring attention)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = LAB.training_block(seed)
+    positions = LAB.zigzag_positions(sequence, world_size)
+    model.attend = lambda qkv: LAB.ring_attend(qkv, model.head_dim, positions)
+    x = torch.randn(LAB.BATCH, sequence, LAB.WIDTH, generator=torch.Generator().manual_seed(seed))
+    mine = x[:, positions[rank]].clone().requires_grad_()
+    return LAB.saved_bytes(lambda: model(mine), exclude=list(model.parameters()))
+
+
+def memory_rows(sizes) -> list[dict]:
+    rows = [{"scheme": row["scheme"], "sequence": row["sequence"], "measured": int(row["measured bytes"]),
+             "formula": row["formula bytes"]}
+            for scheme in activations.RECOMPUTE
+            for row in LAB.layer_memory(sizes["sequences"], scheme, LAB.recomputation(scheme)).to_dict("records")]
+    s = sizes["context_sequence"]
+    run = course.launch(context_parallel_layer, 2, args=(s,))
+    formula = activations.layer_bytes(s, LAB.BATCH, LAB.WIDTH, LAB.HEADS, recompute="selective", element_bytes=4,
+                                      dropout=False, context=2)
+    rows.append({"scheme": "context parallel, 2 ranks (ring attention)", "sequence": s,
+                 "measured": max(run[r] for r in run.ranks), "formula": formula})
+    for row in rows:
+        row["ratio"] = row["measured"] / row["formula"]
+    return rows
+
+
+def ring_rows(sizes, rounds) -> list[dict]:
+    rows = []
+    for s in sizes["ring_sequences"]:
+        seconds, peaks = {"one process": [], "ring": []}, {"one process": [], "ring": []}
+        for _ in range(rounds):
+            for scheme, ranks in (("one process", 1), ("ring", 2)):
+                run = course.launch(LAB.attention_step, ranks, args=(scheme, s))
+                seconds[scheme].append(max(run[r]["seconds"] for r in run.ranks))
+                peaks[scheme].append(max(run[r]["peak bytes"] for r in run.ranks))
+        ratios = [ring / one for ring, one in zip(seconds["ring"], seconds["one process"])]
+        rows.append({"sequence": s, "one_process_ms": spread(1e3 * t for t in seconds["one process"]),
+                     "ring_ms": spread(1e3 * t for t in seconds["ring"]), "time_ratio": spread(ratios),
+                     "one_process_peak": max(peaks["one process"]), "ring_peak": max(peaks["ring"])})
+    return rows
+
+
+def context_parallel_comparison() -> dict:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"ran": False, "gpus": gpus, "why": (
+        f"not run: torch {torch.__version__}'s context_parallel shards CUDA's fused attention kernels only, "
+        f"and this machine has {gpus} CUDA GPU{'s' if gpus != 1 else ''} (it needs 2 or more)"
+        if gpus < 2 else
+        "not run: a machine with 2 or more CUDA GPUs runs it with `torchrun` and the lab's RingAttention "
+        "against `context_parallel`; this script does not yet drive that comparison")}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, help="rounds of the ring's timing (default 5; 1 quick)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, 1 round: for tests")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    rounds = args.rounds or (1 if args.quick else 5)
+    if rounds < 1:
+        parser.error(f"--rounds {rounds}: at least 1 round")
+    figures = {"quick": args.quick, "rounds": rounds, "cores": os.cpu_count(), "memory": memory_rows(sizes),
+               "ring": ring_rows(sizes, rounds), "context_parallel": context_parallel_comparison()}
+    emit(args.json, title="Lab 7's ring attention against one process, and activation memory against the formula",
+         markdown=markdown(figures), headline=headline(figures), figures=figures)
+
+
+def headline(figures) -> list[dict]:
+    within = [abs(row["ratio"] - 1) <= GOAL for row in figures["memory"]]
+    ratios = [r["ratio"] for r in figures["memory"]]
+    rows = [headline_row("activation memory measured / formula, every scheme and length",
+                         f"{min(ratios):.3f}-{max(ratios):.3f} ({sum(within)} of {len(within)} within {GOAL:.0%})",
+                         count(len(within), "measurement"))]
+    for r in figures["ring"]:
+        rows.append(headline_row(f"ring attention (2 ranks) / one process, {r['sequence']} tokens: step time",
+                                 spread_text(r["time_ratio"]), count(figures["rounds"], "round")))
+        rows.append(headline_row(f"ring attention (2 ranks) / one process, {r['sequence']} tokens: peak memory a rank",
+                                 f"{r['ring_peak'] / r['one_process_peak']:.2f}", count(figures["rounds"], "round")))
+    rows.append(headline_row("lab 7's ring / PyTorch's `context_parallel`", figures["context_parallel"]["why"], "-"))
+    return rows
+
+
+def markdown(figures) -> str:
+    placement = course.placement.choose(2)
+    quick = "; **--quick**: sizes for the tests, not figures" if figures["quick"] else ""
+    lines = [f"{placement.backend}, {', '.join(sorted(set(placement.devices)))}; the lab's block (64 wide, 4 heads, "
+             f"float32), {LAB.BATCH} sequences{quick}.", "",
+             "Activation memory, one layer: the lab's `saved_bytes` (distinct storages autograd keeps, parameters left "
+             "out) against `activations.layer_bytes` (float32, 1-byte dropout masks; context parallelism: no dropout, "
+             "the busiest of 2 ranks). The formula leaves out the layer norms' statistics and the causal mask.", "",
+             "| scheme | sequence | measured bytes | formula bytes | measured / formula |", "|---|---|---|---|---|"]
+    for r in figures["memory"]:
+        lines.append(f"| {r['scheme']} | {r['sequence']} | {r['measured']:,} | {r['formula']:,.0f} | "
+                     f"{r['ratio']:.3f} |")
+    lines += ["", "Ring attention against one process: attention alone (4 heads of 16, one sequence, causal, zig-zag), "
+              f"one forward and backward; medians and ranges over {count(figures['rounds'], 'round')}, the two "
+              "alternating; peak: the largest over the rounds of the busiest rank's live bytes above its start.", "",
+              "| tokens | one process | ring, 2 ranks | ring / one process (range) | peak a rank: one process | "
+              "ring | ring / one process |", "|---|---|---|---|---|---|---|"]
+    for r in figures["ring"]:
+        lines.append(f"| {r['sequence']} | {r['one_process_ms']['median']:.1f} ms | {r['ring_ms']['median']:.1f} ms | "
+                     f"{spread_text(r['time_ratio'])} | {r['one_process_peak'] / 2**20:.1f} MiB | "
+                     f"{r['ring_peak'] / 2**20:.1f} MiB | {r['ring_peak'] / r['one_process_peak']:.2f} |")
+    lines += ["", f"PyTorch's `context_parallel`: {figures['context_parallel']['why']}."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

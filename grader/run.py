@@ -211,10 +211,7 @@ def _long_sequence_arguments(lab, options, world_size):
     if sequence < pieces:
         raise UsageError(f"a sequence of {sequence} tokens cannot be cut into the {pieces} pieces a {options.split} "
                          f"split of {world_size} ranks needs: use a --sequence of at least {pieces}")
-    # as the notebook's training cell: seeded inputs and targets, a batch of sequences each step
-    generator = torch.Generator().manual_seed(0)
-    inputs = torch.randn(options.batch_size, sequence, lab.WIDTH, generator=generator)
-    targets = torch.randn(options.batch_size, sequence, lab.WIDTH, generator=generator)
+    inputs, targets = lab.training_data(sequence, options.batch_size)    # the notebook's training cell's data
     return ((lab.training_block, inputs, targets),
             dict(steps=options.steps, learning_rate=options.lr, split=options.split))
 

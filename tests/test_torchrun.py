@@ -100,9 +100,7 @@ def _pipeline_run(nb, ranks, grid):
 
 def _long_sequence_run(nb, ranks, grid):
     """The notebook's training cell: ring attention over the zig-zag split on RANKS, one_process_training on 1."""
-    generator = torch.Generator().manual_seed(0)
-    inputs = torch.randn(nb.BATCH_SIZE, nb.TRAINING_SEQUENCE, nb.WIDTH, generator=generator)
-    targets = torch.randn(nb.BATCH_SIZE, nb.TRAINING_SEQUENCE, nb.WIDTH, generator=generator)
+    inputs, targets = nb.training_data()
     if ranks == 1:
         trained = nb.one_process_training(nb.training_block, inputs, targets, steps=STEPS)
         return {0: (trained["parameters"], trained["losses"])}

@@ -7,6 +7,7 @@ seconds each.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -111,6 +112,38 @@ def test_every_kind_of_output_is_capped_before_the_grader_holds_it(jail, tmp_pat
     assert any("cell 3 " in line and "printed more than" in line for line in said), said
     assert any("cell 1 " in line and "printed 2.3 MB" in line for line in said), said
     assert any("raised ValueError" in line for line in said), said
+
+
+def test_a_flood_is_noted_through_nbgraders_own_trim_and_the_notebook_cap_counts_what_was_kept(tmp_path, monkeypatch):
+    """Cells that print thousands of lines: each note survives nbgrader's LimitOutput (which keeps a
+    cell's first 1000 lines of stream output and drops the rest), and only what cells kept counts
+    against the notebook's cap, so a flood cut at its own cap does not silence the cells after it."""
+    from nbgrader.preprocessors import LimitOutput
+
+    # Printed in chunks of 60 kB a twentieth of a second apart, so each message the kernel sends (it
+    # batches prints every 0.2 s) is under the cell's 1 MB cap: each flood keeps 0.7 to 1 MB.
+    limits = dataclasses.replace(LIMITS, notebook_output_bytes=int(2.2 * (1 << 20)))
+    flood = ("import time\nfor chunk in range({}):\n"
+             "    print(('{}' + 'x' * 114 + '\\n') * 500, end='')\n    time.sleep(0.05)")
+    folder = tmp_path / "autograded"
+    folder.mkdir()
+    with jail_in(tmp_path, limits) as jail:
+        nb = _execute(jail, folder,
+                      flood.format(34, "flood "),          # 2 MB printed, 0.7 to 1 MB kept
+                      flood.format(25, "more  "),          # 1.5 MB printed, 0.7 to 1 MB kept
+                      "print('after the floods')",          # kept: at most 2 of 2.2 MB so far
+                      flood.format(15, "last  "),          # 0.9 MB: the notebook's cap is passed
+                      "print('past the cap')", monkeypatch=monkeypatch)
+    nb, _ = LimitOutput().preprocess(nb, {})
+    _, _, after, _, past = nb.cells
+    assert "after the floods" in _texts(after), after.outputs
+    assert "past the cap" not in _texts(past), past.outputs
+    said = verdict.execution(nb, [], limits, 120)
+    for cell in (1, 2):
+        assert any(re.match(rf"cell {cell} .* printed [0-9.]+ MB; only the first 1024 kB", line) for line in said), said
+    assert not any(line.startswith("cell 3 ") for line in said), said
+    for cell in (4, 5):
+        assert any(line.startswith(f"cell {cell} ") and "2252 kB in all is not kept" in line for line in said), said
 
 
 def test_the_kernels_folders_are_capped_and_sealed(jail, tmp_path, monkeypatch):

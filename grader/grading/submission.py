@@ -51,6 +51,9 @@ from . import collect, gradebook, verdict
 from .autograde_worker import AutogradeWorker
 from .workspace import LabInfo, Workspace
 
+#: How long nbgrader waits, after a cell's reply, for the rest of its output (nbclient's default is 4 s).
+IOPUB_TIMEOUT_S = 30
+
 
 def _last_error(log: str) -> str:
     """nbgrader's last error line, quoted: it may carry what the submission raised or printed."""
@@ -163,6 +166,8 @@ class SubmissionGrader:
                 judge_dir = jail
             selector = [submission.lab, f"--student={submission.student}", "--force"]
             limits = [f"--Execute.timeout={self.cell_timeout:g}"] if self.cell_timeout else []
+            # nbclient's 4 s can pass on a loaded grading machine while a flood's last prints are coming
+            limits.append(f"--Execute.iopub_timeout={IOPUB_TIMEOUT_S}")
             values, seed = self.judged.get(lab.name, (None, 0))
             with Judge(lab.name, values, seed, lab.required, judge_dir, jail,
                        UNPRIVILEGED_UID if self.sandboxed else None,

@@ -246,7 +246,8 @@ class SandboxedExecute(Execute):
         limits = bwrap.Limits(**bwrap.Spec.load(os.environ[SPEC_ENV]).limits)
         self.output_bytes, self.notebook_output_bytes = limits.output_bytes, limits.notebook_output_bytes
         self._printed: dict[int, int] = {}
-        self._notebook_printed = 0
+        self._notebook_kept = 0       # what the notebook keeps: a cell cut at its own cap counts what it kept
+        self._notebook_full = False   # past the notebook's cap, nothing more is kept (no output with holes)
         self._notes: dict[int, dict] = {}
         self._too_big: set[int] = set()  # cells a frame of which zmq refused
         self.frame_bytes = output_frame_bytes(self.output_bytes)
@@ -324,11 +325,16 @@ class SandboxedExecute(Execute):
         return None
 
     def _count(self, cell_index: int, size: int) -> bool:
-        """Count size against both caps; True if the message fits under them."""
+        """Count size against both caps; True if the message fits under them (and is kept)."""
         printed = self._printed.get(cell_index, 0) + size
         self._printed[cell_index] = printed
-        self._notebook_printed += size
-        return printed <= self.output_bytes and self._notebook_printed <= self.notebook_output_bytes
+        if printed > self.output_bytes:
+            return False
+        if self._notebook_full or self._notebook_kept + size > self.notebook_output_bytes:
+            self._notebook_full = True
+            return False
+        self._notebook_kept += size
+        return True
 
     def _note(self, outs, cell_index: int) -> None:
         note = self._notes.get(cell_index)
@@ -336,13 +342,16 @@ class SandboxedExecute(Execute):
             # stdout: nbgrader scores a test cell with any stderr output 0, and the note is the
             # grader's, not the cell's (a note in a test cell must not fail it).
             note = new_output("stream", name="stdout", text="")
-            outs.append(note)
+            # First: nbgrader's LimitOutput then keeps a cell's first 1000 lines of stream output and
+            # drops the rest, which would otherwise be the note (whether the kept part had 1000 lines
+            # depended on how the kernel batched its prints, so on the machine's load).
+            outs.insert(0, note)
             self._notes[cell_index] = note
         printed = self._printed.get(cell_index, 0)
         if cell_index in self._too_big:
             note["text"] = OUTPUT_NOTE.format(printed=f"more than {megabytes(self.frame_bytes)} in one output",
                                               kept=megabytes(self.output_bytes)) + "\n"
-        elif self._notebook_printed > self.notebook_output_bytes and printed <= self.output_bytes:
+        elif printed <= self.output_bytes:  # the cell's own cap was not the cut: the notebook's was
             note["text"] = NOTEBOOK_OUTPUT_NOTE.format(kept=megabytes(self.notebook_output_bytes)) + "\n"
         else:
             note["text"] = OUTPUT_NOTE.format(printed=megabytes(printed), kept=megabytes(self.output_bytes)) + "\n"

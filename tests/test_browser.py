@@ -228,11 +228,13 @@ def test_nbgrader_extensions_load_for_an_instructor(server, page):
     page.goto(f"{server.url}/lab?reset&token={TOKEN}")
     page.wait_for_selector(".lm-MenuBar-itemLabel")
     page.locator(".lm-MenuBar-itemLabel").get_by_text("Nbgrader", exact=True).click()
+    formgrader_item = page.locator(".lm-Menu-itemLabel").get_by_text("Formgrader", exact=True)
+    formgrader_item.wait_for()  # the menu is drawn after the click returns
     items = page.locator(".lm-Menu-itemLabel").all_inner_texts()
     assert {"Assignment List", "Course List", "Formgrader", "Create assignment"} <= set(items), items
-    page.keyboard.press("Escape")
-
-    notebook.menu("Nbgrader", "Formgrader")
+    # From the menu already open: closing it and clicking the menu bar again raced on a loaded machine
+    # (a click that came before the close toggled the menu shut, and Formgrader never showed).
+    formgrader_item.click()
     formgrader = page.frame_locator("iframe[src*='formgrader']")
     labs = formgrader.locator("#main-table td.name")
     labs.first.wait_for(timeout=30_000)
@@ -363,6 +365,10 @@ def test_an_instructor_grades_a_written_answer_by_hand_in_formgrader(server, pag
     page.goto(f"{server.url}/formgrader/submissions/{notebook_id}/?index=0")
     score = page.locator(f"input.score#{gid}")
     score.wait_for(timeout=30_000)
+    # The input is in the page's HTML; formgrader saves it only once its grades have loaded (a second
+    # request): typed before that, on a loaded machine, the score went nowhere.
+    page.wait_for_function("() => window.formgrader && formgrader.grades && formgrader.grades.loaded",
+                           timeout=30_000)
     assert "onerror=" in page.locator("body").inner_text()  # the student's markup, as text
     score.fill("1.5")
     with page.expect_response(lambda r: "/formgrader/api/grade/" in r.url and r.request.method == "PUT",

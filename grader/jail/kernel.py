@@ -242,6 +242,10 @@ class SandboxedExecute(Execute):
 
     def __init__(self, **kwargs):
         kwargs["kernel_manager_class"] = SandboxedKernelManager
+        # Once the last cell has answered, the kernel is killed, not asked to quit: a graceful
+        # shutdown waited 1.5 s for Python to unload torch, 2.6 s with ranks launched, per
+        # submission; the jail ends every process it held anyway (its own PID namespace).
+        kwargs.setdefault("shutdown_kernel", "immediate")
         super().__init__(**kwargs)
         limits = bwrap.Limits(**bwrap.Spec.load(os.environ[SPEC_ENV]).limits)
         self.output_bytes, self.notebook_output_bytes = limits.output_bytes, limits.notebook_output_bytes

@@ -1,11 +1,14 @@
 """The course in a real browser: JupyterLab in headless Chromium, driven as a person drives it.
 
-Every solution notebook is opened and run with Run > Run All Cells; each must run clean
+Every lab's solution notebook is opened and run with Run > Run All Cells; each must run clean
 (its time is recorded, not asserted: bench/labs.py, run alone, holds the labs' time),
 creating no file in its folder and recording the values grader/reference/
 stores (this is its lab's run at the default 2 ranks, on the machine's instruction set
 and 2 threads: helpers/solution_runs.py), and its figures' controls must respond (a
-slider moved with the keyboard redraws the figure and its numbers). Rank output must
+slider moved with the keyboard redraws the figure and its numbers). The instructor's demo
+shows only views that a lab shows, so their controls are tested here; the demo itself runs
+headless in tests/test_demo.py, and `make demo` opens it in JupyterLab in test_lab_server.py
+(a second run of it here cost 100 s of the suite's 30 minutes). Rank output must
 appear in the cell, and a deadlocked launch must end in the cell with the readable error.
 The nbgrader extensions load for an instructor (formgrader lists the labs), Validate tells
 a student what fails and what passes, and a lab goes the whole way: released by
@@ -40,8 +43,6 @@ from helpers.submissions import solved
 
 ARTIFACTS = Path(os.environ.get("COURSE_TEST_ARTIFACTS", REPO / "test-artifacts")) / "browser"
 SOLUTIONS = [p.relative_to(REPO) for p in runs.SOLUTIONS]
-# ... and the instructor's live demo (`make demo`), run and checked as the labs are
-DEMO = Path("solutions/demo.ipynb")
 DEADLOCK_TIMEOUT_S = 5
 # A hung run's limit, not the labs' time (bench/labs.py holds that): the browser, the server, the
 # kernel and a second test worker share the same 2 cores.
@@ -143,7 +144,7 @@ def test_the_server_serves_the_copy_with_the_tests_settings(server, course_copy)
     assert [Path(i["root_dir"]) for i in info] == [course_copy]
 
 
-@pytest.mark.parametrize("path", [*SOLUTIONS, DEMO], ids=[p.stem for p in [*SOLUTIONS, DEMO]])
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
 def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path, record_property, course_copy,
                                                               recorded):
     notebook = Notebook(page, server, str(path))
@@ -155,11 +156,11 @@ def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path
     assert not errors, f"{path} in JupyterLab:\n" + "\n".join(errors)
 
     cells = notebook.code_cells()
-    if path in SOLUTIONS:   # its lab's run at 2 ranks (helpers/solution_runs.py)
-        name = f"{path} in JupyterLab"
-        runs.assert_created_nothing(name, (course_copy / path).parent, before)
-        runs.assert_ran_as_asked(name, "".join(text_of(o) for o in cells[-1]["outputs"]), runs.IN_THE_BROWSER)
-        runs.assert_recorded_the_reference(name, path.parent.name, recorded / path.parent.name)
+    # its lab's run at 2 ranks (helpers/solution_runs.py)
+    name = f"{path} in JupyterLab"
+    runs.assert_created_nothing(name, (course_copy / path).parent, before)
+    runs.assert_ran_as_asked(name, "".join(text_of(o) for o in cells[-1]["outputs"]), runs.IN_THE_BROWSER)
+    runs.assert_recorded_the_reference(name, path.parent.name, recorded / path.parent.name)
     with_controls = widget_cells(cells)
     if "_view.show(" in (REPO / path).read_text():
         assert with_controls, f"{path} shows a view, but no figure with live controls rendered in JupyterLab"

@@ -5,8 +5,9 @@ demo may need (the package, the grader with its solution loader, the solutions):
 no labs/, no student folders, no grading work area (how long its cells take is
 bench/labs.py's to hold, run alone); its figures are projector-sized; its numbers
 come from the runs it makes.
-That it is never released nor graded is tested in test_release.py; that it runs in
-JupyterLab, with its views live, in test_browser.py; `make demo` in test_lab_server.py.
+That it is never released nor graded is tested in test_release.py; `make demo` (JupyterLab,
+landing on it) in test_lab_server.py; the views it shows, live in JupyterLab, by the labs that
+show them, in test_browser.py.
 
 Its "break it live" cells are off as written (one line each, nothing run); the fixture runs
 each once more, switched on (`BREAK_IT = True`), at the end of the same kernel, and the tests

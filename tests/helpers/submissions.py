@@ -204,7 +204,7 @@ def forked_failures(lab: str, variants, tmp_path_factory) -> tuple[dict, dict]:
 
 
 def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_correct: dict | None = None,
-                   round_trip: tuple[str, ...] = ()):
+                   round_trip: tuple[str, ...] | None = None):
     """The tests that say a lab grades fairly, for a lab's test module to bind to test_* names:
 
     every exercise is graded and has a classic mistake; the reference and an
@@ -215,9 +215,11 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     (name -> (edits for `solved`, the test cell it must fail)) fails exactly its
     own test cell; each answer of `also_correct` (name -> {grade_id: answer}),
     if given, gets every point (one more test); and with `round_trip` (names of
-    mistakes), the last test is the lab's nbgrader round trip of those mistakes
-    and the answer written differently (helpers/round_trips.py), which is then
-    that answer's run on ROUND_TRIP_SETTING.
+    mistakes, perhaps none), the last test is the lab's nbgrader round trip of the
+    answer written differently and those mistakes (helpers/round_trips.py), which is
+    then that answer's run on ROUND_TRIP_SETTING. A mistake there costs a whole
+    notebook's grading: the forked runs hold every mistake, and the round trip takes
+    those only the judge can catch (behind a check rebound to a no-op).
 
     The mistakes, the correct answers and the reference on FORKED_SETTING run in one
     process, forked at each one's first changed cell (forked_failures).
@@ -236,7 +238,7 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
         assert {cell for _, cell in mistakes.values()} == set(points), "a mistake for every exercise"
 
     settings = [(student, *setting) for student, each in CORRECT_SETTINGS.items() for setting in each
-                if not (round_trip and (student, setting) == (WRITTEN_DIFFERENTLY, ROUND_TRIP_SETTING))]
+                if not (round_trip is not None and (student, setting) == (WRITTEN_DIFFERENTLY, ROUND_TRIP_SETTING))]
 
     @pytest.mark.timeout(900)
     @pytest.mark.parametrize(("student", "capability", "threads"), settings,
@@ -261,7 +263,7 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     tests = (test_every_exercise_is_graded, test_correct_answers_get_every_point,
              test_each_mistake_costs_exactly_its_exercise)
     tests_after = ()
-    if round_trip:
+    if round_trip is not None:
         from .round_trips import round_trip_test  # here, not at the top: round_trips imports this module
         tests_after = (round_trip_test(lab, different, mistakes, *round_trip),)
     if not also_correct:

@@ -54,8 +54,8 @@ test: $(INSTALL_STAMP) browser-tools
 test-fast: $(INSTALL_STAMP)
 	$(VENV)/bin/python -m pytest $(PARALLEL) -m 'not (browser or torchrun or notebook or grading or gpu or slow)' $(PYTEST_ARGS)
 
-# Everything about one lab, every tier: its notebook (2 and 4 ranks), fairness tests and round
-# trip, browser page, torchrun runs, tamper scan and guide (tests/README.md), e.g. LAB=02_data_parallel.
+# Everything about one lab, every tier: its fairness tests and round trip, browser page (its run on
+# 4 ranks), torchrun runs, tamper scan and guide (tests/README.md), e.g. LAB=02_data_parallel.
 test-lab: $(INSTALL_STAMP) browser-tools
 	@test -n "$(LAB)" || { echo "usage: make test-lab LAB=02_data_parallel (a folder of solutions/)" >&2; exit 2; }
 	$(VENV)/bin/python -m pytest $(PARALLEL) --lab '$(LAB)' $(PYTEST_ARGS)

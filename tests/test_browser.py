@@ -3,8 +3,8 @@
 Every lab's solution notebook is opened and run with Run > Run All Cells; each must run clean
 (its time is recorded, not asserted: bench/labs.py, run alone, holds the labs' time),
 creating no file in its folder and recording the values grader/reference/
-stores (this is its lab's run at the default 2 ranks, on the machine's instruction set
-and 2 threads: helpers/solution_runs.py), and its figures' controls must respond (a
+stores (this is its lab's run on 4 ranks, on torch's "default" instruction set and
+2 threads: helpers/solution_runs.py), and its figures' controls must respond (a
 slider moved with the keyboard redraws the figure and its numbers). The instructor's demo
 shows only views that a lab shows, so their controls are tested here; the demo itself runs
 headless in tests/test_demo.py, and `make demo` opens it in JupyterLab in test_lab_server.py
@@ -120,8 +120,8 @@ def server(course_copy, tmp_path_factory):
     root_dir = [i for i, arg in enumerate(argv) if arg.startswith("--ServerApp.root_dir=")]
     assert len(root_dir) == 1, f"`make lab` should set --ServerApp.root_dir once: {argv}"
     argv[root_dir[0]] = f"--ServerApp.root_dir={course_copy}"
-    # The labs at their default ranks, as a student first meets them, on the machine's instruction set.
-    env = {RANKS_VARIABLE: None, CAPABILITY_VARIABLE: None, **settings_env(*runs.IN_THE_BROWSER)}
+    # Each lab's run on 4 ranks and torch's "default" instruction set (helpers/solution_runs.py has why).
+    env = {RANKS_VARIABLE: str(runs.BROWSER_RANKS), CAPABILITY_VARIABLE: None, **settings_env(*runs.IN_THE_BROWSER)}
     with serve(argv, tmp_path_factory.mktemp("jupyter"), cwd=course_copy, settings=LAB_SETTINGS, env=env) as lab:
         yield lab
 
@@ -156,7 +156,7 @@ def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path
     assert not errors, f"{path} in JupyterLab:\n" + "\n".join(errors)
 
     cells = notebook.code_cells()
-    # its lab's run at 2 ranks (helpers/solution_runs.py)
+    # its lab's run on 4 ranks where it launches ranks (helpers/solution_runs.py)
     name = f"{path} in JupyterLab"
     runs.assert_created_nothing(name, (course_copy / path).parent, before)
     runs.assert_ran_as_asked(name, "".join(text_of(o) for o in cells[-1]["outputs"]), runs.IN_THE_BROWSER)

@@ -1,25 +1,20 @@
-"""Every solution notebook runs top to bottom, headless, on CPU, and records
-the values grader/reference/ stores for it, on either instruction set.
+"""The solution notebooks that launch no ranks run top to bottom, headless, on CPU, and
+record the values grader/reference/ stores for them.
 
-Each ``solutions/*/*.ipynb`` is executed with nbclient in its own folder, with
-the ``python3`` kernel of the interpreter running pytest, matplotlib's inline
-backend (figures become images in the notebook), and a 300 s per-cell timeout. Each run's
-time is recorded and shown, not asserted: the tests run beside each other, so the
-course's promise of time (90 s a lab on 2 CPU cores, 3 minutes on 4 ranks) is held by
-bench/labs.py, run alone. The labs that launch ranks run here on 4 ranks ($COURSE_RANKS);
-their run at the default 2 ranks is tests/test_browser.py's,
-in JupyterLab, which checks the same (helpers/solution_runs.py). Notebooks are
+Each is executed with nbclient in its own folder, with the ``python3`` kernel of the
+interpreter running pytest, matplotlib's inline backend (figures become images in the
+notebook), and a 300 s per-cell timeout, as `python -m grader reference --check` runs it:
+the solution records its checked values (seed 0) into a scratch folder, compared with
+grader/reference/ as the command compares them. Its time is recorded and shown, not
+asserted: the tests run beside each other, so the course's promise of time (90 s a lab on
+2 CPU cores, 3 minutes on 4 ranks) is held by bench/labs.py, run alone. Notebooks are
 only read: outputs are not written back.
 
-Each run is `python -m grader reference --check` for its lab: the solution records
-its checked values (seed 0) into a scratch folder, compared with grader/reference/
-as the command compares them. A lab that launches ranks runs here on 4 ranks with
-torch's "default" instruction set (no vector extensions) and 1 thread, and in the
-browser on 2 with the machine's own and 2 threads; a lab that launches none runs
-here on "default" and 2 threads, and in the browser on the machine's (the fairness
-tests run it on the machine's and 1). The stored values hold on both instruction
-sets, and the reference answers score full on each (tests/helpers/submissions.py,
-CORRECT_SETTINGS).
+These run here on the machine's instruction set and 2 threads; every lab runs in JupyterLab
+(tests/test_browser.py) on torch's "default" one and 2 threads, on 4 ranks where it launches
+ranks, checked as here; the fairness tests run each on the machine's set and 1 thread
+(helpers/solution_runs.py has the table). The stored values hold on both instruction sets,
+and the reference answers score full on each (tests/helpers/submissions.py, CORRECT_SETTINGS).
 """
 
 from __future__ import annotations
@@ -32,7 +27,6 @@ import nbformat
 import pytest
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-from course.placement import RANKS_VARIABLE
 from grader import reference
 from grader.common.execute import INLINE_BACKEND, execute
 from helpers import REPO
@@ -42,7 +36,7 @@ from helpers.forked_cells import CAPABILITY_VARIABLE, settings_env
 pytestmark = pytest.mark.notebook
 
 CELL_TIMEOUT_S = 300
-# Run headless at their default ranks: the labs that launch none through course.lab_ranks.
+# The labs that launch no ranks through course.lab_ranks: those that do run on 4 in the browser.
 AT_DEFAULT_RANKS = [p for p in runs.SOLUTIONS if p not in runs.ON_RANKS]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -102,17 +96,10 @@ def test_notebook_executes(path: Path, wall_times, record_property, tmp_path):
     _run_and_check(path, wall_times, record_property, tmp_path, runs.WITHOUT_RANKS)
 
 
-@pytest.mark.timeout(CELL_TIMEOUT_S * 3)
-@pytest.mark.parametrize("path", runs.ON_RANKS, ids=[str(p.relative_to(REPO)) for p in runs.ON_RANKS])
-def test_notebook_executes_on_four_ranks(path: Path, wall_times, record_property, tmp_path):
-    _run_and_check(path, wall_times, record_property, tmp_path, runs.ON_FOUR_RANKS, {RANKS_VARIABLE: "4"})
-
-
-def _run_and_check(path: Path, wall_times, record_property, scratch: Path, settings: tuple[str | None, int],
-                   env=None):
-    name = str(path.relative_to(REPO)) + (" on 4 ranks" if env else "")
+def _run_and_check(path: Path, wall_times, record_property, scratch: Path, settings: tuple[str | None, int]):
+    name = str(path.relative_to(REPO))
     nb = runs.with_probe(nbformat.read(path, as_version=4))
-    env = {**(env or {}), **settings_env(*settings), **reference.recording_env(scratch)}
+    env = {**settings_env(*settings), **reference.recording_env(scratch)}
     before = runs.snapshot(path.parent)
     progress: dict = {}
     failure = None

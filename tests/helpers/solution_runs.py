@@ -10,12 +10,18 @@ a scratch folder. Whichever ran it, the run must
 - have run on the settings asked for (a SETTINGS_PROBE cell at the end says);
 - record the values grader/reference/ stores for its lab, within the lab's tolerance.
 
-Which run covers which setting:
+Which run covers which setting (the fairness tests' forked run takes the machine's ISA and
+1 thread, for the reference and the answer written differently: helpers/submissions.py):
 
-| lab | machine's ISA, 2 threads | "default", 1 thread | "default", 2 threads |
-|---|---|---|---|
-| launches ranks (``course.lab_ranks(``) | the browser, on 2 ranks | headless, on 4 ranks | |
-| launches none | the browser | | headless |
+| lab | "default", 2 threads | machine's ISA, 2 threads |
+|---|---|---|
+| launches ranks (``course.lab_ranks(``) | the browser, on 4 ranks | |
+| launches none | the browser | headless |
+
+So each solution runs on both instruction sets and with its kernel on both thread counts, and a
+lab that launches ranks on 4 of them; its whole run at the default 2 ranks, as graded, is its
+round trip's recording of the judge's values (helpers/round_trips.py). One run a setting: the
+suite has 30 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -35,9 +41,9 @@ SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
 # The labs whose ranks $COURSE_RANKS sets.
 ON_RANKS = [p for p in SOLUTIONS if "course.lab_ranks(" in p.read_text()]
 
-IN_THE_BROWSER = (None, 2)  # (capability, threads): see the table above
-ON_FOUR_RANKS = ("default", 1)
-WITHOUT_RANKS = ("default", 2)
+IN_THE_BROWSER = ("default", 2)  # (capability, threads): see the table above
+BROWSER_RANKS = 4                # where a lab launches ranks
+WITHOUT_RANKS = (None, 2)
 
 
 def snapshot(folder: Path) -> set[Path]:

@@ -3,8 +3,8 @@
 Every lab's solution notebook is opened and run with Run > Run All Cells; each must run clean
 (its time is recorded, not asserted: bench/labs.py, run alone, holds the labs' time),
 creating no file in its folder and recording the values grader/reference/
-stores (this is its lab's run on 4 ranks, on torch's "default" instruction set and
-2 threads: helpers/solution_runs.py), and its figures' controls must respond (a
+stores (this is its lab's run on torch's "default" instruction set and 2 threads, on 4
+ranks where it launches ranks: helpers/solution_runs.py), and its figures' controls must respond (a
 slider moved with the keyboard redraws the figure and its numbers). The instructor's demo
 shows only views that a lab shows, so their controls are tested here; the demo itself runs
 headless in tests/test_demo.py, and `make demo` opens it in JupyterLab in test_lab_server.py
@@ -37,7 +37,7 @@ from grader.common.labs import ignore_patterns
 from helpers import REPO
 from helpers import solution_runs as runs
 from helpers.browser import LAB_SETTINGS, SERVER_ARGS, Notebook, chromium, move_first_slider, text_of, widget_cells
-from helpers.forked_cells import CAPABILITY_VARIABLE, settings_env
+from helpers.forked_cells import settings_env
 from helpers.lab_server import TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
 from helpers.submissions import solved
 
@@ -120,8 +120,9 @@ def server(course_copy, tmp_path_factory):
     root_dir = [i for i, arg in enumerate(argv) if arg.startswith("--ServerApp.root_dir=")]
     assert len(root_dir) == 1, f"`make lab` should set --ServerApp.root_dir once: {argv}"
     argv[root_dir[0]] = f"--ServerApp.root_dir={course_copy}"
-    # Each lab's run on 4 ranks and torch's "default" instruction set (helpers/solution_runs.py has why).
-    env = {RANKS_VARIABLE: str(runs.BROWSER_RANKS), CAPABILITY_VARIABLE: None, **settings_env(*runs.IN_THE_BROWSER)}
+    # Each lab's run on torch's "default" instruction set, on 4 ranks where it launches ranks
+    # (helpers/solution_runs.py has why).
+    env = {RANKS_VARIABLE: str(runs.BROWSER_RANKS), **settings_env(*runs.IN_THE_BROWSER)}
     with serve(argv, tmp_path_factory.mktemp("jupyter"), cwd=course_copy, settings=LAB_SETTINGS, env=env) as lab:
         yield lab
 

@@ -8,7 +8,7 @@ one `python -m grader grade` run (the fixture `lab1_class`, once per session),
 beside one honest student they share. Each module keeps its own students
 (`lab1_students`) and its own assertions on them.
 
-tests/test_hostile_grading.py grades its class apart: its 20 s cell limit and
+tests/test_hostile_grading.py grades its class apart: its short cell limit and
 its process limit are part of what it tests.
 """
 from __future__ import annotations

@@ -739,3 +739,20 @@ def test_the_feedback_page_says_pending_for_an_answer_nobody_graded_and_escapes_
     for page in (ada, bo):
         assert "<script>" not in page and "<img src=x" not in page
         assert "My answer to written_why &lt;script&gt;alert(" in page  # shown, as text
+
+
+def test_the_nbgrader_processes_the_grader_starts_leave_no_config_folder_in_tmp(tmp_path):
+    # jupyter_core gives each process run with JUPYTER_NO_CONFIG an empty config folder in
+    # TMPDIR and never removes it: one a process, hundreds a grading run. The grader's
+    # processes get a TMPDIR of its own, removed when it exits.
+    script = (
+        "import subprocess, sys\n"
+        "from grader.common.nbgrader_cli import environment\n"
+        "probe = 'from jupyter_core.paths import jupyter_config_dir; print(jupyter_config_dir())'\n"
+        "print(subprocess.run([sys.executable, '-c', probe], env=environment(), capture_output=True,\n"
+        "                     text=True, check=True).stdout.strip())\n")
+    made = subprocess.run([sys.executable, "-c", script], cwd=COURSE_ROOT, capture_output=True, text=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=120, check=True).stdout.strip()
+    assert Path(made).name.startswith("jupyter-clean-cfg-"), made
+    assert Path(made).is_relative_to(tmp_path), made
+    assert list(tmp_path.iterdir()) == [], f"left in TMPDIR: {sorted(p.name for p in tmp_path.iterdir())}"

@@ -7,12 +7,16 @@ slot instead: grader.grading.autograde_worker.)
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
+import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -36,11 +40,22 @@ def put_scripts_on_path() -> None:
     os.environ["PATH"] = _path_with_scripts(os.environ.get("PATH", ""))
 
 
+@functools.cache
+def scratch_dir() -> str:
+    """A temporary folder of this process's, removed when it exits: the TMPDIR of the
+    nbgrader processes it starts. With JUPYTER_NO_CONFIG, jupyter_core gives every process
+    an empty config folder of its own in TMPDIR and never removes it: hundreds a class."""
+    folder = tempfile.mkdtemp(prefix="course-grader-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     # Only the course's nbgrader_config.py counts, not ~/.jupyter or /etc/jupyter,
     # so every machine releases and grades the same way.
     env["JUPYTER_NO_CONFIG"] = "1"
+    env["TMPDIR"] = scratch_dir()
     env["PATH"] = _path_with_scripts(env.get("PATH", ""))
     env.update(extra or {})
     return env

@@ -233,8 +233,8 @@ MISTAKES = {
 
 
 # The nbgrader round trip (its last test): the full notebooks, as an instructor grades them, one student
-# who answers differently and one per mistake named here.
+# who answers differently and one per mistake named here: the one only the judge catches (the forked
+# runs hold every plain mistake).
 (test_every_exercise_is_graded, test_correct_answers_get_every_point,
  test_each_mistake_costs_exactly_its_exercise, test_grading_round_trip) = fairness_tests(
-    LAB, DIFFERENT, MISTAKES, round_trip=("a sum where the mean belongs, behind a check rebound to a no-op",
-                                          "every gradient's all-reduce started by the last hook of backward"))
+    LAB, DIFFERENT, MISTAKES, round_trip=("a sum where the mean belongs, behind a check rebound to a no-op",))

@@ -1,5 +1,5 @@
-"""The solution notebooks that launch no ranks run top to bottom, headless, on CPU, and
-record the values grader/reference/ stores for them.
+"""The solution notebooks that neither launch ranks nor grade anything run top to bottom,
+headless, on CPU, and record the values grader/reference/ stores for them.
 
 Each is executed with nbclient in its own folder, with the ``python3`` kernel of the
 interpreter running pytest, matplotlib's inline backend (figures become images in the
@@ -12,7 +12,7 @@ only read: outputs are not written back.
 
 These run here on the machine's instruction set and 2 threads; every lab runs in JupyterLab
 (tests/test_browser.py) on torch's "default" one and 2 threads, on 4 ranks where it launches
-ranks, checked as here; the fairness tests run each on the machine's set and 1 thread
+ranks, checked as here; the fairness tests run each graded lab on the machine's set and 1 thread
 (helpers/solution_runs.py has the table). The stored values hold on both instruction sets,
 and the reference answers score full on each (tests/helpers/submissions.py, CORRECT_SETTINGS).
 """
@@ -36,8 +36,9 @@ from helpers.forked_cells import CAPABILITY_VARIABLE, settings_env
 pytestmark = pytest.mark.notebook
 
 CELL_TIMEOUT_S = 300
-# The labs that launch no ranks through course.lab_ranks: those that do run on 4 in the browser.
-AT_DEFAULT_RANKS = [p for p in runs.SOLUTIONS if p not in runs.ON_RANKS]
+# Those that launch ranks run on 4 in the browser; the graded ones, on this machine's instruction
+# set, in their fairness tests.
+HEADLESS = [p for p in runs.UNGRADED if p not in runs.ON_RANKS]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -91,7 +92,7 @@ def test_kernel_setup(tmp_path):
 
 
 @pytest.mark.timeout(CELL_TIMEOUT_S * 3)
-@pytest.mark.parametrize("path", AT_DEFAULT_RANKS, ids=[str(p.relative_to(REPO)) for p in AT_DEFAULT_RANKS])
+@pytest.mark.parametrize("path", HEADLESS, ids=[str(p.relative_to(REPO)) for p in HEADLESS])
 def test_notebook_executes(path: Path, wall_times, record_property, tmp_path):
     _run_and_check(path, wall_times, record_property, tmp_path, runs.WITHOUT_RANKS)
 

@@ -16,12 +16,14 @@ Which run covers which setting (the fairness tests' forked run takes the machine
 | lab | "default", 2 threads | machine's ISA, 2 threads |
 |---|---|---|
 | launches ranks (``course.lab_ranks(``) | the browser, on 4 ranks | |
-| launches none | the browser | headless |
+| launches none, graded | the browser | |
+| launches none, grades nothing | the browser | headless |
 
-So each solution runs on both instruction sets and with its kernel on both thread counts, and a
-lab that launches ranks on 4 of them; its whole run at the default 2 ranks, as graded, is its
-round trip's recording of the judge's values (helpers/round_trips.py). One run a setting: the
-suite has 30 minutes on 2 cores.
+So each solution runs on both instruction sets and with its kernel on both thread counts (a graded
+lab's on the machine's set in its fairness tests), and a lab that launches ranks on 4 of them; a
+graded lab's whole run at the default 2 ranks, as graded, is its round trip's recording of the
+judge's values (helpers/round_trips.py, helpers/lab1_class.py). One run a setting: the suite has
+30 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from pathlib import Path
 import nbformat
 
 from grader import reference
-from grader.common.labs import ignore_patterns
+from grader.common.labs import graded_cells, ignore_patterns
 
 from . import REPO
 from .forked_cells import SETTINGS_PROBE, assert_ran_on
@@ -40,6 +42,8 @@ from .forked_cells import SETTINGS_PROBE, assert_ran_on
 SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
 # The labs whose ranks $COURSE_RANKS sets.
 ON_RANKS = [p for p in SOLUTIONS if "course.lab_ranks(" in p.read_text()]
+# The labs the fairness tests do not run on the machine's instruction set: those with nothing graded.
+UNGRADED = [p for p in SOLUTIONS if not graded_cells(nbformat.read(p, as_version=4))]
 
 IN_THE_BROWSER = ("default", 2)  # (capability, threads): see the table above
 BROWSER_RANKS = 4                # where a lab launches ranks

@@ -54,89 +54,16 @@ import math
 from dataclasses import dataclass
 
 from course import activations, memory, pipeline, sizes, timemodel, transfer
-from course.memory import GpuMemory
-from course.timemodel import Link, Processor
+
+# The models and clusters it compares, as choosing.MODELS, choosing.CLUSTERS, ... (course.presets).
+from course.presets import CLUSTERS, H100_CLUSTER, LAB_MLP, LOCAL, LOCAL_CPU, MODELS, Cluster, Model  # noqa: F401
+from course.timemodel import Link
 
 SCHEDULES = ("1f1b", "gpipe")
 RECOMPUTE = activations.RECOMPUTE
 ZERO_STAGES = (0, 1, 2, 3)
 #: micro-batches offered per layout: pp times these (pp = 1: gradient accumulation)
 MICRO_BATCH_FACTORS = (1, 2, 4, 8)
-
-
-@dataclass(frozen=True)
-class Model:
-    name: str
-    parameters: int
-    layers: int
-    hidden: int        # d_model; the MLP: its hidden width
-    heads: int         # attention heads (0: the MLP)
-    sequence: int      # tokens per sample (the MLP: 1)
-    batch: int         # the source's global batch, in samples
-    source: str
-    widths: tuple[int, ...] = ()   # the MLP only: (inputs, *hidden, classes)
-
-    @property
-    def is_mlp(self) -> bool:
-        return bool(self.widths)
-
-
-# GPT-3: Brown et al. 2020, Table 2.1 (n_params, n_layers, d_model, n_heads; context 2048; batch in tokens / 2048).
-# LLaMA 2: Touvron et al. 2023, Table 1 and section 2.2 (context 4096, 4M tokens a batch; 70B uses 8 KV heads).
-LAB_MLP = "the labs' MLP (64, 7 × 64, 10)"
-_WIDTHS = (64, *(64,) * 7, 10)       # lab 6's course.models.mlp(64, (64,) * 7, 10)
-MODELS = {m.name: m for m in (
-    Model("GPT-3 1.3B", 1_300_000_000, 24, 2048, 16, 2048, 512, "GPT-3 paper, Table 2.1: 1M tokens a batch"),
-    Model("GPT-3 6.7B", 6_700_000_000, 32, 4096, 32, 2048, 1024, "GPT-3 paper, Table 2.1: 2M tokens a batch"),
-    Model("GPT-3 175B", 175_000_000_000, 96, 12288, 96, 2048, 1536, "GPT-3 paper, Table 2.1: 3.2M tokens"),
-    Model("LLaMA-2 7B", 7_000_000_000, 32, 4096, 32, 4096, 1024, "LLaMA 2 paper: 4M tokens a batch"),
-    Model("LLaMA-2 70B", 70_000_000_000, 80, 8192, 64, 4096, 1024, "LLaMA 2 paper: 4M tokens a batch"),
-    Model(LAB_MLP, sum(a * b + b for a, b in zip(_WIDTHS, _WIDTHS[1:])), 8, 64, 0, 1, 64,
-          "lab 6's model, 8 Linear layers; the labs' batch of 64", widths=_WIDTHS),
-)}
-
-
-@dataclass(frozen=True)
-class Cluster:
-    name: str
-    gpus_per_node: int
-    processor: Processor               # fp32
-    tensor_processor: Processor | None  # bf16 (mixed precision); None: none, mixed runs at the fp32 peak
-    memory: GpuMemory
-    inside: Link                       # between the GPUs of a node
-    between: Link                      # between nodes, per GPU
-
-    def processor_for(self, precision: str) -> Processor:
-        """The tensor cores' peak where the model computes in 16 bits and the GPU has them."""
-        sixteen = sizes.DTYPE_BYTES[memory.PRECISIONS[precision].parameters] == 2
-        return self.tensor_processor if sixteen and self.tensor_processor else self.processor
-
-
-# Presets missing from course.memory and course.timemodel, with their sources.
-A100_40GB = GpuMemory("NVIDIA A100 (40 GB)", 40 * 10**9, "A100 40GB datasheet: 40 GB HBM2 (DGX A100 320GB)")
-INFINIBAND_HDR = Link("InfiniBand HDR (200 Gbit/s per GPU)", 25e9, 5e-6,
-                      "200 Gbit/s = 25 GB/s per direction, one ConnectX-6 per GPU (DGX A100 datasheet: 8 single-"
-                      "port HDR cards for the compute network); latency assumed 5 us")
-#: one CPU rank of the course's machine; bench/results/report.md: lab 1's sweep MLP (399,370 parameters) at
-#: batch 1024 reaches 48,725 samples/s on 2 threads: 6 × 399,370 × 48,725 = 117 GFLOP/s, half a thread each.
-LOCAL_CPU = Processor("this machine, one CPU rank (measured)", 6 * 399_370 * 48_725 / 2, 1.0,
-                      "bench/results/report.md, lab 1's step at batch 1024 on 2 threads, halved for one thread")
-LOCAL_MEMORY = GpuMemory("this machine's memory, a quarter per rank", int(25.3e9 / 4),
-                         "bench/results/report.md: 25.3 GB, shared by up to 4 ranks")
-H100_CLUSTER = "8 × H100 80 GB a node (NVLink 4, InfiniBand NDR)"
-LOCAL = "this machine: 2 CPU ranks a node, gloo"
-CLUSTERS = {c.name: c for c in (
-    # DGX H100: 8 H100 SXM, NVLink 4 inside, one 400 Gbit/s NDR card per GPU
-    Cluster(H100_CLUSTER, 8, timemodel.H100, timemodel.H100_BF16, memory.GPUS["NVIDIA H100 SXM (80 GB)"],
-            timemodel.NVLINK4, timemodel.INFINIBAND_NDR),
-    # DGX A100 320GB: 8 A100 40 GB, NVLink 3 inside, one 200 Gbit/s HDR card per GPU
-    Cluster("8 × A100 40 GB a node (NVLink 3, InfiniBand HDR)", 8, timemodel.A100, timemodel.A100_BF16,
-            A100_40GB, timemodel.NVLINK3, INFINIBAND_HDR),
-    # The sources' 2013 setting (Yadan et al. 2013: 4 TITANs a server; Dettmers: PCIe 3.0, 40 Gbit/s): no bf16
-    Cluster("4 × GTX TITAN 6 GB a node, 2013 (PCIe 3.0, 40 Gbit/s)", 4, timemodel.TITAN, None,
-            memory.GPUS["NVIDIA GTX TITAN (6 GiB)"], timemodel.PCIE3_X16, timemodel.NETWORK_40G),
-    Cluster(LOCAL, 2, LOCAL_CPU, None, LOCAL_MEMORY, timemodel.LOCAL_GLOO, timemodel.LOCAL_GLOO),
-)}
 
 
 @dataclass(frozen=True, order=True)

@@ -27,6 +27,10 @@ from course import _worker, comm, errors, timeline
 from course._output import RankOutput
 
 _GRACE = 0.1  # seconds to gather errors raised at the same moment on other ranks
+#: A launch's timeout counts the function's run, from when every rank has begun it: starting a rank
+#: (its process, the imports its function needs) took over 5 s on a loaded 2-core machine, which a
+#: demo's 5 s timeout must not pay. Ranks that never begin it are stopped this much later.
+STARTUP_S = 60
 
 
 def _forkserver():
@@ -76,6 +80,7 @@ class _Rank:
         self.rank, self.process, self.control = rank, process, control
         self.stdout, self.stderr, self.stack = stdout, stderr, stack
         self.reply = None        # ("result", ...) or ("error", report)
+        self.started = False     # it has begun the function
         self.exit_code = None    # set when the process ended on its own
         self.failed_at = None    # time.time() of its failure
 
@@ -138,11 +143,15 @@ class Run:
 
     def _wait(self) -> str:
         """Until every rank returned ("done"), one failed ("failed") or time
-        ran out ("timeout")."""
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        first_failure = None
+        ran out ("timeout"): `timeout` seconds after every rank has begun the function, or
+        STARTUP_S more than that after the launch, for ranks that never begin it."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout + STARTUP_S
+        first_failure, all_started = None, False
         while not all(r.returned for r in self.ranks):
             now = time.monotonic()
+            if not all_started and all(r.started for r in self.ranks):
+                all_started = True
+                deadline = None if self.timeout is None else min(deadline, now + self.timeout)
             if first_failure is not None and now >= first_failure + _GRACE:
                 return "failed"
             if deadline is not None and now >= deadline:
@@ -171,7 +180,11 @@ class Run:
     def _read_control(self, rank: _Rank) -> None:
         try:
             while rank.control.poll():
-                rank.reply = rank.control.recv()
+                message = rank.control.recv()
+                if message[0] == "started":
+                    rank.started = True
+                    continue
+                rank.reply = message
                 if rank.reply[0] == "error":
                     rank.failed_at = rank.reply[1]["time"]
         except (EOFError, OSError):
@@ -213,8 +226,9 @@ class Run:
             self._kill()
             self._drain_output()
             returned = {r.rank: r.reply[3] for r in self.ranks if r.returned}
-            return errors.timeout_error(self.timeout, self.fn_name, returned, dumps,
-                                        _worker.USER_ENTRY)
+            # ranks that never began the function waited for their start as well
+            waited = self.timeout + (0 if all(r.started for r in self.ranks) else STARTUP_S)
+            return errors.timeout_error(waited, self.fn_name, returned, dumps, _worker.USER_ENTRY)
         failed = sorted((r for r in self.ranks if r.failed_at is not None),
                         key=lambda r: r.failed_at)
         raised = [r for r in failed if r.reply is not None]

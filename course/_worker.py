@@ -57,7 +57,7 @@ def main(spec: RankSpec, control, stdout_pipe, stderr_pipe, stack_pipe) -> None:
     os.environ.update(spec.env)
     torch.set_num_threads(spec.num_threads)
     try:
-        result, records, seconds = _run(spec)
+        result, records, seconds = _run(spec, control)
         try:
             reply = ("result", _ResultPickler.dumps(result), cloudpickle.dumps(records), seconds)
         except Exception as error:  # noqa: BLE001 - e.g. a generator, an open file
@@ -73,7 +73,7 @@ def main(spec: RankSpec, control, stdout_pipe, stderr_pipe, stack_pipe) -> None:
     _flush()
 
 
-def _run(spec: RankSpec):
+def _run(spec: RankSpec, control):
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -83,6 +83,7 @@ def _run(spec: RankSpec):
                             rank=spec.rank, world_size=spec.world_size,
                             timeout=datetime.timedelta(seconds=spec.collective_timeout))
     fn, args, kwargs = cloudpickle.loads(spec.payload)
+    control.send(("started",))  # the launch's timeout runs from here: a loaded machine starts ranks slowly
     calls = recorder.Recorder(spec.rank, spec.backend)
     started = time.perf_counter()
     with calls.patch():

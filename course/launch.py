@@ -122,8 +122,9 @@ def launch(fn, world_size: int | None, args=(), kwargs=None, *, backend: str | N
 
     backend, device: see course.placement.choose (default: NCCL with a GPU per
         rank where there are enough GPUs, gloo otherwise).
-    timeout: seconds until the ranks must have returned; then each rank's
-        stack is reported and every rank is stopped (course.RankTimeout).
+    timeout: seconds the ranks may run `fn`, from when every rank has begun it (starting
+        the ranks is not counted, up to a minute); then each rank's stack is reported
+        and every rank is stopped (course.RankTimeout).
         None waits forever. Default: $COURSE_RANK_TIMEOUT if set, else 30 s,
         which every launch of the labs fits in with a wide margin; on a slow
         machine, set COURSE_RANK_TIMEOUT=120 (seconds) before starting Jupyter

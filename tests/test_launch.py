@@ -502,3 +502,48 @@ def _where_messages_live():
 def test_message_device_is_the_cpu_on_gloo():
     assert str(course.message_device()) == "cpu"  # outside any rank
     assert list(course.launch(_where_messages_live, 2, backend="gloo")) == ["cpu", "cpu"]
+
+
+def _arrives_after(seconds):
+    """Called while a rank unpickles its arguments, before it begins the function."""
+    time.sleep(seconds)
+    return seconds
+
+
+class ArrivesSlowly:
+    """An argument that takes `seconds` to unpickle on each rank: a rank slow to start."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return _arrives_after, (self.seconds,)
+
+
+def sleeps_then_returns(started_late, seconds):
+    time.sleep(seconds)
+    return started_late
+
+
+def test_the_timeout_counts_the_function_s_run_not_the_ranks_start():
+    # The ranks take 3 s to begin; the function then runs 0.5 s of its 2 s: no timeout.
+    begun = time.monotonic()
+    results = course.launch(sleeps_then_returns, 2, args=(ArrivesSlowly(3), 0.5), timeout=2)
+    assert list(results) == [3, 3] and time.monotonic() - begun >= 3.5
+    # Once begun, the function has its timeout and no more: a deadlock is stopped 1 s in.
+    with pytest.raises(course.RankTimeout, match=r"ranks \[0\] did not finish "
+                                                 r"rank_0_skips_nothing_rank_1_skips_all_reduce within 1 s"):
+        course.launch(rank_0_skips_nothing_rank_1_skips_all_reduce, 2, timeout=1)
+
+
+def test_ranks_that_never_begin_the_function_are_stopped_after_the_start_s_allowance(monkeypatch):
+    from course import _processes
+
+    monkeypatch.setattr(_processes, "STARTUP_S", 1)     # read by the launching process, not the ranks
+    begun = time.monotonic()
+    with pytest.raises(course.RankTimeout) as raised:
+        course.launch(sleeps_then_returns, 2, args=(ArrivesSlowly(60), 0), timeout=1)
+    assert time.monotonic() - begun < 30
+    said = str(raised.value)
+    assert "did not finish sleeps_then_returns within 2 s" in said, said
+    assert "rank 0 had not reached sleeps_then_returns yet" in said, said

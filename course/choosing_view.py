@@ -5,8 +5,10 @@
 
 Left: one marker per layout (`course.choosing.options`, whose docstring states the model and what it
 assumes): x the bytes each rank sends per step, y the predicted step time, both logarithmic; the colour
-says which parallelisms the layout uses (dp, dp+zero, tp, pp and their mixes), a hollow marker one that
-does not fit in the GPU's memory; a star the fastest that fits, named. A layout that sends nothing
+says which parallelisms the layout uses (dp, dp+zero, tp, pp and their mixes), a triangle one that also
+splits each sequence over cp ranks (context parallelism, lab 7's ring attention: offered when the context
+box is ticked), a hollow marker one that does not fit in the GPU's memory; a star the fastest that fits,
+named. A layout that sends nothing
 (one GPU) is drawn at 1 byte. Right: the five fastest layouts that fit. The activations menu
 (`ACTIVATIONS`) says what each transformer layer keeps for its backward (`course.activations`, Korthikanti
 et al. 2022): by default all but attention's s² scores, which are recomputed, as FlashAttention does.
@@ -57,9 +59,15 @@ def _named(what: str, name: str, choices: Mapping):
 
 
 def layout_words(layout: choosing.Layout) -> str:
-    """Layout(8, 2, 1, 8, 64) -> "dp 8 (ZeRO-2) × tp 1 × pp 8, m 64"."""
+    """Layout(8, 2, 1, 8, 64) -> "dp 8 (ZeRO-2) × tp 1 × pp 8, m 64"; with cp 2, "... × pp 8 × cp 2, m 64"."""
     zero = f" (ZeRO-{layout.zero})" if layout.zero else ""
-    return f"dp {layout.dp}{zero} × tp {layout.tp} × pp {layout.pp}, m {layout.m}"
+    cp = f" × cp {layout.cp}" if layout.cp > 1 else ""
+    return f"dp {layout.dp}{zero} × tp {layout.tp} × pp {layout.pp}{cp}, m {layout.m}"
+
+
+def _colour_of(layout: choosing.Layout) -> str:
+    """Layout.uses without cp, whose layouts are triangles of the same colours."""
+    return "+".join(part for part in layout.uses.split("+") if part != "cp") or "none"
 
 
 def _check_measured(measured) -> list[dict]:
@@ -71,38 +79,47 @@ def _check_measured(measured) -> list[dict]:
     return runs
 
 
-def _options(model: str, cluster: str, nodes: int, batch: int | None, precision: str, activations: str):
+def _options(model: str, cluster: str, nodes: int, batch: int | None, precision: str, activations: str,
+             context: bool):
     chosen, where = _named("model", model, choosing.MODELS), _named("cluster", cluster, choosing.CLUSTERS)
     recompute, sequence_parallel = _named("activations", activations, ACTIVATIONS)
+    if not isinstance(context, bool):
+        raise ValueError(f"context must be True or False (offer context-parallel layouts, or not), got {context!r}")
     batch = chosen.batch if batch is None else batch
     return chosen, where, batch, choosing.options(chosen, where, batch, nodes=nodes, precision=precision,
-                                                  recompute=recompute, sequence_parallel=sequence_parallel)
+                                                  recompute=recompute, sequence_parallel=sequence_parallel,
+                                                  context=context)
 
 
-def _headline(chosen, where, nodes, batch, precision, activations) -> str:
-    return (f"{chosen.name}, batch {batch}, {precision} precision, {activations}, on {nodes} "
+def _headline(chosen, where, nodes, batch, precision, activations, context) -> str:
+    return (f"{chosen.name}, batch {batch}, {precision} precision, {activations}"
+            f"{', context parallelism offered' if context else ''}, on {nodes} "
             f"node{'s' * (nodes > 1)} of {where.name}: {nodes * where.gpus_per_node} ranks")
 
 
 def draw(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER, nodes: int = 8,
          batch: int | None = None, precision: str = "mixed", activations: str = DEFAULT_ACTIVATIONS,
-         measured: Sequence[Mapping] | None = None):
+         context: bool = False, measured: Sequence[Mapping] | None = None):
     """The view as a matplotlib Figure (see the module docstring); batch None: the model's own;
-    activations: a key of ACTIVATIONS."""
-    chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, activations)
+    activations: a key of ACTIVATIONS; context: context-parallel layouts offered too."""
+    chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, activations, context)
     runs = _check_measured(measured) if (model, cluster) == tuple(RUN_SETTINGS.values()) else []
     best = choosing.fastest(found)
     fig, (ax, table_ax) = plt.subplots(1, 2, figsize=(15, 5.2), layout="constrained", width_ratios=(1.6, 1))
     for uses in USES:
-        named = False                 # one legend entry a colour; hollow is said once, below
+        named = False                 # one legend entry a colour; hollow and triangles are said once, below
         for fits in (True, False):
-            group = [o for o in found if o.layout.uses == uses and o.fits == fits]
-            if not group:
-                continue
-            ax.scatter([max(o.sent["total"], 1) for o in group], [o.seconds["total"] for o in group], s=36,
-                       facecolors=COLOURS[uses] if fits else "none", edgecolors=COLOURS[uses],
-                       label="_" if named else uses)
-            named = True
+            for splits_sequences in (False, True):
+                group = [o for o in found if _colour_of(o.layout) == uses and o.fits == fits
+                         and (o.layout.cp > 1) == splits_sequences]
+                if not group:
+                    continue
+                ax.scatter([max(o.sent["total"], 1) for o in group], [o.seconds["total"] for o in group], s=36,
+                           marker="^" if splits_sequences else "o", facecolors=COLOURS[uses] if fits else "none",
+                           edgecolors=COLOURS[uses], label="_" if named else uses)
+                named = True
+    if any(o.layout.cp > 1 for o in found):
+        ax.scatter([], [], s=36, marker="^", facecolors="grey", edgecolors="grey", label="triangle: with cp")
     if not all(o.fits for o in found):
         ax.scatter([], [], s=36, facecolors="none", edgecolors="grey", label="hollow: does not fit in memory")
     if best:
@@ -127,7 +144,8 @@ def draw(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER, nod
                 transform=ax.transAxes, ha="center")
     ax.set_xlabel("bytes sent per rank per step")
     ax.set_ylabel("predicted step time (s)")
-    ax.set_title(_headline(chosen, where, nodes, batch, precision, activations), fontsize="medium", wrap=True)
+    ax.set_title(_headline(chosen, where, nodes, batch, precision, activations, context), fontsize="medium",
+                 wrap=True)
     _table(table_ax, found, where)
     table_ax.legend(*ax.get_legend_handles_labels(), fontsize="small", frameon=False, loc="lower center", ncol=2)
     return fig
@@ -151,19 +169,21 @@ def _table(ax, found, where) -> None:
 
 
 def describe(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER, nodes: int = 8,
-             batch: int | None = None, precision: str = "mixed", activations: str = DEFAULT_ACTIVATIONS) -> str:
+             batch: int | None = None, precision: str = "mixed", activations: str = DEFAULT_ACTIVATIONS,
+             context: bool = False) -> str:
     """The figure's numbers in markdown: how many layouts, how many fit, the fastest, the five fastest."""
-    chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, activations)
+    chosen, where, batch, found = _options(model, cluster, nodes, batch, precision, activations, context)
     gpus = nodes * where.gpus_per_node
     fitting = [o for o in found if o.fits]
-    head = (f"**{_headline(chosen, where, nodes, batch, precision, activations)}:** {len(found)} layouts run "
+    head = (f"**{_headline(chosen, where, nodes, batch, precision, activations, context)}:** {len(found)} layouts run "
             f"this batch, {len(fitting)} fit in {in_units(where.memory.nbytes)} a rank.")
     best = choosing.fastest(found)
     if best is None:
-        return head + (" None fits: more nodes, a smaller batch, sequence parallelism or recomputing every "
-                       "layer." if found else
+        return head + (" None fits: more nodes, a smaller batch, sequence or context parallelism or "
+                       "recomputing every layer." if found else
                        f" None runs: the batch must split into dp × m micro-batches on {gpus} GPUs.")
-    parts = ", ".join(f"{part} {best.seconds[part]:.3g} s" for part in ("compute", "bubble", "tp", "dp", "pp"))
+    parts = ", ".join(f"{part} {best.seconds[part]:.3g} s" for part in ("compute", "bubble", "tp", "dp", "pp", "cp")
+                      if part != "cp" or best.layout.cp > 1)
     rows = "\n".join(f"| {layout_words(o.layout)} | {in_units(o.memory['total'])} | {in_units(o.sent['total'])} | "
                      f"{o.seconds['total']:.3g} s |" for o in fitting[:TOP])
     return (f"{head} The fastest that fits: {layout_words(best.layout)}, {in_units(best.memory['total'])} a rank, "
@@ -179,7 +199,7 @@ def fastest_table(*, models: Sequence[str], nodes: Sequence[int], activations: S
     for model in models:
         for count in nodes:
             for kept in activations:
-                chosen, where, batch, found = _options(model, cluster, count, None, precision, kept)
+                chosen, where, batch, found = _options(model, cluster, count, None, precision, kept, False)
                 best = choosing.fastest(found)
                 fit = f"{sum(o.fits for o in found)} of {len(found)}"
                 rows.append(f"| {model} | {count} ({count * where.gpus_per_node}) | {kept} | {fit} | " + (
@@ -193,12 +213,12 @@ def fastest_table(*, models: Sequence[str], nodes: Sequence[int], activations: S
 def show(measured: Sequence[Mapping] | None = None, **start):
     """The view with menus (a static figure under grading or headless). measured: the labs' runs,
     [{"lab", "scheme", "ranks", "sent", "seconds"}], drawn while the model is the labs' MLP and the
-    cluster this machine; `start`: model, cluster, nodes, batch, precision, activations."""
+    cluster this machine; `start`: model, cluster, nodes, batch, precision, activations, context."""
     import ipywidgets as w
 
     _check_measured(measured)
     values = {"model": "GPT-3 6.7B", "cluster": choosing.H100_CLUSTER, "nodes": 8, "batch": None,
-              "precision": "mixed", "activations": DEFAULT_ACTIVATIONS, **start}
+              "precision": "mixed", "activations": DEFAULT_ACTIVATIONS, "context": False, **start}
     _named("model", values["model"], choosing.MODELS)
     _named("activations", values["activations"], ACTIVATIONS)
     if values["batch"] is None:
@@ -216,5 +236,7 @@ def show(measured: Sequence[Mapping] | None = None, **start):
                                 description="precision", style=STYLE),
         "activations": w.Dropdown(options=list(ACTIVATIONS), value=values["activations"], description="activations",
                                   style=STYLE),
+        "context": w.Checkbox(value=values["context"], description="context parallelism (split each sequence)",
+                              style=STYLE),
     }
     return show_view(draw, describe, controls, measured, RUN_SETTINGS)

@@ -4,9 +4,12 @@ Layouts listed by hand; memory by hand and equal to course.memory.per_rank; Kort
 by hand and the savings and FLOPs the paper states; the default (attention recomputed) and
 LLaMA-2 70B's 73.6 GB; sequence parallelism's bytes; lab 6's claim on the presets; bytes and the
 bubble's stretch by hand; what never fits, never runs, never crosses a node; the fastest is fitting
-and minimal; bad arguments refused in words.
+and minimal; context parallelism offered only when asked, by hand, and lab 6's claim on it; bad
+arguments refused in words.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -302,11 +305,85 @@ def test_only_layouts_the_batch_splits_into():
     assert "does not split into 4 × 4" in choosing.why_not(MLP, 8, Layout(4, 0, 1, 1, 4))
 
 
+# --- context parallelism (lab 7's ring attention), offered when asked for -----------------------------
+
+def test_context_parallel_layouts_are_offered_only_when_asked_for():
+    plain, with_cp = choosing.layouts(8, 8, 4), choosing.layouts(8, 8, 4, context=True)
+    assert all(x.cp == 1 for x in plain)
+    assert [x for x in with_cp if x.cp == 1] == plain               # lab 6's layouts unchanged
+    assert {x.cp for x in with_cp} == {1, 2, 4, 8}
+    assert all(x.dp * x.cp * x.tp * x.pp == 8 for x in with_cp)
+    # one data-parallel rank beside cp = 2 still has a replica to share ZeRO's shards with
+    assert Layout(1, 1, 4, 1, 1, 2) in with_cp and Layout(1, 1, 8, 1, 1, 1) not in with_cp
+    assert Layout(2, 1, 1, 2, 4, 2).uses == "dp+zero+pp+cp"
+    assert all(o.layout.cp == 1 for o in choosing.options(MODELS["GPT-3 1.3B"], H100, 512))
+
+
+def test_a_context_parallel_layout_by_hand():
+    llama, s, h = MODELS["LLaMA-2 7B"], 4096, 4096          # 32 layers, 32 heads
+    layout = Layout(dp=2, zero=1, tp=1, pp=1, m=1, cp=4)    # 8 H100s; each sample's 4096 tokens over 4 ranks
+    got = choosing.evaluate(llama, H100, 8, layout)
+    b = 8 // 2                                              # the dp ranks split the batch; cp splits each sample
+    # Table 2, selective, 16 bits: 34·s·b·h a layer, of this rank's s/4 tokens; one micro-batch alive, 32 layers
+    assert got.memory["activations"] == 32 * 34 * (s // 4) * b * h
+    # its weights' state sharded over the 8 ranks that hold them whole (dp·cp), as ZeRO-1 shards
+    assert got.memory == memory.per_rank(7_000_000_000, 8, "ZeRO-1", activations=32 * 34 * (s // 4) * b * h)
+    mixed = memory.PRECISIONS["mixed"]
+    assert got.sent["dp"] == memory.sent_per_step(7_000_000_000, 8, "ZeRO-1", dtype=mixed.gradients,
+                                                  gather_dtype=mixed.parameters)
+    # ring attention, a layer: a K and a V block of s/4 tokens, in bf16, passed on 3 times forward and 3 times
+    # backward, and the blocks' gradients 4 steps back to their owners: 10 blocks
+    block = 2 * (s // 4) * b * h * 2
+    assert got.sent["cp"] == 32 * 10 * block
+    assert got.sent["tp"] == got.sent["pp"] == 0
+    nvlink = H100.inside                                    # the 4 ranks of a cp group share a node
+    assert got.seconds["cp"] == pytest.approx(32 * (10 * nvlink.alpha + 10 * block / nvlink.beta))
+    # the FLOPs are the 8 GPUs' to share, as without cp
+    same_gpus = choosing.evaluate(llama, H100, 8, Layout(8, 1, 1, 1, 1))
+    assert got.seconds["compute"] == pytest.approx(same_gpus.seconds["compute"])
+    assert got.memory["activations"] == same_gpus.memory["activations"]   # b = 1 sample, all of it, on each
+
+
+def test_context_parallelism_lets_a_long_sequence_fit():
+    # LLaMA-2 7B at 32k tokens, 8 sequences a step on one node of 8 H100s
+    long = dataclasses.replace(MODELS["LLaMA-2 7B"], name="LLaMA-2 7B at 32k", sequence=32_768, batch=8)
+    plain, with_cp = choosing.options(long, H100, 8), choosing.options(long, H100, 8, context=True)
+    fitting = [o for o in plain if o.fits]
+    assert fitting and all(o.layout.tp == 8 for o in fitting)   # without cp, only 8-way tp fits
+    best = choosing.fastest(with_cp)
+    assert best.layout.cp > 1 and best.seconds["total"] < choosing.fastest(plain).seconds["total"]
+    assert sum(o.fits for o in with_cp) > len(fitting)
+
+
+@pytest.mark.parametrize("nodes", [8, 32])
+def test_lab_6_s_claim_on_context_parallelism_for_the_presets(nodes):
+    # Lab 6: ticked, the largest presets' fastest layout splits each sequence over 2 or 4 ranks, a few
+    # percent faster; the smaller ones' does not change at their own sequence lengths.
+    for name, model in MODELS.items():
+        if model.is_mlp:
+            continue
+        plain = choosing.fastest(choosing.options(model, H100, model.batch, nodes=nodes))
+        with_cp = choosing.fastest(choosing.options(model, H100, model.batch, nodes=nodes, context=True))
+        if name in ("GPT-3 175B", "LLaMA-2 70B"):
+            assert with_cp.layout.cp in (2, 4), (name, with_cp.layout)
+            assert 0.9 < with_cp.seconds["total"] / plain.seconds["total"] < 1, (name, with_cp.seconds, plain.seconds)
+        else:
+            assert with_cp.layout == plain.layout, (name, with_cp.layout, plain.layout)
+
+
+def test_context_parallelism_needs_a_sequence_it_splits_in_2_cp_chunks():
+    assert "no sequence for context parallelism" in choosing.why_not(MLP, 64, Layout(1, 0, 1, 1, 1, 2))
+    gpt = MODELS["GPT-3 1.3B"]                              # 2048 tokens: 2 × 1024 chunks, not 2 × 3
+    assert choosing.why_not(gpt, 512, Layout(1, 0, 1, 1, 1, 1024)) is None
+    assert "does not split into 2 × 3 chunks" in choosing.why_not(gpt, 512, Layout(1, 0, 1, 1, 1, 3))
+    assert all(o.layout.cp == 1 for o in choosing.options(MLP, H100, 64, context=True))
+
+
 @pytest.mark.parametrize("call, words", [
     (lambda: choosing.layouts(0, 8, 8), "number of gpus must be a whole number of at least 1, got gpus=0"),
     (lambda: choosing.options(MLP, H100, 64, nodes=0), "got nodes=0"),
     (lambda: choosing.options("GPT-3", H100, 64), "must be a choosing.Model and a choosing.Cluster"),
-    (lambda: choosing.evaluate(MLP, H100, 64, Layout(1, 2, 1, 1, 1)), "0 when dp = 1"),
+    (lambda: choosing.evaluate(MLP, H100, 64, Layout(1, 2, 1, 1, 1)), "0 when dp·cp = 1"),
     (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), precision="fp8"), "precision must be one of"),
     (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), schedule="zb"), "schedule must be one of"),
     (lambda: choosing.evaluate(MLP, H100, 64, Layout(2, 0, 1, 1, 1), recompute=True), "recompute must be one of"),

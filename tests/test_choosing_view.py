@@ -108,9 +108,10 @@ def test_show_builds_its_menus_and_keeps_the_runs_to_their_setting(monkeypatch):
                         lambda draw, controls, describe: built.update(draw=draw, controls=controls))
     choosing_view.show(measured=RUNS, **LOCAL)
     controls = built["controls"]
-    assert list(controls) == ["model", "cluster", "nodes", "batch", "precision", "activations"]
+    assert list(controls) == ["model", "cluster", "nodes", "batch", "precision", "activations", "context"]
     run = {k: c.value for k, c in controls.items()}
-    assert run == {**LOCAL, "batch": 64, "precision": "mixed", "activations": "attention recomputed (FlashAttention)"}
+    assert run == {**LOCAL, "batch": 64, "precision": "mixed", "activations": "attention recomputed (FlashAttention)",
+                   "context": False}
     assert list(controls["activations"].options) == list(choosing_view.ACTIVATIONS)
     assert 1024 in controls["batch"].options and 128 in controls["nodes"].options
     built["draw"](**run)
@@ -153,3 +154,25 @@ def test_fastest_table_rows_are_the_choosers():
                        f"{best.seconds['total']:.3g} s |")
     assert rows[3] == f"| LLaMA-2 70B | 8 (64) | {stored} | 0 of 350 | none fits | | | |"
     assert "| dp+zero+pp |" in rows[0]
+
+
+def test_the_context_box_offers_context_parallel_layouts_drawn_as_triangles():
+    # LLaMA-2 7B's 4096 tokens on 1 node: with the box, the layouts that split each sequence as well
+    plain = choosing_view.describe(model="LLaMA-2 7B", nodes=1, batch=8)
+    with_cp = choosing_view.describe(model="LLaMA-2 7B", nodes=1, batch=8, context=True)
+    cluster = choosing.CLUSTERS[choosing.H100_CLUSTER]
+    for text, context in ((plain, False), (with_cp, True)):
+        found = choosing.options(choosing.MODELS["LLaMA-2 7B"], cluster, 8, context=context)
+        assert f"{len(found)} layouts run this batch, {sum(o.fits for o in found)} fit" in text, text
+    assert "context parallelism offered" in with_cp and "context parallelism offered" not in plain
+    fig = choosing_view.draw(model="LLaMA-2 7B", nodes=1, batch=8, context=True)
+    ax = fig.axes[0]
+    assert "triangle: with cp" in ax.get_legend_handles_labels()[1]
+    triangles = sum(len(c.get_offsets()) for c in ax.collections   # a triangle's path: 3 corners, closed
+                    if isinstance(c, PathCollection) and len(c.get_paths()[0].vertices) == 4)
+    assert triangles == sum(o.layout.cp > 1 for o in choosing.options(
+        choosing.MODELS["LLaMA-2 7B"], cluster, 8, context=True))
+    plt.close(fig)
+    assert choosing_view.layout_words(choosing.Layout(2, 1, 1, 2, 4, 2)) == "dp 2 (ZeRO-1) × tp 1 × pp 2 × cp 2, m 4"
+    with pytest.raises(ValueError, match="context must be True or False"):
+        choosing_view.describe(context="yes")

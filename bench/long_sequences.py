@@ -12,14 +12,17 @@
    each of 2 ranks of the ring, the two alternating round by round.
 3. PyTorch's `context_parallel` (torch.distributed.tensor.experimental) shards only CUDA's fused
    attention kernels (flash, memory-efficient, cuDNN): it is compared on a machine with 2 or more
-   CUDA GPUs only, and this script says so where there are fewer (goal there: ≤ 1.2× its step).
+   CUDA GPUs only (the lab's ring on its zig-zag split against it, causal, one forward and backward, the
+   two alternating; goal: ≤ 1.2× its step), and this script says so where there are fewer.
 
     python bench/long_sequences.py [--rounds 5] [--quick] [--json bench/results/long_sequences.json]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +38,7 @@ LAB = load("07_long_sequences")
 FULL = {"sequences": (128, 256, 512), "ring_sequences": (1024, 2048), "context_sequence": 512}
 QUICK = {"sequences": (64,), "ring_sequences": (256,), "context_sequence": 64}    # --quick: for the tests
 GOAL = 0.05
+CONTEXT_PARALLEL_GOAL = 1.2   # the lab's ring's step over context_parallel's, on 2 GPUs
 
 
 def context_parallel_layer(sequence, seed=0):
@@ -80,14 +84,67 @@ def ring_rows(sizes, rounds) -> list[dict]:
     return rows
 
 
-def context_parallel_comparison() -> dict:
+def cuda_attention_step(way, sequence, seed=0, repeats=5):
+    """Runs on every rank, one CUDA GPU each: causal attention over `sequence` tokens (the lab's 4 heads of 16), one
+    forward and backward `repeats` times, by the lab's RingAttention on its zig-zag split ("ring") or by PyTorch's
+    context_parallel around scaled_dot_product_attention ("context_parallel"); the median seconds, each step
+    timed between two synchronizations of the GPU."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    generator = torch.Generator().manual_seed(seed)
+    whole = [torch.randn(1, LAB.HEADS, sequence, LAB.HEAD_DIM, generator=generator).to(course.device())
+             for _ in range(4)]
+    positions = LAB.zigzag_positions(sequence, world_size)
+    if way == "context_parallel":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental import context_parallel
+        mesh = init_device_mesh("cuda", (world_size,))
+    seconds = []
+    for _ in range(repeats):
+        with contextlib.ExitStack() as stack:
+            if way == "ring":
+                q, k, v, grad = (t[:, :, positions[rank].to(t.device)].contiguous() for t in whole)
+            else:                             # context_parallel shards its buffers in place, its own way
+                q, k, v, grad = (t.clone() for t in whole)
+                stack.enter_context(context_parallel(mesh, buffers=[q, k, v, grad], buffer_seq_dims=[2, 2, 2, 2]))
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+            torch.cuda.synchronize()
+            dist.barrier()
+            start = time.perf_counter()
+            if way == "ring":
+                out = LAB.RingAttention.apply(q, k, v, positions, True)
+            else:
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.backward(grad)
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+    return sorted(seconds)[len(seconds) // 2]
+
+
+def context_parallel_comparison(sizes, rounds) -> dict:
+    """The lab's ring against PyTorch's context_parallel on 2 CUDA GPUs at the longest ring sequence, the two
+    alternating round by round; where they cannot run, or fail, why."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"ran": False, "gpus": gpus, "why": (
-        f"not run: torch {torch.__version__}'s context_parallel shards CUDA's fused attention kernels only, "
-        f"and this machine has {gpus} CUDA GPU{'s' if gpus != 1 else ''} (it needs 2 or more)"
-        if gpus < 2 else
-        "not run: a machine with 2 or more CUDA GPUs runs it with `torchrun` and the lab's RingAttention "
-        "against `context_parallel`; this script does not yet drive that comparison")}
+    if gpus < 2:
+        return {"ran": False, "gpus": gpus, "why": (
+            f"not run: torch {torch.__version__}'s context_parallel shards CUDA's fused attention kernels only, "
+            f"and this machine has {gpus} CUDA GPU{'s' if gpus != 1 else ''} (it needs 2 or more)")}
+    s = sizes["ring_sequences"][-1]
+    seconds = {"ring": [], "context_parallel": []}
+    try:
+        for _ in range(rounds):
+            for way in seconds:
+                run = course.launch(cuda_attention_step, 2, args=(way, s))
+                seconds[way].append(max(run[r] for r in run.ranks))
+    except Exception as error:     # an experimental API that moves between torch versions: reported, not hidden
+        return {"ran": False, "gpus": gpus,
+                "why": f"failed on torch {torch.__version__}: {type(error).__name__}: {str(error)[:300]}"}
+    ms = {way: spread(1e3 * t for t in times) for way, times in seconds.items()}
+    ratio = spread(ring / theirs for ring, theirs in zip(seconds["ring"], seconds["context_parallel"]))
+    return {"ran": True, "gpus": gpus, "sequence": s, "ring_ms": ms["ring"],
+            "context_parallel_ms": ms["context_parallel"], "time_ratio": ratio,
+            "why": (f"{s} tokens on 2 GPUs, one forward and backward: the lab's ring {ms['ring']['median']:.2f} ms, "
+                    f"context_parallel {ms['context_parallel']['median']:.2f} ms; ring / context_parallel "
+                    f"{spread_text(ratio)} (goal: at most {CONTEXT_PARALLEL_GOAL})")}
 
 
 def main(argv=None):
@@ -101,7 +158,7 @@ def main(argv=None):
     if rounds < 1:
         parser.error(f"--rounds {rounds}: at least 1 round")
     figures = {"quick": args.quick, "rounds": rounds, "cores": os.cpu_count(), "memory": memory_rows(sizes),
-               "ring": ring_rows(sizes, rounds), "context_parallel": context_parallel_comparison()}
+               "ring": ring_rows(sizes, rounds), "context_parallel": context_parallel_comparison(sizes, rounds)}
     emit(args.json, title="Lab 7's ring attention against one process, and activation memory against the formula",
          markdown=markdown(figures), headline=headline(figures), figures=figures)
 

@@ -8,6 +8,7 @@ import json
 
 import long_sequences  # bench/long_sequences.py (the conftest puts bench/ on sys.path)
 import pytest
+import torch
 
 
 @pytest.fixture(scope="module")
@@ -38,5 +39,9 @@ def test_ring_attention_is_timed_beside_one_process_and_holds_less_a_rank(report
     assert row["one_process_ms"]["median"] > 0 and row["ring_ms"]["median"] > 0
     assert row["ring_peak"] < row["one_process_peak"]        # each rank holds its share, not the whole
     compared = report["figures"]["context_parallel"]
-    assert compared["ran"] is False and "CUDA" in compared["why"]
+    if torch.cuda.device_count() < 2:
+        assert compared["ran"] is False and "CUDA" in compared["why"]
+    else:                                    # the lab's ring beside PyTorch's on 2 GPUs
+        assert compared["ran"], compared["why"]
+        assert compared["ring_ms"]["median"] > 0 and compared["context_parallel_ms"]["median"] > 0
     assert any("context_parallel" in line["figure"] for line in report["headline"])

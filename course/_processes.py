@@ -92,6 +92,7 @@ class _Rank:
 class Run:
     def __init__(self, where, payload, timeout, num_threads, fn_name):
         self.where, self.payload, self.timeout = where, payload, timeout
+        self.all_started = False   # every rank has begun fn: the timeout runs from then (a report says which ran out)
         self.num_threads, self.fn_name = num_threads, fn_name
         self.ranks: list[_Rank] = []
         self.output = RankOutput()
@@ -146,11 +147,11 @@ class Run:
         ran out ("timeout"): `timeout` seconds after every rank has begun the function, or
         STARTUP_S more than that after the launch, for ranks that never begin it."""
         deadline = None if self.timeout is None else time.monotonic() + self.timeout + STARTUP_S
-        first_failure, all_started = None, False
+        first_failure = None
         while not all(r.returned for r in self.ranks):
             now = time.monotonic()
-            if not all_started and all(r.started for r in self.ranks):
-                all_started = True
+            if not self.all_started and all(r.started for r in self.ranks):
+                self.all_started = True
                 deadline = None if self.timeout is None else min(deadline, now + self.timeout)
             if first_failure is not None and now >= first_failure + _GRACE:
                 return "failed"
@@ -227,7 +228,7 @@ class Run:
             self._drain_output()
             returned = {r.rank: r.reply[3] for r in self.ranks if r.returned}
             # ranks that never began the function waited for their start as well
-            waited = self.timeout + (0 if all(r.started for r in self.ranks) else STARTUP_S)
+            waited = self.timeout + (0 if self.all_started else STARTUP_S)
             return errors.timeout_error(waited, self.fn_name, returned, dumps, _worker.USER_ENTRY)
         failed = sorted((r for r in self.ranks if r.failed_at is not None),
                         key=lambda r: r.failed_at)

@@ -132,6 +132,18 @@ def _describe(name: str, arguments: dict) -> tuple[tuple, str, int, int | None]:
     return tuple(tensor.shape), str(tensor.dtype), tensor.numel() * tensor.element_size(), peer
 
 
+def _own_chunk(name: str, arguments: dict, rank: int, nbytes: int) -> int | None:
+    """An all-to-all's bytes for this rank itself (they stay): its chunk of the list, or its rows of
+    all_to_all_single's input_split_sizes; None for an equal split, and for every other operation."""
+    if name == "all_to_all":
+        chunk = _tensors_in(arguments, "input_tensor_list", "input_list")[rank]
+        return chunk.numel() * chunk.element_size()
+    if name == "all_to_all_single" and arguments.get("input_split_sizes"):
+        rows = _tensors_in(arguments, "input", "input_tensor").shape[0]
+        return arguments["input_split_sizes"][rank] * (nbytes // rows) if rows else 0
+    return None
+
+
 class Recorder:
     """Logs the calls of one rank; `patch()` routes torch.distributed through it."""
 
@@ -189,7 +201,8 @@ class Recorder:
             global_rank = group is not None and not key.startswith("group_")
             peer = dist.get_group_rank(group, value) if global_rank else value
         formula = transfer.predict(_FORMULA_OF.get(name, name), nbytes, size, rank=group_rank,
-                                   root=peer if peer is not None else 0, backend=self.backend)
+                                   root=peer if peer is not None else 0, backend=self.backend,
+                                   kept=_own_chunk(name, arguments, group_rank, nbytes))
         async_op = name in ("isend", "irecv") or bool(arguments.get("async_op", False))
         return CommRecord(self.rank, name, shape, dtype, nbytes, size, peer, async_op,
                           formula.algorithm, formula.sent)

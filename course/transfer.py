@@ -169,12 +169,14 @@ BACKENDS = ("gloo", "nccl")
 
 
 def predict(op: str, nbytes: int, ranks: int, *, rank: int = 0, root: int = 0,
-            backend: str = "nccl") -> Prediction:
+            backend: str = "nccl", kept: int | None = None) -> Prediction:
     """Bytes that `rank` (of `ranks` ranks) sends in `op` on `backend`.
 
     `nbytes` is the size named in SIZE_OF[op]; `root` is the source or
     destination of rooted operations (broadcast, reduce, gather, scatter).
-    `isend`/`irecv` count as `send`/`recv`.
+    `isend`/`irecv` count as `send`/`recv`. `kept`, for an all-to-all only:
+    the bytes of the input's chunk for `rank` itself, which stay where they
+    are (splits of different sizes); None: `ranks` equal chunks.
     """
     op = {"isend": "send", "irecv": "recv"}.get(op, op)
     if op not in SIZE_OF:
@@ -184,6 +186,9 @@ def predict(op: str, nbytes: int, ranks: int, *, rank: int = 0, root: int = 0,
     check_transfer(nbytes, ranks)
     if not 0 <= rank < ranks or not 0 <= root < ranks:
         raise ValueError(f"rank {rank} and root {root} must lie in 0..{ranks - 1}")
+    if kept is not None and (op not in ("all_to_all", "all_to_all_single") or not 0 <= kept <= nbytes):
+        raise ValueError(f"kept={kept!r}: the bytes of an all-to-all's input that stay on the rank, "
+                         f"between 0 and nbytes ({nbytes}); {op} takes none")
     rel = (rank - root) % ranks
     is_root = rank == root
     gloo = backend == "gloo"
@@ -208,8 +213,9 @@ def predict(op: str, nbytes: int, ranks: int, *, rank: int = 0, root: int = 0,
             return Prediction("ring reduce-scatter + gather to the root",
                               ring_reduce_scatter(nbytes, ranks) + own_chunk)
         return Prediction("chain to the root", 0 if is_root else nbytes)
-    if op in ("all_to_all", "all_to_all_single"):
-        return Prediction("pairwise exchange", _exact((ranks - 1) * nbytes, ranks))
+    if op in ("all_to_all", "all_to_all_single"):       # each chunk straight to its rank; its own stays
+        sent = _exact((ranks - 1) * nbytes, ranks) if kept is None else nbytes - kept
+        return Prediction("pairwise exchange", sent)
     if op == "gather":
         return Prediction("direct to the root", 0 if is_root else nbytes)
     if op == "scatter":

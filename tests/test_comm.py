@@ -139,6 +139,38 @@ def test_subgroups_count_their_own_size_and_ranks():
         assert world.group_size == 4 and world.predicted == 6000
 
 
+# Rows of 1000 float32 each rank sends to each rank, rank 1 sending rank 2 none (an empty split): row r is
+# rank r's input_split_sizes, column r its output_split_sizes.
+ROWS = [[3, 1, 2],
+        [2, 4, 0],
+        [1, 5, 2]]
+ROW_BYTES = 1000 * 4
+
+
+def uneven_all_to_all():
+    rank = dist.get_rank()
+    sending = ROWS[rank]
+    receiving = [ROWS[source][rank] for source in range(len(ROWS))]
+    rows = torch.cat([torch.full((count, 1000), float(10 * rank + to)) for to, count in enumerate(sending)])
+    into = torch.empty(sum(receiving), 1000)
+    dist.all_to_all_single(into, rows, output_split_sizes=receiving, input_split_sizes=sending)
+    return [int(v) for v in into[:, 0]]
+
+
+def test_an_uneven_all_to_all_sends_all_but_its_own_rows():
+    """Each rank sends every row but those for itself, whatever the split sizes (an empty one included);
+    gloo's socket bytes agree."""
+    results = course.launch(uneven_all_to_all, 3)
+    for rank in range(3):
+        assert results[rank] == [10 * source + rank for source in range(3) for _ in range(ROWS[source][rank])]
+        (record,) = results.comm.rank(rank)
+        own = ROWS[rank][rank] * ROW_BYTES
+        assert record.nbytes == sum(ROWS[rank]) * ROW_BYTES
+        assert record.predicted == record.nbytes - own, (rank, record.predicted)
+        assert close_to(record.measured, record.predicted), (rank, record.measured, record.predicted)
+    assert transfer.predict("all_to_all_single", 9000, 3).sent == 6000          # equal chunks: (N - 1) / N
+
+
 def test_the_log_is_a_table():
     frame = course.launch(one_all_reduce, 2).comm.to_frame()
     assert list(frame.columns[:5]) == ["rank", "op", "shape", "dtype", "nbytes"]
@@ -201,6 +233,8 @@ def test_nccl_rings_and_chains():
     (("all_reduce", -1, 2), "cannot be negative"),
     (("broadcast", 10, 2, {"root": 2}), "must lie in 0..1"),
     (("all_reduce", 10, 2, {"backend": "mpi"}), "backend must be"),
+    (("all_reduce", 10, 2, {"kept": 5}), "all_reduce takes none"),
+    (("all_to_all_single", 10, 2, {"kept": 11}), "between 0 and nbytes"),
 ])
 def test_formulas_refuse_nonsense(args, message):
     *positional, options = args if isinstance(args[-1], dict) else (*args, {})

@@ -81,7 +81,6 @@ def _class(port: int, work) -> dict:
     momentum = POINTS["test_momentum_sgd"]
     return {
         "honest": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
-        "honest_too": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
         "deadlock": (_with_cells(
             "import torch, torch.distributed as dist\n"
             "def wait_for_each_other():\n"

@@ -136,7 +136,7 @@ def _own_chunk(name: str, arguments: dict, rank: int, nbytes: int) -> int | None
     """An all-to-all's bytes for this rank itself (they stay): its chunk of the list, or its rows of
     all_to_all_single's input_split_sizes; None for an equal split, and for every other operation."""
     if name == "all_to_all":
-        chunk = _tensors_in(arguments, "input_tensor_list", "input_list")[rank]
+        chunk = _tensors_in(arguments, "input_list", "input_tensor_list")[rank]
         return chunk.numel() * chunk.element_size()
     if name == "all_to_all_single" and arguments.get("input_split_sizes"):
         rows = _tensors_in(arguments, "input", "input_tensor").shape[0]

@@ -186,9 +186,11 @@ def predict(op: str, nbytes: int, ranks: int, *, rank: int = 0, root: int = 0,
     check_transfer(nbytes, ranks)
     if not 0 <= rank < ranks or not 0 <= root < ranks:
         raise ValueError(f"rank {rank} and root {root} must lie in 0..{ranks - 1}")
-    if kept is not None and (op not in ("all_to_all", "all_to_all_single") or not 0 <= kept <= nbytes):
-        raise ValueError(f"kept={kept!r}: the bytes of an all-to-all's input that stay on the rank, "
-                         f"between 0 and nbytes ({nbytes}); {op} takes none")
+    if kept is not None and op not in ("all_to_all", "all_to_all_single"):
+        raise ValueError(f"kept={kept!r}: the bytes of an all-to-all's input that stay on the rank; {op} takes none")
+    if kept is not None and not 0 <= kept <= nbytes:
+        raise ValueError(f"kept={kept!r}: the bytes of the input that stay on the rank lie between 0 and nbytes "
+                         f"({nbytes})")
     rel = (rank - root) % ranks
     is_root = rank == root
     gloo = backend == "gloo"

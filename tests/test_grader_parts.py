@@ -24,6 +24,7 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 from course import grading
 from grader import COURSE_ROOT, GraderError, reference
 from grader.common.labs import graded_cells
+from grader.common.warm_process import Answer, WarmProcess
 from grader.feedback.page import HIDDEN_NOTE, HideHiddenTests
 from grader.feedback.worker import FeedbackWorker
 from grader.grading import collect, export, verdict
@@ -140,6 +141,35 @@ def test_feedback_worker_stops_a_render_that_hangs(tmp_path):
         assert "missing.ipynb" in problem
     finally:
         worker.close()
+
+def test_a_helper_s_start_is_not_taken_from_a_request_s_time(tmp_path, monkeypatch):
+    # A helper that takes 3 s to import answers requests limited to 2 s: the limit starts when it is
+    # ready, so the notebook after one that was stopped (a fresh helper) keeps its whole time.
+    (tmp_path / "slow_helper.py").write_text(
+        "import time\ntime.sleep(3)\nfrom grader.common.warm_process import serve\n"
+        "def answer(request):\n    time.sleep(request['sleep'])\n    return {'slept': request['sleep']}\n"
+        "serve(answer)\n")
+    monkeypatch.setenv("PYTHONPATH", str(COURSE_ROOT))
+    helper = WarmProcess("slow_helper", tmp_path, tmp_path / "helper.log")
+    try:
+        assert helper.ask({"sleep": 0}, timeout=2) == Answer({"slept": 0})
+        stopped = helper.ask({"sleep": 60}, timeout=2)
+        assert stopped.timed_out and helper.proc is None, stopped
+        assert helper.ask({"sleep": 0}, timeout=2) == Answer({"slept": 0})  # a fresh helper, slow to start again
+    finally:
+        helper.close()
+
+
+def test_a_helper_that_never_says_it_is_ready_is_not_a_timed_out_request(tmp_path, monkeypatch):
+    (tmp_path / "mute_helper.py").write_text("print('not the protocol', flush=True)\n")
+    monkeypatch.setenv("PYTHONPATH", str(COURSE_ROOT))
+    helper = WarmProcess("mute_helper", tmp_path, tmp_path / "helper.log")
+    try:
+        answer = helper.ask({}, timeout=2)
+    finally:
+        helper.close()
+    assert answer.reply is None and not answer.timed_out and answer.problem.startswith("did not start"), answer
+
 
 def _graded_cell(source, grade_id, executed):
     cell = new_code_cell(source, execution_count=1 if executed else None)

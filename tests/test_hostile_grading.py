@@ -39,8 +39,9 @@ CELL_TIMEOUT_S = 60
 MEMORY_GB = 2
 MAX_PROCESSES = 128
 # The whole-notebook limit of the test that trips it: room for the student graded after the stuck
-# one, whose unsolved lab takes about 10 s alone, to finish while another test worker shares the cores.
-NOTEBOOK_LIMIT_S = 40
+# one, whose unsolved lab's autograde takes 15 s alone, to finish while other tests load the cores
+# (at 40 s, with the fresh nbgrader's imports then counted in its time, it once did not in CI).
+NOTEBOOK_LIMIT_S = 50
 MOMENTUM_DAMPENED = MISTAKES["momentum dampened"][0]
 
 pytestmark = [pytest.mark.grading, needs_sandbox()]
@@ -227,6 +228,7 @@ def test_a_notebook_past_the_whole_notebook_limit_is_stopped_and_the_next_studen
     stopped = grades["a_stuck"]
     assert stopped[f"{LAB} graded"] == "no", stopped
     assert f"ran past the limit of {NOTEBOOK_LIMIT_S} s for one notebook" in stopped[f"{LAB} verdict"], stopped
-    assert (grades["b_next"][f"{LAB} graded"], float(grades["b_next"][f"{LAB} score"])) == ("yes", 0), grades
+    following = grades["b_next"]
+    assert following[f"{LAB} graded"] == "yes" and float(following[f"{LAB} score"]) == 0, following
     assert outlived() == {}
     assert subprocess.run(["pgrep", "-f", "sleep 601"], capture_output=True, text=True).stdout == ""

@@ -29,7 +29,7 @@ from grader.feedback.page import HIDDEN_NOTE, HideHiddenTests
 from grader.feedback.worker import FeedbackWorker
 from grader.grading import collect, export, verdict
 from grader.grading.submission import inspect_autograded
-from grader.grading.workspace import gradable_labs
+from grader.grading.workspace import gradable_labs, lab_infos
 from grader.jail.bwrap import Limits
 from grader.judge.server import required_checks
 from helpers import graded_labs
@@ -414,6 +414,38 @@ def test_placing_a_submission_puts_the_labs_grading_metadata_back(tmp_path):
                      "it ran as an ordinary cell",
                      "cell 4 claimed grading metadata (no grade_id) that is no cell of the lab; "
                      "it ran as an ordinary cell"]
+
+
+@pytest.mark.parametrize("lab", [lab.name for lab in graded_labs()])
+def test_a_test_cell_left_as_released_gets_its_hidden_tests_back_with_the_gradebook_s_checksum(tmp_path, lab):
+    # nbgrader's autograde compares each locked cell's checksum with the gradebook's, taken before the
+    # release cut the hidden tests (its issue #1961): the untouched release "has changed" in every such
+    # cell. Placed as the grader places it, each is the solution's cell again, to nbgrader's checksum;
+    # a test cell the student edited is left as it is, for nbgrader to say so and put it back.
+    from nbgrader.utils import compute_checksum
+
+    info = lab_infos(COURSE_ROOT)[lab]
+    assert info.with_hidden_tests, f"{lab} has graded cells but no hidden tests"
+    source = nbformat.read(COURSE_ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    solution_cells = {c.metadata["nbgrader"]["grade_id"]: c for c in source.cells
+                      if c.metadata.get("nbgrader", {}).get("grade_id") in info.with_hidden_tests}
+    submitted = json.loads(json.dumps(info.released))
+    edited = next(c for c in submitted["cells"]
+                  if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") in info.with_hidden_tests)
+    edited_id = edited["metadata"]["nbgrader"]["grade_id"]
+    edited["source"] = "pass  # the student's own test\n"
+    path = tmp_path / "alice" / f"{lab}.ipynb"
+    path.parent.mkdir()
+    path.write_text(json.dumps(submitted))
+    collect.place(collect.Submission("alice", lab, path), collect.parse_notebook(path), tmp_path / "submitted",
+                  info.released, info.with_hidden_tests)
+    placed = nbformat.read(tmp_path / "submitted" / "alice" / lab / f"{lab}.ipynb", as_version=4)
+    by_id = {c.metadata["nbgrader"]["grade_id"]: c for c in placed.cells if "nbgrader" in c.metadata}
+    for grade_id, cell in solution_cells.items():
+        if grade_id == edited_id:
+            assert by_id[grade_id].source == "pass  # the student's own test\n"
+        else:
+            assert compute_checksum(by_id[grade_id]) == compute_checksum(cell), grade_id
 
 
 def test_unpack_refuses_paths_out_of_the_folder(tmp_path):

@@ -230,5 +230,8 @@ def test_a_notebook_past_the_whole_notebook_limit_is_stopped_and_the_next_studen
     assert f"ran past the limit of {NOTEBOOK_LIMIT_S} s for one notebook" in stopped[f"{LAB} verdict"], stopped
     following = grades["b_next"]
     assert following[f"{LAB} graded"] == "yes" and float(following[f"{LAB} score"]) == 0, following
+    # the release as handed out: nbgrader has no cell to say "has changed" of (collect.place)
+    log = (work / "logs" / "b_next" / f"{LAB}.log").read_text()
+    assert "has changed" not in log, log
     assert outlived() == {}
     assert subprocess.run(["pgrep", "-f", "sleep 601"], capture_output=True, text=True).stdout == ""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grader import GraderError
-from grader.common.labs import NotebookError, parse_notebook, validate_notebook
+from grader.common.labs import NotebookError, parse_notebook, source_text, validate_notebook
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 SKIPPED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
@@ -148,7 +148,8 @@ def unreadable(path: Path) -> str | None:
     return None
 
 
-def place(submission: Submission, notebook: dict, submitted_dir: Path, released: dict) -> list[str]:
+def place(submission: Submission, notebook: dict, submitted_dir: Path, released: dict,
+          with_hidden_tests: dict[str, tuple[str, str]] | None = None) -> list[str]:
     """Write the notebook to nbgrader's <submitted>/<student>/<lab>/<lab>.ipynb (replacing an
     earlier copy), its grading metadata put right; returns what was put right, in words.
     notebook: the submission, as parse_notebook read it.
@@ -157,6 +158,12 @@ def place(submission: Submission, notebook: dict, submitted_dir: Path, released:
     cell claiming a grade_id the lab does not have, or a solution cell claiming to be a
     test, made nbgrader fail on the whole notebook. Each cell of the lab gets the
     release's metadata back; any other cell loses its claim and runs as the student's own.
+
+    with_hidden_tests: {grade_id: (released source, source with its hidden tests)}. A test cell
+    left as released gets its hidden tests back here, as nbgrader's autograde would put them
+    back, but without its warning that the cell "has changed" (nbgrader issue #1961: it
+    compares the cell with the gradebook's, taken before the hidden tests were cut). So that
+    warning, in a submission's log, means that the student changed the cell.
     """
     target_dir = Path(submitted_dir) / submission.student / submission.lab
     if target_dir.exists():
@@ -164,6 +171,7 @@ def place(submission: Submission, notebook: dict, submitted_dir: Path, released:
     target_dir.mkdir(parents=True)
     notebook = copy.deepcopy(notebook)  # the caller's stays as the student handed it in
     notes = restore_grading_metadata(notebook, released)
+    _hidden_tests_back(notebook, with_hidden_tests or {})
     target = target_dir / f"{submission.lab}.ipynb"
     target.write_text(json.dumps(notebook), encoding="utf-8")
     return notes
@@ -194,6 +202,15 @@ def restore_grading_metadata(notebook: dict, released: dict) -> list[str]:
             notes.append(f"cell {index + 1} claimed grading metadata ({name}) that is no cell of the lab; "
                          "it ran as an ordinary cell")
     return notes
+
+
+def _hidden_tests_back(notebook: dict, with_hidden_tests: dict[str, tuple[str, str]]) -> None:
+    """The test cells the student left as released, with their hidden tests (in place)."""
+    for cell in notebook.get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader")
+        released, whole = with_hidden_tests.get(meta.get("grade_id") if isinstance(meta, dict) else None, (None, None))
+        if released is not None and cell.get("cell_type") == "code" and source_text(cell) == released:
+            cell["source"] = whole
 
 
 def _shown(name: str) -> str:

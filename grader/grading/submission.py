@@ -145,7 +145,8 @@ class SubmissionGrader:
             why = collect.unreadable(submission.path)
             submitted = None if why else collect.parse_notebook(submission.path)
             why = why or verdict.unmatchable(submitted)
-            restored = [] if why else collect.place(submission, submitted, self.ws.submitted, lab.released)
+            restored = [] if why else collect.place(submission, submitted, self.ws.submitted, lab.released,
+                                                    lab.with_hidden_tests)
         except Exception as error:  # e.g. RecursionError: JSON nested deeper than the parser goes
             why = self._failed(submission, "read this notebook", error)
         if why:

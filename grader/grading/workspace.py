@@ -15,7 +15,7 @@ from pathlib import Path
 
 from grader.common.labs import find_labs, read_notebook, source_text
 from grader.common.nbgrader_cli import generate_assignment
-from grader.feedback.safety import hidden_lines
+from grader.feedback.safety import HIDDEN_BEGIN, hidden_lines
 from grader.judge.server import required_checks
 
 from . import collect, gradebook
@@ -64,6 +64,8 @@ class LabInfo:
     version: str                      # changes when the lab or its reference answers do
     hidden_lines: list[str] = ()      # the hidden tests' lines, which no feedback page may show
     written: dict[str, float] = field(default_factory=dict)  # grade_id -> points of the answers graded by hand
+    # grade_id -> (its source as released, as the gradebook holds it): the test cells with hidden tests
+    with_hidden_tests: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def max_score(self) -> float:
@@ -86,12 +88,21 @@ def lab_infos(root: Path) -> dict[str, LabInfo]:
         reference = root / "grader" / "reference" / f"{lab.name}.json"
         digest = hashlib.sha256(lab.notebook.read_bytes())
         digest.update(reference.read_bytes() if reference.is_file() else b"")
-        released = root / "labs" / lab.name / f"{lab.name}.ipynb"
-        infos[lab.name] = LabInfo(lab.name, lab.points,
-                                  read_notebook(released, root) if released.is_file() else source,
-                                  required_checks(source), digest.hexdigest()[:16], hidden_lines(source),
-                                  lab.written)
+        released_path = root / "labs" / lab.name / f"{lab.name}.ipynb"
+        released = read_notebook(released_path, root) if released_path.is_file() else source
+        infos[lab.name] = LabInfo(lab.name, lab.points, released, required_checks(source), digest.hexdigest()[:16],
+                                  hidden_lines(source), lab.written, _with_hidden_tests(source, released))
     return infos
+
+
+def _with_hidden_tests(source: dict, released: dict) -> dict[str, tuple[str, str]]:
+    """{grade_id: (released source, solution source)} of the cells whose hidden tests the release cut."""
+    def by_id(nb):
+        return {c["metadata"]["nbgrader"]["grade_id"]: source_text(c) for c in nb.get("cells", [])
+                if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
+    handed_out = by_id(released)
+    return {gid: (handed_out[gid], text) for gid, text in by_id(source).items()
+            if gid in handed_out and handed_out[gid] != text and HIDDEN_BEGIN in text}
 
 
 def gradable_labs(root: Path) -> dict[str, float]:

@@ -24,8 +24,9 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 from course import grading
 from grader import COURSE_ROOT, GraderError, reference
 from grader.common.labs import graded_cells
+from grader.common.quoting import quoted
 from grader.common.warm_process import Answer, WarmProcess
-from grader.feedback.page import HIDDEN_NOTE, HideHiddenTests
+from grader.feedback.page import HIDDEN_NOTE, HideHiddenTests, verdict_html
 from grader.feedback.worker import FeedbackWorker
 from grader.grading import collect, export, verdict
 from grader.grading.submission import inspect_autograded
@@ -446,6 +447,27 @@ def test_a_test_cell_left_as_released_gets_its_hidden_tests_back_with_the_gradeb
             assert by_id[grade_id].source == "pass  # the student's own test\n"
         else:
             assert compute_checksum(by_id[grade_id]) == compute_checksum(cell), grade_id
+
+
+def test_a_long_verdict_line_is_cut_between_clauses_never_inside_a_value():
+    # the judge's words for a gradient exactly doubled: what shows the mistake is got against expected
+    check = ("test cell test_zero1_step, the grader's check: zero1_step/every rank's parameters after three "
+             "steps on 4 ranks, seeded on rank 2: 3 of 10 elements differ; the largest difference is 0.016 at "
+             "[2] (got 0.016029086, expected 0.032058172); allowed: |got - expected| <= 1e-12 + 1e-07 * "
+             "|expected| (torch.float64)")
+    line = verdict.fitted(check)
+    assert len(line) <= verdict.MAX_LINE < len(check)
+    assert line.endswith("(got 0.016029086, expected 0.032058172); …"), line
+    # a student's words are never split at a "; " of their own, nor left without their closing mark
+    raised = "cell 4 raised ValueError: " + quoted("a; b; " + "x" * 150) + "; and " + "y" * 100
+    line = verdict.fitted(raised)
+    assert len(line) <= verdict.MAX_LINE and line.count("«") == line.count("»") == 1, line
+    one_clause = "word " * 100
+    line = verdict.fitted(one_clause)
+    assert len(line) <= verdict.MAX_LINE and line.endswith("word…"), line
+    assert verdict.fitted("short; enough") == "short; enough"
+    # and on the feedback page, a long unbroken value wraps rather than running off the screen
+    assert 'style="overflow-wrap: anywhere"' in verdict_html(["graded: 0 of 1 points", "x" * 500])
 
 
 def test_unpack_refuses_paths_out_of_the_folder(tmp_path):

@@ -99,7 +99,9 @@ def _exporter(grades: bool = True) -> HTMLExporter:
 def verdict_html(verdict: list[str]) -> str:
     """The verdict as one HTML block, every line escaped: it quotes what the student's code raised."""
     items = "".join(f"<li>{html.escape(line)}</li>" for line in verdict[1:])
-    return (f'<div class="alert alert-info"><p><b>Grading:</b> {html.escape(verdict[0])}</p>'
+    # overflow-wrap: a line with a long unbroken value (a key, a number) wraps inside the page
+    return (f'<div class="alert alert-info" style="overflow-wrap: anywhere"><p><b>Grading:</b> '
+            f'{html.escape(verdict[0])}</p>'
             + (f"<ul>{items}</ul>" if items else "") + "</div>")
 
 

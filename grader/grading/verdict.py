@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from grader.common.labs import source_text
-from grader.common.quoting import quoted, short
+from grader.common.quoting import quoted
 from grader.jail.bwrap import JAIL_COURSE, JAIL_HOME, WRITABLE_INSIDE, Limits
 from grader.jail.host import JailUsage
 from grader.jail.kernel import NOTEBOOK_OUTPUT_NOTE, OUTPUT_NOTE
@@ -194,7 +194,30 @@ def lines(*, graded: bool, why_not: str = "", score: float | None = None, max_sc
     out += [f"test cell {gid} gets no points: {why}" for gid, why in (unverified or {}).items()]
     out += list(ran)
     out += [f"test cell {gid}, the grader's check: {detail}" for gid, detail in (judged or {}).items()]
-    return [short(line, MAX_LINE) for line in _capped(out)]
+    return [fitted(line) for line in _capped(out)]
+
+
+def fitted(line: str, limit: int = MAX_LINE) -> str:
+    """`line` on one line within `limit` characters, cut where it loses least: its last clauses
+    ("; " apart, outside the «» of a submission's words) dropped whole, then at a space. So a
+    failed check keeps "(got 0.016, expected 0.032)" together and drops its tolerance first."""
+    text = " ".join(str(line).split())
+    if len(text) <= limit:
+        return text
+    clauses, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char == "«") - (char == "»")
+        if depth == 0 and text.startswith("; ", i):
+            clauses.append(text[start:i])
+            start = i + 2
+    clauses.append(text[start:])
+    while len(clauses) > 1 and len("; ".join(clauses)) + len("; …") > limit:
+        clauses.pop()
+    if len(clauses) > 1 or len(clauses[0]) + len("; …") <= limit:
+        return "; ".join(clauses) + "; …"
+    cut = clauses[0][: limit - 2]
+    cut = cut[: cut.rfind(" ")] if " " in cut else cut
+    return cut + "…" + ("»" if cut.count("«") > cut.count("»") else "")
 
 
 def _capped(out: list[str]) -> list[str]:
@@ -218,7 +241,7 @@ def with_written(verdict: list[str], line: str | None) -> list[str]:
     """The verdict with the written answers' line second, after the autograded score."""
     if not line:
         return list(verdict)
-    return _capped([verdict[0], short(line, MAX_LINE), *verdict[1:]])
+    return _capped([verdict[0], fitted(line), *verdict[1:]])
 
 
 def as_text(verdict: list[str]) -> str:

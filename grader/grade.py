@@ -159,7 +159,8 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         students = sorted({s.student for s in found} | set(graded))
         export.write_csv(target, students, {lab: info.max_score for lab, info in infos.items()}, graded,
                          gradebook.db_url(ws.gradebook), root,
-                         written={lab: info.written for lab, info in infos.items()})
+                         written={lab: info.written for lab, info in infos.items()},
+                         exercises={lab: info.points for lab, info in infos.items()})
         say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
         return target
 

@@ -773,10 +773,13 @@ def test_written_answers_are_exported_as_pending_until_graded_by_hand(tmp_path):
                                                                "cy": {"written_why": 2.0, "written_sum": 0.0}})
     entry = {"graded": True, "verdict": ["graded: 4 of 5 points"]}
     status = {student: {WRITTEN_LAB: entry} for student in ("ada", "bo", "cy")}
+    exercises = {WRITTEN_LAB: {"test_step": 5.0}}
     rows = {row["student_id"]: row for row in export.rows(["ada", "bo", "cy", "dora"], {WRITTEN_LAB: 5.0}, status,
-                                                           db, COURSE_ROOT, {WRITTEN_LAB: WRITTEN})}
-    assert set(rows["ada"]) == set(export.columns([WRITTEN_LAB]))
+                                                           db, COURSE_ROOT, {WRITTEN_LAB: WRITTEN}, exercises)}
+    assert set(rows["ada"]) == set(export.columns([WRITTEN_LAB], exercises))
     lab = WRITTEN_LAB
+    # each exercise's autograded points in a column of its own (one here): they add up to the score
+    assert [rows[s][f"{lab} test_step"] for s in ("ada", "bo", "cy", "dora")] == [4.0, 4.0, 4.0, ""]
     # Nothing graded by hand yet: the autograded score is the code's, the 5 points of answers pending.
     ada = rows["ada"]
     assert (ada[f"{lab} score"], ada[f"{lab} max score"]) == (4.0, 5.0)

@@ -104,10 +104,17 @@ def round_trip_test(lab: str, different: dict[str, str], mistakes: dict, *chosen
     expected = {DIFFERENT: full}
     expected.update({f"mistaken_{i}": full - points[mistakes[name][1]] for i, name in enumerate(chosen)})
 
+    # each exercise's column of the CSV: every point for the different student, the mistaken exercise's 0
+    by_exercise = {DIFFERENT: dict(points)}
+    by_exercise.update({f"mistaken_{i}": {**points, mistakes[name][1]: 0.0} for i, name in enumerate(chosen)})
+
     @pytest.mark.timeout(TEST_TIMEOUT_S)
     def test_grading_round_trip(round_trip_class):
         got = scores(round_trip_class, lab, expected)
         assert got == expected, f"scores {got}, expected {expected}; the mistakes: {dict(enumerate(chosen))}"
+        for student, want in by_exercise.items():
+            row = round_trip_class["csv"][student]
+            assert {gid: float(row[f"{lab} {gid}"]) for gid in points} == want, (student, row)
         assert_ran_as_asked(f"{DIFFERENT}'s graded {lab}", probe_output(round_trip_class["work"], DIFFERENT, lab),
                             ROUND_TRIP_SETTING)
 

@@ -61,11 +61,14 @@ def record(lab, dest: Path, root: Path = COURSE_ROOT, *, seed: int | None = None
         shutil.copytree(lab.notebook.parent, work, ignore=shutil.ignore_patterns(*ignore_patterns(root)))
         recorded.mkdir()
         nb = nbformat.read(work / lab.notebook.name, as_version=4)
+        running = {}  # the cell being run: where a failure happened
+
+        def on_cell_start(cell, cell_index, **_):
+            running.update(cell=cell, index=cell_index)
         try:
-            execute(nb, work, env=recording_env(recorded, seed, as_graded=as_graded))
+            execute(nb, work, env=recording_env(recorded, seed, as_graded=as_graded), on_cell_start=on_cell_start)
         except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
-            raise GraderError(f"{display_path(lab.notebook, root)} failed while recording its "
-                              f"reference outputs:\n{e}") from None
+            raise GraderError(recording_failed(lab, root, e, running.get("index"), running.get("cell"))) from None
         produced = recorded / f"{lab.name}.json"
         target = Path(dest) / f"{lab.name}.json"
         if not produced.is_file():
@@ -74,6 +77,28 @@ def record(lab, dest: Path, root: Path = COURSE_ROOT, *, seed: int | None = None
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(produced, target)
         return target
+
+
+def recording_failed(lab, root: Path, error: Exception, index: int | None, cell) -> str:
+    """One line for a solution that failed while recording: which lab, which cell, what it raised,
+    what to do; nbclient's whole report (the cell's source and traceback) goes to a log file."""
+    log = Path(tempfile.gettempdir()) / f"grader-{lab.name}-recording-failed.log"
+    log.write_text(f"{lab.notebook}\n\n{error}\n", encoding="utf-8")
+    if isinstance(error, CellExecutionError):
+        what = f"raised {error.ename}: {' '.join(str(error.evalue).split())[:200]}"
+    elif isinstance(error, CellTimeoutError):
+        what = "ran past its time limit"
+    else:
+        what = "killed the kernel (out of memory?)"
+    if cell is None:
+        where = "a cell"
+    else:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")
+        where = f"cell {index + 1} ({grade_id or repr(first[:60])})"
+    return (f"{display_path(lab.notebook, root)}: the solution failed while recording its reference values: "
+            f"{where} {what}. Run it in JupyterLab (`make lab`) or `make test-lab LAB={lab.name}` to see "
+            f"why; nbclient's whole report is in {log}")
 
 
 def compare(stored: Path, fresh: Path, labs: list[str] | None = None) -> list[str]:

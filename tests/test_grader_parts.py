@@ -661,6 +661,27 @@ def test_a_failed_recording_stops_the_run_and_none_of_its_labs_students_is_grade
     assert not [event for event in stand.events if event[:2] == ("grade", "03_model_parallel")]
 
 
+def test_a_solution_that_fails_while_recording_is_named_in_one_line_with_what_to_do(tmp_path):
+    from grader.common.labs import Lab
+
+    folder = tmp_path / "solutions" / "09_broken"
+    test = new_code_cell("assert False, 'never reached'")
+    test.metadata["nbgrader"] = {"grade": True, "grade_id": "test_broken", "points": 1, "solution": False,
+                                 "locked": True, "schema_version": 3, "task": False}
+    notebook = _notebook(folder / "09_broken.ipynb", [new_code_cell("x = 1"), new_code_cell(
+        "import torch\n\ntorch.ones(2) @ torch.ones(3)  # a shape mistake in the solution"), test])
+    lab = Lab("09_broken", notebook, "Broken", {"test_broken": 1.0})
+    shutil.copyfile(COURSE_ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
+    with pytest.raises(GraderError) as raised:
+        reference.record(lab, tmp_path / "recorded", tmp_path)
+    said = str(raised.value)
+    assert "\n" not in said and len(said) < 600, said
+    assert said.startswith("solutions/09_broken/09_broken.ipynb: the solution failed while recording"), said
+    assert "cell 2 ('import torch') raised RuntimeError:" in said and "make test-lab LAB=09_broken" in said, said
+    report = Path(said.rsplit(" is in ", 1)[1]).read_text()
+    assert "torch.ones(2) @ torch.ones(3)" in report and "RuntimeError" in report, report
+
+
 # --------------------------------------------------------------------------
 # Verdicts
 # --------------------------------------------------------------------------

@@ -69,6 +69,23 @@ os.makedirs(c.Exchange.root, exist_ok=True)
 # Same as nbgrader's default python stub, pinned so the release stays stable
 # across nbgrader versions (labs/ is committed and compared in tests).
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+# ... whose raise names the function it stands in (grader/common/stubs.py), wherever grader/ can
+# be imported: an untouched exercise says which function to write.
+if importlib.util.find_spec("grader") is not None:
+    c.GenerateAssignment.preprocessors = [
+        "nbgrader.preprocessors.IncludeHeaderFooter",
+        "nbgrader.preprocessors.InstantiateTests",
+        "nbgrader.preprocessors.LockCells",
+        "grader.common.stubs.NamedStubs",
+        "nbgrader.preprocessors.ClearOutput",
+        "nbgrader.preprocessors.CheckCellMetadata",
+        "nbgrader.preprocessors.ComputeChecksums",
+        "nbgrader.preprocessors.SaveCells",
+        "nbgrader.preprocessors.ClearHiddenTests",
+        "nbgrader.preprocessors.ClearMarkScheme",
+        "nbgrader.preprocessors.ComputeChecksums",
+        "nbgrader.preprocessors.CheckCellMetadata",
+    ]
 # A written answer (a markdown cell that is an answer and graded, grade_id written_*) is released
 # as this text: autograde scores it 0 while it is unchanged, and otherwise leaves it to formgrader.
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"

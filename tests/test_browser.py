@@ -311,6 +311,8 @@ def test_validate_tells_a_student_what_fails_and_passes_a_finished_lab(server, p
     else:
         assert "The following cell failed" in text and "NotImplementedError" in text, text[:2000]
         assert "check_sleeps(PhaseTimer" in text, f"the dialog does not show which cell failed:\n{text[:2000]}"
+        # the untouched stub says what to write (grader/common/stubs.py), not a bare NotImplementedError
+        assert "NotImplementedError: PhaseTimer." in text and "is yours to write" in text, text[:2000]
     page.screenshot(path=str(ARTIFACTS / f"validate-{verdict}.png"))
     dialog.locator("button").last.click()
     notebook.close()

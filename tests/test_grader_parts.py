@@ -682,6 +682,20 @@ def test_a_solution_that_fails_while_recording_is_named_in_one_line_with_what_to
     assert "torch.ones(2) @ torch.ones(3)" in report and "RuntimeError" in report, report
 
 
+def test_a_stub_names_the_function_or_method_it_stands_in():
+    from grader.common.stubs import enclosing_name, named
+
+    lines = ["import torch", "", "class Timer:", "    def __init__(self):", "        self.t = 0", "",
+             "    def lap(self, name):", "        def inner():", "            # YOUR CODE HERE",
+             "            raise NotImplementedError()", "        # YOUR CODE HERE",
+             "        raise NotImplementedError()", "", "def step(model):", "    raise NotImplementedError()",
+             "raise NotImplementedError()"]
+    assert [enclosing_name(lines, i) for i in (9, 11, 14, 15)] == ["Timer.lap.inner", "Timer.lap", "step", None]
+    assert named("raise NotImplementedError()", "step") == \
+        'raise NotImplementedError("step is yours to write: replace these two lines with your code")'
+    assert "this cell's answer" in named("raise NotImplementedError()", None)
+
+
 # --------------------------------------------------------------------------
 # Verdicts
 # --------------------------------------------------------------------------

@@ -70,7 +70,9 @@ def test_labs_and_solutions_pair_up():
 
 SOLUTION_SRC = "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"
 TEST_SRC = "assert add(1, 2) == 3\n### BEGIN HIDDEN TESTS\nassert add(20, 22) == 42\n### END HIDDEN TESTS"
-STUB = "def add(a, b):\n    # YOUR CODE HERE\n    raise NotImplementedError()"
+# nbgrader's stub, its raise naming the function (grader/common/stubs.py)
+STUB = ("def add(a, b):\n    # YOUR CODE HERE\n"
+        '    raise NotImplementedError("add is yours to write: replace these two lines with your code")')
 # A written question (common to every lab): a locked question, then a markdown answer graded by hand.
 QUESTION_SRC = "**Question 1** (3 points, graded by hand) · Why?"
 WRITTEN_SRC = ("### BEGIN SOLUTION\n**Model answer.** Because.\n\n**Rubric (3 points).** 3 for because.\n"

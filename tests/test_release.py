@@ -64,6 +64,31 @@ def test_labs_and_solutions_pair_up():
     assert not no_release, f"notebooks in solutions/ not released to labs/: {no_release}; run `make release`"
 
 
+EXERCISE_HEADING = re.compile(r"^## Exercise (\d+) · .*\((\d+) points?\)$", re.MULTILINE)
+
+
+@pytest.mark.parametrize("lab", [lab for lab in find_labs(REPO) if lab.points], ids=lambda lab: lab.name)
+def test_each_exercise_s_heading_gives_the_points_of_its_test_cell(lab):
+    # what a student sees next to each exercise, in the release: "## Exercise 2 · ... (3 points)", the
+    # points of the graded test cells up to the next exercise (one, or one per part), numbered 1, 2, ...
+    cells = nbformat.read(LABS / lab.name / f"{lab.name}.ipynb", as_version=4).cells
+    exercises = []   # [number, points stated, [test cells], points of those]
+    for cell in cells:
+        if cell.cell_type == "markdown":
+            found = EXERCISE_HEADING.findall(cell.source)
+            assert len(found) <= 1, f"{lab.name}: two exercise headings in one cell: {found}"
+            exercises += [[int(found[0][0]), int(found[0][1]), [], 0]] if found else []
+        grading = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and grading.get("grade"):
+            assert exercises, f"{lab.name}: test cell {grading['grade_id']} comes before any exercise heading"
+            exercises[-1][2].append(grading["grade_id"])
+            exercises[-1][3] += grading["points"]
+    assert [number for number, *_ in exercises] == list(range(1, len(exercises) + 1)), exercises
+    assert all(tests for _, _, tests, _ in exercises), f"{lab.name}: an exercise without a test cell: {exercises}"
+    wrong = [(number, says, tests, has) for number, says, tests, has in exercises if says != has]
+    assert not wrong, f"{lab.name}: exercise headings whose points differ from their test cells': {wrong}"
+
+
 # --------------------------------------------------------------------------
 # (b) the pipeline, on a throwaway course
 # --------------------------------------------------------------------------

@@ -241,3 +241,27 @@ def test_the_suites_time_is_written_in_tests_readme_alone(page):
     lines = [line for line in page.read_text(encoding="utf-8").splitlines() if SUITE_TIME.search(line)]
     assert not lines, (f"{rel(page)} states how long the test suite takes ({lines[0].strip()!r}): "
                        "tests/README.md alone says it; link [tests/README.md] instead")
+
+
+DEMO_TIME = re.compile(r"\*\*(\d+) s\*\* for Run All")
+
+
+def test_the_demo_s_run_time_is_one_measured_figure():
+    # bench/README.md states it, from the demo row of the results file it names; the demo's first cell
+    # gives the same figure, and no other page states another (issue 39 found three)
+    import json
+
+    bench = (REPO / "bench" / "README.md").read_text(encoding="utf-8")
+    section = bench.split("### The live demo", 1)[1].split("\n### ", 1)[0]
+    (stated,) = DEMO_TIME.findall(section)
+    (results,) = re.findall(r"\[`(labs_\w+\.md)`\]\(results/", section.split("older rows")[0])
+    row = next(line for line in (REPO / "bench" / "results" / results).read_text().splitlines()
+               if line.startswith("| `demo` |"))
+    measured = float(re.search(r"\| ([\d.]+) s \|", row).group(1))
+    assert int(stated) == round(measured), f"bench/README.md says {stated} s; {results} measured {measured} s"
+    demo = json.loads((REPO / "solutions" / "demo.ipynb").read_text(encoding="utf-8"))
+    intro = "".join(demo["cells"][0]["source"])
+    assert f"takes {stated} s" in " ".join(intro.split()), f"the demo's first cell does not say {stated} s: {intro}"
+    for page in PAGES:   # a run time of Run All (not a limit such as "no demo cell over 30 s") elsewhere
+        said = re.findall(r"Run All[^\n.]*?(?:\b\d+(?:\.\d+)? ?s\b|minute)", page.read_text(encoding="utf-8"))
+        assert (page.name == "README.md" and page.parent.name == "bench") or not said, (rel(page), said)

@@ -12,15 +12,26 @@ Tolerances depend on the dtype (`TOLERANCES`). Results computed on several
 ranks are close to, not bit-equal with, one process: the order of summation
 changes, and floating-point addition is not associative.
 
+In a notebook's kernel, importing it also starts `course.unfinished`'s watch: a cell that
+fails because an exercise above it is not written yet says which one to write first.
+
 Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3 (03_model_parallel),
 lab 4 (04_hybrid), lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel),
 lab 7 (07_long_sequences), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 
 import torch
+
+from course import unfinished
+
+if "IPython" in sys.modules:  # a notebook's kernel (never a rank, a script or torchrun)
+    from IPython import get_ipython
+
+    unfinished.watch(get_ipython())
 
 #: dtype -> (rtol, atol). float32/float64 are the course's contract; the half
 #: precisions follow torch.testing's defaults.

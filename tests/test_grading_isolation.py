@@ -145,6 +145,10 @@ class _Class:
                     raise grading_run.export.MissingEntry()
                 return type("Found", (), {"score": merged[(student, lab)]})()
 
+            def find_submission_notebook(self, notebook, lab, student):  # each exercise's column
+                grade = type("Grade", (), {"name": "test_answer", "score": self.find_submission(lab, student).score})
+                return type("Found", (), {"grades": [grade()]})()
+
         real_flags, real_tampering, real_execution = tampering.flags, verdict.tampering, verdict.execution
 
         def flags(submitted, released):

@@ -21,6 +21,7 @@ executed as nbgrader executes it (its demonstrations skip themselves).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -82,8 +83,10 @@ def record(lab, dest: Path, root: Path = COURSE_ROOT, *, seed: int | None = None
 def recording_failed(lab, root: Path, error: Exception, index: int | None, cell) -> str:
     """One line for a solution that failed while recording: which lab, which cell, what it raised,
     what to do; nbclient's whole report (the cell's source and traceback) goes to a log file."""
-    log = Path(tempfile.gettempdir()) / f"grader-{lab.name}-recording-failed.log"
-    log.write_text(f"{lab.notebook}\n\n{error}\n", encoding="utf-8")
+    # a file of its own (mkstemp): a fixed name in a shared /tmp could be another user's planted link
+    handle, name = tempfile.mkstemp(prefix=f"grader-{lab.name}-recording-failed-", suffix=".log")
+    with os.fdopen(handle, "w", encoding="utf-8") as log:
+        log.write(f"{lab.notebook}\n\n{error}\n")
     if isinstance(error, CellExecutionError):
         what = f"raised {error.ename}: {' '.join(str(error.evalue).split())[:200]}"
     elif isinstance(error, CellTimeoutError):
@@ -98,7 +101,7 @@ def recording_failed(lab, root: Path, error: Exception, index: int | None, cell)
         where = f"cell {index + 1} ({grade_id or repr(first[:60])})"
     return (f"{display_path(lab.notebook, root)}: the solution failed while recording its reference values: "
             f"{where} {what}. Run it in JupyterLab (`make lab`) or `make test-lab LAB={lab.name}` to see "
-            f"why; nbclient's whole report is in {log}")
+            f"why; nbclient's whole report is in {name}")
 
 
 def compare(stored: Path, fresh: Path, labs: list[str] | None = None) -> list[str]:

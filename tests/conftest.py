@@ -4,6 +4,7 @@
   JupyterLab servers the tests start keep their own backend.
 - bench/ is on sys.path, so that its scripts and their shared helpers
   (bench/_*.py) import by their bare names, as bench/report.py runs them.
+- OMP_WAIT_POLICY=PASSIVE (grader.common.cores) in the environment of everything the tests start.
 - the fixture `ax`: one fresh matplotlib Axes, closed after the test.
 - the fixture `lab1_class`: the lab 1 class several grading modules share, graded once
   (tests/helpers/lab1_class.py).
@@ -36,9 +37,15 @@ from pathlib import Path
 import matplotlib
 import pytest
 
+from grader.common.cores import SHARED_CORES_ENV
 from helpers import REPO, session_pid
 
 matplotlib.use("Agg")
+
+# Every kernel, rank and browser a test starts shares the 2 cores with the other worker's: their
+# threads sleep while they wait (grader/common/cores.py has what spinning cost), as graded ones do.
+for _name, _value in SHARED_CORES_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 sys.path.insert(0, str(REPO / "bench"))
 

@@ -765,6 +765,14 @@ def test_a_graded_kernel_waits_longer_for_its_ranks_unless_the_instructor_says_o
     assert bwrap.jail_environment(spec, {"COURSE_RANK_TIMEOUT": "300"})["COURSE_RANK_TIMEOUT"] == "300"
 
 
+def test_a_graded_kernels_threads_sleep_while_they_wait_unless_the_instructor_says_otherwise(tmp_path):
+    # graded submissions share the cores (grader.common.cores says what spinning costs there)
+    from grader.jail import bwrap
+    spec = bwrap.Spec(root=str(tmp_path), uid=None)
+    assert bwrap.jail_environment(spec, {"PATH": "/usr/bin"})["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert bwrap.jail_environment(spec, {"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 # --------------------------------------------------------------------------
 # Written answers, graded by hand: pending, not zero
 # --------------------------------------------------------------------------

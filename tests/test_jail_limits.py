@@ -324,7 +324,7 @@ def test_the_launcher_reads_the_jails_names_from_its_spec_and_never_imports_the_
     assert loaded.env_names == spec.env_names
     loaded.env_names = ["PATH"]   # the launcher keeps exactly what its spec allows
     assert set(bwrap.jail_environment(loaded, {"PATH": "/usr/bin", "MPLBACKEND": "agg"})) == {
-        "PATH", "COURSE_RANK_TIMEOUT", "HOME", "TMPDIR", "PYTHONPATH", "USER", "LOGNAME"}
+        "PATH", "COURSE_RANK_TIMEOUT", "OMP_WAIT_POLICY", "HOME", "TMPDIR", "PYTHONPATH", "USER", "LOGNAME"}
     imported = subprocess.run(
         [sys.executable, "-c", "import sys, grader.jail.bwrap\n"
          "print(sorted({m.split('.')[0] for m in sys.modules} & {'course', 'torch', 'numpy'}))"],

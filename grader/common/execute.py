@@ -16,6 +16,8 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 
+from .cores import SHARED_CORES_ENV
+
 KERNEL_NAME = "python3"
 # Figures go into the notebook as images, as in JupyterLab; never a GUI window.
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
@@ -43,7 +45,7 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, *, timeout: float = 300,
     Returns the wall time in seconds; raises nbclient's CellExecutionError,
     CellTimeoutError or DeadKernelError.
     """
-    kernel_env = {**os.environ, "MPLBACKEND": INLINE_BACKEND, **(env or {})}
+    kernel_env = {**SHARED_CORES_ENV, **os.environ, "MPLBACKEND": INLINE_BACKEND, **(env or {})}
     kernel = this_interpreters_kernel()
     client = NotebookClient(
         nb, km=kernel, kernel_name=KERNEL_NAME, timeout=timeout,

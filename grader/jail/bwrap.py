@@ -41,6 +41,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..common.cores import SHARED_CORES_ENV
 from . import cgroups, seccomp
 from .uids import start_time
 
@@ -80,7 +81,7 @@ _JAIL_ENV_NAMES = frozenset({
     "PATH", "LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "NBGRADER_EXECUTION",
     "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES",
     "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS",
-    "PYDEVD_DISABLE_FILE_VALIDATION", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "PYDEVD_DISABLE_FILE_VALIDATION", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY",
     "OPENBLAS_NUM_THREADS", "JUPYTER_NO_CONFIG",
     # torch's CPU instruction set: the judge's values are recorded outside the jail with
     # the grader's, and the kernel must compute as they were computed
@@ -222,6 +223,8 @@ def jail_environment(spec: Spec, outside: dict[str, str]) -> dict[str, str]:
     # A launch's deadlock report comes at 30 s in a student's notebook; graded, two notebooks share
     # the cores and nobody waits for it, so a correct but slowed solution never loses points to it.
     env.setdefault("COURSE_RANK_TIMEOUT", GRADED_RANK_TIMEOUT_S)
+    for name, value in SHARED_CORES_ENV.items():   # the submissions graded side by side share the cores
+        env.setdefault(name, value)
     env.update(HOME=JAIL_HOME, TMPDIR="/tmp", PYTHONPATH=JAIL_COURSE, USER="student", LOGNAME="student")
     return env
 

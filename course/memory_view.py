@@ -46,6 +46,9 @@ RUN_SETTINGS = ("parameters", "precision", "optimizer")
 #: what activations (bytes per rank, given for one run) depend on among the controls
 ACTIVATIONS_DEPEND_ON = ("parameters", "precision", "ranks")
 PAPER_LABEL = "ZeRO paper, Figure 1"
+#: each scheme's name under its bars, on two lines where it has two words: five side by side in a
+#: third of the figure, readable in a projector's type (plots.projector)
+TICKS = [scheme.replace(" ", "\n") for scheme in memory.SCHEMES]
 _UNITS = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "bytes"))
 
 
@@ -57,6 +60,13 @@ def unit_of(nbytes: float) -> tuple[float, str]:
 def in_units(nbytes: float) -> str:
     size, name = unit_of(nbytes)
     return f"{nbytes / size:.3g} {name}"
+
+
+def _label_bar(ax, x: float, top: float, nbytes: float) -> None:
+    """A bar's bytes above it, number over unit (narrow enough for five bars side by side), clear of
+    a measured dot or a paper's cross on the bar's top."""
+    ax.annotate(in_units(nbytes).replace(" ", "\n"), (x, top), xytext=(0, 7), textcoords="offset points",
+                ha="center", va="bottom", fontsize="small")
 
 
 def count_words(parameters: int) -> str:
@@ -133,7 +143,8 @@ def draw(*, parameters: int = memory.ZERO_FIGURE_1["parameters"], precision: str
     sends = sent(parameters, ranks, precision=precision, layers=layers, batch=batch)
     dots = [run for run in _check_measured(measured) if run["ranks"] == ranks]
     x = {scheme: i for i, scheme in enumerate(memory.SCHEMES)}
-    fig, (held_ax, sent_ax, fit_ax) = plt.subplots(1, 3, figsize=(15, 4.6), layout="constrained")
+    fig, (held_ax, sent_ax, fit_ax) = plt.subplots(1, 3, figsize=(15, 6), width_ratios=(1.3, 1.3, 1),
+                                                   layout="constrained")   # the bars' panels get the room
 
     top = max([h["total"] for h in holds.values()] + [run["memory"] for run in dots])
     size, unit = unit_of(top)
@@ -145,14 +156,15 @@ def draw(*, parameters: int = memory.ZERO_FIGURE_1["parameters"], precision: str
         held_ax.bar(list(memory.SCHEMES), heights, bottom=bottom, color=COLOURS[kind], label=kind)
         bottom += heights
     for scheme, total in ((s, h["total"]) for s, h in holds.items()):
-        held_ax.text(x[scheme], total / size, in_units(total), ha="center", va="bottom", fontsize="small")
-    held_ax.set_ylim(0, 1.2 * top / size or 1)
+        _label_bar(held_ax, x[scheme], total / size, total)
+    held_ax.set_xticks(range(len(memory.SCHEMES)), TICKS)
+    held_ax.tick_params(axis="x", labelsize="small")
+    held_ax.set_ylim(0, 1.3 * top / size or 1)   # room above the tallest bar for its two-line label
     if device.nbytes <= 1.2 * top:
         held_ax.axhline(device.nbytes / size, color="black", linestyle="--", linewidth=1,
                         label=f"{device.name}: {in_units(device.nbytes)}")
-    else:
-        held_ax.text(0.98, 0.97, f"{device.name}: {in_units(device.nbytes)}, above this scale",
-                     transform=held_ax.transAxes, ha="right", va="top", fontsize="small")
+    else:   # said in words, under the panel: over the bars it would cover their labels
+        held_ax.set_xlabel(f"{device.name}: {in_units(device.nbytes)}, above this scale", fontsize="small", wrap=True)
     if dots:
         held_ax.plot([x[run["scheme"]] for run in dots], [run["memory"] / size for run in dots], "o",
                      color="black", zorder=3, label="measured")
@@ -161,28 +173,30 @@ def draw(*, parameters: int = memory.ZERO_FIGURE_1["parameters"], precision: str
         held_ax.plot([x[scheme] for scheme in paper], [gb * 1e9 / size for gb in paper.values()], "x",
                      color="black", markersize=9, zorder=3, label=PAPER_LABEL)
     held_ax.set_ylabel(f"{unit} held per rank")
-    held_ax.set_title(f"memory per rank ({optimizer}, {label(precision)})", fontsize="medium")
-    held_ax.legend(fontsize="small", frameon=False, loc="upper right", bbox_to_anchor=(1, 0.9))
+    held_ax.set_title("memory per rank", fontsize="medium")   # the optimizer and precision: in the figure's title
+    # under the figure, not over the bars it names (nor squeezing the panel, as a legend under it would)
+    fig.legend(*held_ax.get_legend_handles_labels(), fontsize="small", frameon=False, loc="outside lower center",
+               ncols=4)
 
     counted = {scheme: b for scheme, b in sends.items() if not isinstance(b, str)}
     sent_dots = [run for run in dots if run["sent"] is not None]   # a run may have measured memory only
     sent_size, sent_unit = unit_of(max([*counted.values(), *(run["sent"] for run in sent_dots), 1]))
     sent_ax.bar(list(counted), [b / sent_size for b in counted.values()],
                 color=[SCHEME_COLOURS[s] for s in counted])
-    sent_ax.set_xticks(range(len(memory.SCHEMES)), memory.SCHEMES)
+    sent_ax.set_xticks(range(len(memory.SCHEMES)), TICKS)
+    sent_ax.tick_params(axis="x", labelsize="small")
     for scheme, b in sends.items():
-        if isinstance(b, str):      # said in words, in the panel's corner: no bar to hang it on
-            sent_ax.text(0.98, 0.97, f"{scheme}: {b}", transform=sent_ax.transAxes, ha="right", va="top",
-                         fontsize="small", wrap=True)
+        if isinstance(b, str):      # said in words, under the panel: no bar to hang it on
+            sent_ax.set_xlabel(f"{scheme}: {b}", fontsize="small", wrap=True)
         else:
-            sent_ax.text(x[scheme], b / sent_size, in_units(b), ha="center", va="bottom", fontsize="small")
+            _label_bar(sent_ax, x[scheme], b / sent_size, b)
     if sent_dots:
         sent_ax.plot([x[run["scheme"]] for run in sent_dots], [run["sent"] / sent_size for run in sent_dots], "o",
                      color="black", zorder=3, label="measured")
         sent_ax.legend(fontsize="small", frameon=False)
     sent_ax.set_ylabel(f"{sent_unit} sent per rank per step")
     sent_ax.set_title("ring collectives, per step", fontsize="medium")
-    sent_ax.margins(y=0.25)
+    sent_ax.margins(y=0.3)
 
     counts = sorted(set(RANKS) | {ranks})
     for scheme in memory.SCHEMES:
@@ -196,7 +210,7 @@ def draw(*, parameters: int = memory.ZERO_FIGURE_1["parameters"], precision: str
     fit_ax.set_yscale("log")
     fit_ax.set_xlabel("ranks")
     fit_ax.set_ylabel("parameters")
-    fit_ax.set_title(f"the largest model that fits ({device.name}, no activations)", fontsize="medium", wrap=True)
+    fit_ax.set_title(f"the largest model that fits\n{device.name}\n(no activations)", fontsize="medium")
     fit_ax.legend(fontsize="small", frameon=False)
     fig.suptitle(f"{count_words(parameters)} parameters, {optimizer}, {label(precision)}, {ranks} ranks",
                  fontsize="medium")

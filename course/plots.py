@@ -4,6 +4,7 @@
     throughput_curve(ax, sweep_frame)
     mfu_curve(ax, mfu.with_utilisation(sweep_frame, flops_per_sample, measured_peak=peak))
     projector()                         # big type and thick lines from here on, for a classroom
+    overlapping_text(fig)               # the texts that a figure draws over each other, as words
 
 Colours group the phases of a training step the same way in every lab: data
 (greys), forward (blues), loss (purple), backward (oranges), the optimizer
@@ -13,10 +14,13 @@ Used in: lab 1 (01_single_gpu), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.text import Text
 
 # Phase-name prefix -> colour map; the first prefix that matches wins.
 _GROUPS = (("read", "Greys"), ("to device", "Greys"), ("forward", "Blues"), ("loss", "Purples"),
@@ -153,6 +157,75 @@ class projector:
     def __exit__(self, *exc):
         mpl.rcParams.update(self.saved)
         return False
+
+
+def _drawn_texts(canvas) -> list[Text]:
+    """The texts a draw of the canvas puts on it: visible, not empty, and drawn (a tick label
+    beyond an axis' limits, or a text of a hidden artist, is not)."""
+    drawn, draw = [], Text.draw
+
+    def recording(text, renderer):
+        draw(text, renderer)
+        if text.get_visible() and text.get_text().strip():
+            drawn.append(text)
+
+    Text.draw = recording
+    try:
+        canvas.draw()
+    finally:
+        Text.draw = draw
+    return drawn
+
+
+def _corners(text: Text, renderer) -> np.ndarray:
+    """The four corners, in pixels, of the box a text's letters fill, turned as the text is turned.
+    (Its window extent is the upright box around a turned text: too big to compare.)"""
+    box = text.get_window_extent(renderer)
+    angle = text.get_rotation()
+    if angle % 90 == 0:
+        return np.array([[box.x0, box.y0], [box.x1, box.y0], [box.x1, box.y1], [box.x0, box.y1]])
+    text.set_rotation(0)
+    try:
+        width, height = text.get_window_extent(renderer).size
+    finally:
+        text.set_rotation(angle)
+    a = math.radians(angle)
+    along, across = np.array([math.cos(a), math.sin(a)]), np.array([-math.sin(a), math.cos(a)])
+    centre = np.array([(box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2])
+    return np.array([centre + sx * width / 2 * along + sy * height / 2 * across
+                     for sx, sy in ((-1, -1), (1, -1), (1, 1), (-1, 1))])
+
+
+def _overlap(a: np.ndarray, b: np.ndarray, slack: float) -> bool:
+    """Whether two convex quadrilaterals overlap by more than `slack` pixels along every edge's normal."""
+    for quad in (a, b):
+        for i in range(4):
+            edge = quad[(i + 1) % 4] - quad[i]
+            normal = np.array([-edge[1], edge[0]]) / (np.hypot(*edge) or 1.0)
+            pa, pb = a @ normal, b @ normal
+            if min(pa.max(), pb.max()) - max(pa.min(), pb.min()) <= slack:
+                return False   # a gap (or less than slack of overlap) along this axis: apart
+    return True
+
+
+def overlapping_text(fig, slack_px: float = 1.0) -> list[str]:
+    """Each pair of texts that fig draws over each other (their boxes overlap by more than
+    `slack_px` pixels each way), as "'one' over 'other'": what large type does to a crowded
+    figure, and what no one at the back of a room can read. Draws fig at its dpi, with Agg (as the
+    inline backend and savefig render it), also once it is closed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    shown = fig.canvas
+    canvas = shown if isinstance(shown, FigureCanvasAgg) else FigureCanvasAgg(fig)   # a closed figure's has none
+    try:
+        texts = _drawn_texts(canvas)
+        renderer = canvas.get_renderer()
+        quads = [_corners(t, renderer) for t in texts]
+    finally:
+        fig.set_canvas(shown)
+    return [f"{texts[i].get_text()!r} over {texts[j].get_text()!r}"
+            for i in range(len(texts)) for j in range(i + 1, len(texts))
+            if _overlap(quads[i], quads[j], slack_px)]
 
 
 def bytes_bars(ax, schemes, sent: Mapping[str, float], seconds: Mapping[str, float], colours: Mapping[str, str],

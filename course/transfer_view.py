@@ -26,6 +26,7 @@ import functools
 from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from course import sizes, timemodel
 from course.plots import phase_colours
@@ -85,6 +86,11 @@ def _link(name: str, links: Mapping[str, timemodel.Link] | None) -> timemodel.Li
     return timemodel.PRESETS[name]
 
 
+def _duration(seconds: float) -> str:
+    """Seconds as a bar's label: 3 digits, in ms below a second, else in s (never 4.91e+04 ms)."""
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
 def _draw_ring_terms(ax, layers, gpus: int, dtype: str, link: timemodel.Link) -> None:
     counts = sorted({*TERM_GPUS, gpus})
     terms = [ring_terms(layers, n, dtype, link) for n in counts]
@@ -94,9 +100,12 @@ def _draw_ring_terms(ax, layers, gpus: int, dtype: str, link: timemodel.Link) ->
     ax.bar(x, [t["latency"] * 1e3 for t in terms], bottom=bandwidth, color="#fdae6b",
            label=f"latency: 2(N-1) α × {len(layers)} all-reduces")
     ax.set_xticks(x, [f"[{n}]" if n == gpus else str(n) for n in counts])   # [N]: the chosen number of GPUs
+    ax.tick_params(axis="x", labelsize="small")
     ax.set_xlabel("GPUs (N)")
     ax.set_ylabel("ms per step, ring (time model)")
-    ax.set_title(f"the ring's two terms, {link.name}", fontsize="medium", loc="right")
+    # the interconnect is named once, over the middle panel
+    ax.set_title("the ring's two terms", fontsize="medium")
+    ax.margins(y=0.45)   # the legend above the bars, not over them
     ax.legend(fontsize="small", frameon=False, loc="upper left")
 
 
@@ -110,7 +119,7 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
     sent = sent_by_scheme(layers, gpus, dtype)
     colours = phase_colours([f"all-reduce {layer.name}" for layer in layers])
     # the bytes get more room: three labelled bars and the legend beside them
-    fig, (bytes_ax, time_ax, terms_ax) = plt.subplots(1, 3, figsize=(17, 4.2), width_ratios=(1.5, 1, 1),
+    fig, (bytes_ax, time_ax, terms_ax) = plt.subplots(1, 3, figsize=(17, 4.2), width_ratios=(1.4, 1, 1.3),
                                                       layout="constrained")   # room for the legend outside
 
     bottoms = [0.0] * len(SCHEMES)
@@ -125,6 +134,7 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
         bytes_ax.plot([SCHEMES.index(scheme)], [value / 1e6], "o", color="black", zorder=3,
                       label="measured" if scheme == next(iter(measured)) else None)
     bytes_ax.set_xticks(range(len(SCHEMES)), [s.replace(", ", ",\n") for s in SCHEMES])
+    bytes_ax.tick_params(axis="x", labelsize="small")
     bytes_ax.set_ylabel("MB sent per rank per step")
     bytes_ax.set_title(f"{gpus} GPUs, {dtype} gradients")
     # beside the bars, not over them: they fill the axes
@@ -134,12 +144,13 @@ def draw(*, width: int = 1000, depth: int = 2, batch: int = 128, gpus: int = 4, 
     labels = list(seconds)
     time_ax.barh(labels, [seconds[k] * 1e3 for k in labels], color=["#6baed6", "#de2d26", "#fc9272"])
     for y, key in enumerate(labels):
-        time_ax.text(seconds[key] * 1e3, y, f" {seconds[key] * 1e3:.3g} ms", va="center", fontsize="small")
+        time_ax.text(seconds[key] * 1e3, y, f" {_duration(seconds[key])}", va="center", fontsize="small")
     time_ax.invert_yaxis()
     time_ax.set_xlabel("ms per step (time model)", loc="right")
     # right-aligned: a long title reaches left over the free space, not off the figure
-    time_ax.set_title(f"batch {batch} over {gpus} GPUs:\n{processor}, {link}", fontsize="medium", loc="right")
-    time_ax.margins(x=0.45)
+    time_ax.set_title(f"batch {batch} over {gpus} GPUs:\n{processor},\n{link}", fontsize="medium", loc="right")
+    time_ax.margins(x=0.6)                                   # room for the longest bar's label
+    time_ax.xaxis.set_major_locator(MaxNLocator(nbins=3))   # 5-digit ticks side by side, readable
     _draw_ring_terms(terms_ax, layers, gpus, dtype, interconnect)
     return fig
 

@@ -580,6 +580,43 @@ def test_projector_called_on_its_own_stays_set():
     finally:
         mpl.rcParams.update(before)
 
+def test_overlapping_text_names_texts_drawn_over_each_other_and_only_those():
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3))
+    try:
+        left.text(0.5, 0.5, "first label")
+        left.text(0.52, 0.5, "second label")          # a few pixels to the right: over the first
+        left.text(0.1, 0.1, "alone")
+        left.text(0.5, 0.5, "hidden", visible=False)  # not drawn, not counted
+        left.text(0.5, 0.5, "  ")                     # nothing to read
+        left.set_xticks([0, 5, 10, 500], ["0", "5", "10", "beyond the limits"])
+        left.set_xlim(0, 10)                          # the last tick is beyond it: not drawn
+        # turned 60 degrees, side by side: their upright boxes overlap, their letters do not
+        turned = [right.text(x, 0.5, "turned text", rotation=60, transform=right.transAxes, ha="center",
+                             va="center") for x in (0.2, 0.28, 0.36)]
+        assert plots.overlapping_text(fig) == ["'first label' over 'second label'"]
+        renderer = fig.canvas.get_renderer()
+        assert turned[0].get_window_extent(renderer).overlaps(turned[1].get_window_extent(renderer))
+        right.text(0.28, 0.5, "crossing", transform=right.transAxes, ha="center", va="center")
+        crossed = ["'turned text' over 'crossing'"] * 3     # across all three
+        assert plots.overlapping_text(fig) == ["'first label' over 'second label'", *crossed]
+    finally:
+        plt.close(fig)
+
+
+def test_overlapping_text_allows_boxes_that_touch_within_the_slack():
+    fig, ax = plt.subplots(figsize=(4, 2))
+    try:
+        renderer = fig.canvas.get_renderer()
+        one = ax.text(0.1, 0.5, "one", transform=ax.transAxes)
+        box = one.get_window_extent(renderer)
+        # the next text starts half a pixel inside the first's box: within the 1-pixel slack
+        ax.annotate("two", (box.x1 - 0.5, box.y0), xycoords="figure pixels")
+        assert plots.overlapping_text(fig) == []
+        assert plots.overlapping_text(fig, slack_px=0.0) == ["'one' over 'two'"]
+    finally:
+        plt.close(fig)
+
+
 def test_throughput_curve_on_a_sweep(ax):
     fake = FakeSteps(lambda b: itertools.repeat(0.001 + b * 1e-5))
     frame = throughput.sweep(fake, [128, 16, 48, 32, 64], steps=2, warmup=0, progress=False)
@@ -643,3 +680,15 @@ def test_mfu_curve_draws_both_ratios_of_a_utilisation_frame(ax):
 def test_mfu_curve_refuses_a_frame_without_mfu(ax):
     with pytest.raises(ValueError, match="course.mfu.with_mfu"):
         plots.mfu_curve(ax, pd.DataFrame({"batch_size": [8], "samples_per_s": [1.0]}))
+
+
+def test_overlapping_text_reads_a_closed_figure_as_it_was_shown():
+    # a view closes its figure before displaying it (course.widgets): its canvas can no longer draw
+    fig, ax = plt.subplots(figsize=(4, 2))
+    ax.text(0.5, 0.5, "one")
+    ax.text(0.5, 0.5, "two")
+    plt.close(fig)
+    closed = fig.canvas
+    assert not hasattr(closed, "get_renderer")
+    assert plots.overlapping_text(fig) == ["'one' over 'two'"]
+    assert fig.canvas is closed, "the figure keeps its canvas"

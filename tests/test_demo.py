@@ -15,6 +15,7 @@ read what each shows.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -39,6 +40,23 @@ MIN_FIGURE_WIDTH_PX = 1200
 NEEDED = ("course", "grader", "solutions")
 # The first line of every "break it live" cell, and the line that switches one on.
 SWITCH_OFF, SWITCH_ON = "BREAK_IT = False  # set True in front of the class", "BREAK_IT = True"
+# Run after the demo's first cell (plots.projector()): every figure the kernel renders, through the
+# inline backend or a view's display, is checked for texts drawn over each other, as shown.
+OVERLAP_RECORDER = """
+import matplotlib.backend_bases as _backend_bases
+from course import plots as _plots
+
+_TEXT_OVERLAPS, _print_figure = [], _backend_bases.FigureCanvasBase.print_figure
+
+def _print_and_check(canvas, *args, **kwargs):
+    printed = _print_figure(canvas, *args, **kwargs)
+    _TEXT_OVERLAPS.extend(f"cell [{get_ipython().execution_count}]: {pair}"
+                          for pair in _plots.overlapping_text(canvas.figure))
+    return printed
+
+_backend_bases.FigureCanvasBase.print_figure = _print_and_check
+"""
+OVERLAP_REPORT = "import json\nprint(json.dumps(_TEXT_OVERLAPS))"
 
 
 def _png_width(data: str) -> int:
@@ -71,10 +89,14 @@ def demo(tmp_path_factory):
                         ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "work"))
     assert not (root / "labs").exists()
     notebook = nbformat.read(DEMO, as_version=4)
+    first_code = next(i for i, c in enumerate(notebook.cells) if c.cell_type == "code")
+    assert "plots.projector()" in notebook.cells[first_code].source
+    notebook.cells.insert(first_code + 1, nbformat.v4.new_code_cell(OVERLAP_RECORDER, metadata={"probe": True}))
     # then every "break it live" cell again, switched on, as an instructor runs it
     for cell in _beats(notebook):
         notebook.cells.append(nbformat.v4.new_code_cell(cell.source.replace(SWITCH_OFF, SWITCH_ON, 1),
                                                         metadata={"switched_on": cell.id}))
+    notebook.cells.append(nbformat.v4.new_code_cell(OVERLAP_REPORT, metadata={"probe": True}))
     # last, a probe: where the kernel found the package and the solutions' loader
     notebook.cells.append(nbformat.v4.new_code_cell("import course, grader\nprint(course.__file__, grader.__file__)"))
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))   # the copy first
@@ -99,6 +121,13 @@ def test_every_figure_is_projector_sized(demo):
     # and the pipeline's measured grids
     assert len(widths) >= 8, f"the demo drew {len(widths)} figures"
     assert min(widths) >= MIN_FIGURE_WIDTH_PX, f"figure widths in pixels: {widths}"
+
+
+def test_no_figure_draws_text_over_text_at_projector_size(demo):
+    notebook, _ = demo
+    [report] = [c for c in notebook.cells if c.source == OVERLAP_REPORT]
+    overlaps = json.loads("".join(o.get("text", "") for o in report.outputs))
+    assert overlaps == [], "texts drawn over each other:\n" + "\n".join(overlaps)
 
 
 def test_the_views_and_table_1_come_from_the_runs(demo):

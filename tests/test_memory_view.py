@@ -10,7 +10,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pytest
 
-from course import memory, memory_view, widgets
+from course import memory, memory_view, plots, widgets
 from course.sizes import Dense
 
 V100 = "NVIDIA V100 (32 GB)"
@@ -73,7 +73,7 @@ def test_sent_bars_and_split_weights_only_with_layers_and_a_batch():
     expected = [memory.sent_per_step(64 * 10**6, 8, s, dtype="bfloat16") for s in memory.SCHEMES[:4]]
     assert [h * 1e6 for h in heights] == pytest.approx(expected)
     assert heights[3] == pytest.approx(1.5 * heights[0])                      # ZeRO-3: 3(N-1)/N against 2(N-1)/N
-    assert any("split weights: needs the model's layers and a batch" in t.get_text() for t in sent_ax.texts)
+    assert sent_ax.get_xlabel() == "split weights: needs the model's layers and a batch"
     plt.close(fig)
     fig = memory_view.draw(**LAB, layers=LAYERS, batch=64)
     heights = [patch.get_height() for patch in fig.axes[1].patches]
@@ -145,7 +145,7 @@ def test_bf16_with_fp32_gradients_holds_18_bytes_reduces_fp32_and_gathers_bf16()
     sent = memory_view.sent(7_500_000_000, 64, precision="bf16 with fp32 gradients")
     assert sent["ZeRO-2"] == pytest.approx(6 * half)
     fig = memory_view.draw(**settings)
-    assert "bf16 parameters, fp32 gradients" in fig.axes[0].get_title()
+    assert "bf16 parameters, fp32 gradients" in fig.get_suptitle()
     assert _stacks(fig.axes[0])["gradients"][0] == pytest.approx(30)              # 4 bytes × 7.5 B, in GB
     plt.close(fig)
 
@@ -173,3 +173,20 @@ def test_measured_and_activations_only_beside_the_settings_they_belong_to(monkey
     built["draw"](**{**run, "parameters": 10**9})
     assert seen == [(measured, 300_000), (measured, 300_000), (measured, None), (None, 300_000), (None, None)]
     plt.close("all")
+
+
+@pytest.mark.parametrize("settings", [
+    dict(parameters=301_066, ranks=2, optimizer="adam", precision="fp32"),      # the demo's run
+    dict(parameters=10**6, ranks=1, optimizer="sgd", precision="fp32", gpu="NVIDIA GTX TITAN (6 GiB)"),
+    dict(parameters=10**12, ranks=1024, optimizer="adam", precision="bf16 with fp32 gradients",
+         gpu="NVIDIA H200 SXM (141 GB)"),
+], ids=["demo", "small model, one rank", "a trillion on 1024"])
+def test_no_text_over_text_at_projector_size(settings):
+    # the demo's type (plots.projector) at the ends of the menus: the GPU's memory above the scale,
+    # the longest names and titles
+    with plots.projector():
+        fig = memory_view.draw(**settings)
+        try:
+            assert plots.overlapping_text(fig) == []
+        finally:
+            plt.close(fig)

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pytest
 from test_widgets import shown  # noqa: F401 (fixture: the helper's displays, no front end)
 
-from course import sizes, timemodel, transfer_view
+from course import plots, sizes, timemodel, transfer_view
 
 
 def _bars(ax):
@@ -122,3 +122,17 @@ def test_a_measured_link_is_offered_beside_the_presets():
     with pytest.raises(ValueError, match="gloo here, measured now"):
         transfer_view.draw(link="carrier pigeon", links={here.name: here})
     plt.close("all")
+
+
+@pytest.mark.parametrize("settings", [
+    dict(width=512, depth=2, batch=256, gpus=2),                                   # the demo's run
+    dict(width=8192, depth=4, batch=4096, gpus=64, link=timemodel.LOCAL_GLOO.name),
+], ids=["demo", "widest and most GPUs"])
+def test_no_text_over_text_at_projector_size(settings):
+    # the demo's type (plots.projector); at the sliders' far ends the bars' labels are longest
+    with plots.projector():
+        fig = transfer_view.draw(**settings)
+        try:
+            assert plots.overlapping_text(fig) == []
+        finally:
+            plt.close(fig)

@@ -26,7 +26,7 @@ DEMO := solutions/demo.ipynb
 # bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools browser-tools test test-fast test-lab lint lab demo release reference grade bench clean
+.PHONY: install sandbox-tools browser-tools test test-fast test-lab lint lab demo release handout reference grade bench clean
 
 install: $(INSTALL_STAMP)
 
@@ -80,6 +80,11 @@ demo: $(INSTALL_STAMP) $(DEMO)
 # Regenerates labs/ from solutions/.
 release: $(INSTALL_STAMP)
 	$(VENV)/bin/python -m grader release
+
+# The students' copy: the release, the course package and how to open them, without the answers
+# (build/handout/, and build/handout.zip for a course page). README.md: which path is for whom.
+handout: $(INSTALL_STAMP)
+	$(VENV)/bin/python -m grader handout --zip
 
 # Re-records grader/reference/ (the hidden tests' stored values) from solutions/.
 reference: $(INSTALL_STAMP)

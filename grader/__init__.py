@@ -19,11 +19,12 @@ The subsystems come in six layers, bottom up. A module imports from its own laye
 the layers below, never above (tests/test_architecture.py holds this, and that every
 module is in exactly one layer):
 
-- common (grader/common/): labs, quoting, nbgrader_cli, warm_process, execute, solution, compare, stubs.
+- common (grader/common/): labs, quoting, nbgrader_cli, warm_process, execute, solution, compare, stubs, cores.
   What the others use: the labs in solutions/ and their notebooks, one executed in this
   interpreter's kernel or loaded as a module (the instructor's solutions: trusted code),
   nbgrader's command line, a helper process kept warm for a whole grading run, the
-  student's text as the grader quotes it, and the release's stubs.
+  student's text as the grader quotes it, the release's stubs, and how a kernel's threads
+  wait where notebooks share the cores.
 - jail (grader/jail/): seccomp, uids, cgroups, bwrap, host, kernel.
   The boundary. `host` holds one jail in the grader (its folder, cgroup and uid, what it
   used). `kernel` is nbgrader's kernel manager and Execute, in the autograde worker: it
@@ -46,11 +47,11 @@ module is in exactly one layer):
   A grading run's parts, in the grader: the submissions collected, each graded in a jail
   of its own (`submission`: nbgrader's autograde in the slot's warm autograde worker),
   the verdict in plain words, the class gradebook and the CSV.
-- commands (grader/): __main__, grade, judge_values, release, reference, run.
+- commands (grader/): __main__, grade, judge_values, release, reference, run, handout.
   What an instructor types. `grade` grades a class with all of the above (`judge_values`:
   the judge's values of its run, recorded by `reference` or reused from an earlier run); `release`,
   `reference` and `run` work only on the instructor's own solutions (trusted code), with
-  no jail.
+  no jail; `handout` copies the release and the package for students.
 
 A subpackage's ``__init__`` holds its docstring and nothing else: the launcher, the judge
 and the workers start with ``python -m``, and a package that imported them would load each

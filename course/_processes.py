@@ -43,6 +43,19 @@ def _forkserver():
     return context
 
 
+def _abandon(process, *connections) -> None:
+    """End a rank that never joined its run: killed if it started, its pipes closed."""
+    if process.pid is not None:
+        for kill in (lambda: os.killpg(process.pid, signal.SIGKILL), process.kill):
+            try:
+                kill()
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+        process.join(2)
+    for connection in connections:
+        connection.close()
+
+
 @contextlib.contextmanager
 def _without_main_module():
     """Start ranks without re-running the parent's script in them.
@@ -130,12 +143,21 @@ class Run:
             pipes = [context.Pipe(duplex=False) for _ in range(3)]  # stdout, stderr, stack
             process = context.Process(target=_worker.main, name=f"rank {rank}",
                                       args=(spec, control_child, *(w for _, w in pipes)))
-            with _without_main_module():
-                process.start()
-            for child_end in (control_child, *(w for _, w in pipes)):
-                child_end.close()
-            rank_ = _Rank(rank, process, control, *(r for r, _ in pipes))
-            self.ranks.append(rank_)
+            try:
+                with _without_main_module():
+                    process.start()
+                for child_end in (control_child, *(w for _, w in pipes)):
+                    child_end.close()
+                rank_ = _Rank(rank, process, control, *(r for r, _ in pipes))
+                self.ranks.append(rank_)
+            except BaseException:
+                # An interrupt while this rank starts: it may run already (a forked child can
+                # begin before start() returns), but _stop knows only self.ranks. Left alive,
+                # it would wait for its control pipe to close, and this process's exit would
+                # wait for it (multiprocessing joins its children at exit): both, forever.
+                if not self.ranks or self.ranks[-1].process is not process:
+                    _abandon(process, control, control_child, *(end for pipe in pipes for end in pipe))
+                raise
             self.selector.register(control.fileno(), selectors.EVENT_READ, ("control", rank_))
             self.selector.register(process.sentinel, selectors.EVENT_READ, ("exit", rank_))
             for stream, reader in (("stdout", rank_.stdout), ("stderr", rank_.stderr)):

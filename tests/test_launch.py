@@ -417,6 +417,38 @@ def test_an_interrupt_ends_every_rank_within_two_seconds(tmp_path):
         process.kill()
 
 
+def test_an_interrupt_as_a_rank_starts_leaves_no_rank_and_lets_the_process_end(tmp_path):
+    """The interrupt lands just after rank 1's fork, before the launcher has it among its ranks
+    (a forked rank may run before start() returns): rank 1 is ended too, and the script exits
+    instead of waiting at exit for a rank that waits for it."""
+    script = tmp_path / "interrupted_at_start.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(REPO)!r}); sys.path.insert(0, {str(REPO / 'tests')!r})
+        import multiprocessing.context
+        import course, test_launch
+
+        start = multiprocessing.context.ForkServerProcess.start
+        def start_then_interrupt(process):
+            start(process)
+            print("started", process.pid, flush=True)
+            if process.name == "rank 1":
+                raise KeyboardInterrupt
+        multiprocessing.context.ForkServerProcess.start = start_then_interrupt
+        try:
+            course.launch(test_launch.sleeps_forever, 2, args=({str(tmp_path)!r},), timeout=None)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert "interrupted" in done.stdout, done.stdout + done.stderr
+    pids = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("started")]
+    assert len(pids) == 2, done.stdout
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids):
+        assert time.monotonic() < deadline, "a rank outlived the interrupt"
+        time.sleep(0.02)
+
+
 # --- arguments and placement ----------------------------------------------------------
 
 @pytest.mark.parametrize("call, error, message", [

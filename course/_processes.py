@@ -43,14 +43,19 @@ def _forkserver():
     return context
 
 
+def _kill_rank(process) -> None:
+    """SIGKILL a rank's process group (it and whatever it started), then the rank itself."""
+    for kill in (lambda: os.killpg(process.pid, signal.SIGKILL), process.kill):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError, OSError, AttributeError):
+            pass
+
+
 def _abandon(process, *connections) -> None:
     """End a rank that never joined its run: killed if it started, its pipes closed."""
     if process.pid is not None:
-        for kill in (lambda: os.killpg(process.pid, signal.SIGKILL), process.kill):
-            try:
-                kill()
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
+        _kill_rank(process)
         process.join(2)
     for connection in connections:
         connection.close()
@@ -296,12 +301,7 @@ class Run:
     # --- leaving nothing behind ---------------------------------------------------
     def _kill(self) -> None:
         for rank in self.ranks:
-            # each lambda is called in its own iteration, with that iteration's rank
-            for kill in (lambda: os.killpg(rank.process.pid, signal.SIGKILL), rank.process.kill):  # noqa: B023
-                try:
-                    kill()
-                except (ProcessLookupError, PermissionError, OSError, AttributeError):
-                    pass
+            _kill_rank(rank.process)
         for rank in self.ranks:
             rank.process.join(2)
 

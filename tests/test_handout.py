@@ -19,7 +19,7 @@ from grader import handout as handout_command
 from grader.common.execute import execute
 from grader.common.labs import find_labs
 from helpers import REPO, graded_labs
-from helpers.submissions import hidden_lines
+from helpers.submissions import hidden_lines, regions
 
 EXPECTED = {"labs", "course", "pyproject.toml", "Makefile", "README.md"}
 
@@ -59,7 +59,7 @@ def test_no_solution_hidden_test_or_stored_value_reaches_the_handout(handout):
         solution = nbformat.read(REPO / "solutions" / lab.name / f"{lab.name}.ipynb", as_version=4)
         # a line of an answer or a hidden test that the rest of the lab does not also have
         open_text = "\n".join(_cut(cell.source) for cell in solution.cells)
-        answers = [line.strip() for cell in solution.cells for region in _regions(cell.source, "SOLUTION")
+        answers = [line.strip() for cell in solution.cells for region in regions(cell.source, "SOLUTION")
                    for line in region.split("\n") if len(line.strip()) > 30 and line.strip() not in open_text]
         hidden = [line for line in hidden_lines(lab.name) if line not in open_text]
         assert answers and hidden, f"{lab.name}: no distinctive line to look for"
@@ -67,15 +67,10 @@ def test_no_solution_hidden_test_or_stored_value_reaches_the_handout(handout):
         assert not leaked, f"{lab.name}'s answers or hidden tests in the handout: {leaked[:3]}"
 
 
-def _regions(source: str, kind: str) -> list[str]:
-    """The text between each `### BEGIN <kind>` and its `### END <kind>`."""
-    return [part.split(f"### END {kind}")[0] for part in source.split(f"### BEGIN {kind}")[1:]]
-
-
 def _cut(source: str) -> str:
     """source without its answers and hidden tests: what a release keeps of it."""
     for kind in ("SOLUTION", "HIDDEN TESTS"):
-        for region in _regions(source, kind):
+        for region in regions(source, kind):
             source = source.replace(region, "")
     return source
 

@@ -75,13 +75,17 @@ def write(nb, folder: Path, student: str, lab: str) -> Path:
     return path
 
 
+def regions(source: str, kind: str) -> list[str]:
+    """The text between each `### BEGIN <kind>` and its `### END <kind>` (kind: SOLUTION, HIDDEN TESTS)."""
+    return [part.split(f"### END {kind}")[0] for part in source.split(f"### BEGIN {kind}")[1:]]
+
+
 def hidden_lines(lab: str) -> list[str]:
     """The distinctive lines (over 30 characters) of the lab's hidden tests: what feedback must not show."""
     source = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
     lines = []
     for cell in source.cells:
-        if "### BEGIN HIDDEN TESTS" in cell.source:
-            region = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+        for region in regions(cell.source, "HIDDEN TESTS"):
             lines += [line.strip() for line in region.split("\n") if len(line.strip()) > 30]
     assert lines, f"{lab} has no hidden tests"
     return lines

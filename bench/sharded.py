@@ -191,7 +191,7 @@ def memory_rows(ranks, make, inputs, targets, batch_size) -> list[dict]:
     for stage, scheme in STAGES.items():
         run = course.launch(LAB.sharded_training, ranks, args=(make, inputs, targets),
                             kwargs=dict(stage=stage, steps=2, batch_size=batch_size, make_optimizer=adam,
-                                        measure=True), timeout=600)
+                                        measure=LAB.memory_by_kind), timeout=600)
         predicted = memory.per_rank(parameters, ranks, scheme, optimizer="adam", precision="fp32")
         for kind in KINDS:
             held = [run[rank]["held"][kind] for rank in run.ranks]

@@ -120,3 +120,18 @@ def test_variants_must_have_the_bases_cells():
         first_difference(_notebook("a", "b"), _notebook("a"))
     assert first_difference(_notebook("a", "b"), _notebook("a", "c")) == 2  # after the markdown and "a"
     assert first_difference(_notebook("a", "b"), _notebook("a", "b")) == 3
+
+
+def test_a_variant_that_may_stop_runs_only_as_far_as_its_change_reaches(tmp_path):
+    # Cell 3 reads nothing that cell 1 binds: the stopping variant skips it, the other runs it.
+    counting = ("import pathlib\nLATE = pathlib.Path('late.txt')\n"
+                "LATE.write_text(LATE.read_text() + 'x' if LATE.exists() else 'x')")
+    base = _notebook("answer = 2", "doubled = answer * 2", "assert doubled == 4, doubled", counting,
+                     graded=(2,))
+    wrong = _notebook("answer = 2", "doubled = answer * 3", "assert doubled == 4, doubled", counting,
+                      graded=(2,))
+    base_failed, failed = failing_tests_forked(base, {"stops": wrong, "runs on": wrong}, tmp_path,
+                                               stop_where_unreached=frozenset({"stops"}))
+    assert base_failed == {}
+    assert failed == {"stops": {"test_2": "AssertionError: 6"}, "runs on": {"test_2": "AssertionError: 6"}}
+    assert (tmp_path / "late.txt").read_text() == "xx", "the base and the variant that runs on, not the other"

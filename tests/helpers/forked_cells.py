@@ -79,9 +79,11 @@ def _cells(nb) -> list[dict]:
 
 
 def failing_tests_forked(base, variants: dict, folder: Path, *, threads: int = 1, capability: str | None = None,
-                         case_timeout: float = 300) -> tuple[dict, dict]:
+                         case_timeout: float = 300, stop_where_unreached: frozenset = frozenset()) -> tuple[dict, dict]:
     """Run `base` and every notebook of `variants` (name -> notebook, as `base` but for some
-    cells) in one process, forked where each variant first differs.
+    cells) in one process, forked where each variant first differs. A variant named in
+    `stop_where_unreached` stops after the last cell its changed cells can reach through a
+    name (helpers/reach.py): the cells after it would run as the base's.
 
     Returns (the base's failing tests, {name: that variant's failing tests}). Raises
     AssertionError when the process did not run on the asked settings or a variant
@@ -94,7 +96,12 @@ def failing_tests_forked(base, variants: dict, folder: Path, *, threads: int = 1
     for name, nb in variants.items():
         nb = _code_only(nb)
         start = first_difference(base, nb)
-        plan["variants"][name] = {"start": start, "sources": [c.source for c in nb.cells[start:]]}
+        stop = len(nb.cells)
+        if name in stop_where_unreached and start < stop:
+            from .reach import last_cell_reached  # here: this file also runs as a script, outside the package
+            changed = {i for i, (a, b) in enumerate(zip(base.cells, nb.cells)) if a.source != b.source}
+            stop = last_cell_reached([c.source for c in nb.cells], changed) + 1
+        plan["variants"][name] = {"start": start, "sources": [c.source for c in nb.cells[start:stop]]}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     plan_path, result_path, log_path = folder / "plan.json", folder / "result.json", folder / "runner.log"

@@ -195,15 +195,17 @@ def _setting_id(capability, threads) -> str:
 _FORKED: dict[str, tuple[dict, dict]] = {}
 
 
-def forked_failures(lab: str, variants, tmp_path_factory) -> tuple[dict, dict]:
+def forked_failures(lab: str, variants, tmp_path_factory, stop_where_unreached=frozenset()) -> tuple[dict, dict]:
     """(The reference's failing tests, {name: each variant's}), every notebook graded_only,
     in one forked run on the machine's instruction set and one thread (tests/helpers/forked_cells.py);
     run on first use, then kept for the session. variants: name -> a function that builds
-    that notebook with `solved`."""
+    that notebook with `solved`; those named in stop_where_unreached stop after the last cell
+    their change can reach (helpers/reach.py)."""
     if lab not in _FORKED:
         base = graded_only(solved(lab), lab)
         built = {name: graded_only(build(), lab) for name, build in variants.items()}
-        _FORKED[lab] = failing_tests_forked(base, built, tmp_path_factory.mktemp(f"forked-{lab}"))
+        _FORKED[lab] = failing_tests_forked(base, built, tmp_path_factory.mktemp(f"forked-{lab}"),
+                                            stop_where_unreached=frozenset(stop_where_unreached))
     return _FORKED[lab]
 
 
@@ -233,9 +235,14 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     variants = {f"mistake: {name}": (lambda edits=edits: solved(lab, edits)) for name, (edits, _) in mistakes.items()}
     variants.update({f"correct: {name}": (lambda answers=answers: solved(lab, answers=answers))
                      for name, answers in {**also_correct, WRITTEN_DIFFERENTLY: different}.items()})
+    # Each exercise's first mistake runs the whole rest of the lab, which would catch what a name
+    # cannot carry (state its exercise changes in place); the others stop after the last cell their
+    # change can reach through a name. The correct answers run to the end.
+    first_of_each = {exercise: name for name, (_, exercise) in reversed(mistakes.items())}
+    stopping = {f"mistake: {name}" for name in mistakes if name not in first_of_each.values()}
 
     def forked(tmp_path_factory):
-        return forked_failures(lab, variants, tmp_path_factory)
+        return forked_failures(lab, variants, tmp_path_factory, stopping)
 
     def test_every_exercise_is_graded():
         assert set(points) == {f"test_{gid}" for gid in different}, points

@@ -228,7 +228,9 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     those only the judge can catch (behind a check rebound to a no-op).
 
     The mistakes, the correct answers and the reference on FORKED_SETTING run in one
-    process, forked at each one's first changed cell (forked_failures).
+    process, forked at each one's first changed cell (forked_failures). Each exercise's
+    first mistake runs to the end of the lab; the other mistakes stop after the last cell
+    their change can reach through a name (helpers/reach.py).
     """
     points = graded_cells(nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4))
     also_correct = dict(also_correct or {})

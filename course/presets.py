@@ -8,7 +8,7 @@ Clusters: DGX H100 and DGX A100 nodes, the 2013 setting of lab 4's sources, and 
 processor and memory were measured (bench/results/report.md). Links and processors come from
 course.timemodel, GPU memories from course.memory, where their sources are given.
 
-Used by: course.choosing.
+Used by: course.choosing, course.layout_cost.
 """
 from __future__ import annotations
 

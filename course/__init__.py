@@ -12,7 +12,7 @@ its own layer and the layers below, never above (tests/test_architecture.py
 holds this, and that every module is in exactly one layer):
 
 - cost models: transfer, sizes, timemodel, grid_model, memory, pipeline, activations, presets,
-  layout_cost, choosing.
+  experts, layout_cost, choosing.
   What each scheme sends and how long it takes, from formulas: arithmetic
   only, no torch and no views, so that a slider can ask them anything.
 - counting: comm, recorder, timeline, live_memory.

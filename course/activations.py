@@ -85,6 +85,23 @@ def layer_bytes(s: int, b: int, h: int, a: int, tp: int = 1, *, recompute: str =
     return tokens * h * (whole + split / tp + scores / tp)
 
 
+def mlp_block_bytes(s: int, b: int, h: int, tp: int = 1, *, sequence_parallel: bool = False,
+                    element_bytes: int = 2, dropout: bool = True, context: int = 1) -> float:
+    """The MLP block's share of `layer_bytes` when it is stored ("none" or "selective"): its input
+    (e·sbh) and dropout mask (sbh), whole unless sequence parallelism splits them, and its 4h-wide
+    hidden activation twice (the first Linear's output and the second's input, 8e·sbh), split by tp:
+    19·sbh of the paper's 34 at 16 bits. A mixture of experts keeps it once for each of a token's k
+    experts (course.layout_cost)."""
+    if context < 1 or tp < 1:
+        raise ValueError(f"tp and context count ranks, at least 1 each; got tp={tp}, context={context}")
+    e, m = element_bytes, (1 if dropout else 0)
+    whole, split = e + m, 8 * e
+    tokens = s * b / context
+    if sequence_parallel:
+        return tokens * h * (whole + split) / tp
+    return tokens * h * (whole + split / tp)
+
+
 def ring_attention_sent(s: int, b: int, h_kv: int, ranks: int, element_bytes: int = 4,
                         backward: bool = True) -> float:
     """Bytes one rank sends per layer in ring attention over `ranks` ranks, the sequence of s tokens split

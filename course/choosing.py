@@ -12,7 +12,8 @@ dp data-parallel copies, their state sharded by ZeRO stage `zero` (0: plain data
 balances the causal mask): dp·cp·tp·pp = the GPUs, and the dp·cp ranks that hold the same weights
 (`Layout.replicas`) average their gradients and share ZeRO's shards, as Megatron-LM's distributed optimizer
 does. Ranks are placed tp innermost, then cp, then dp, then pp (Megatron's order): a group leaves its
-node when its span does.
+node when its span does. For a mixture of experts (`Model.experts`), ep of the dp copies, side by side,
+also split each layer's experts (expert parallelism; ep divides dp and the experts), offered by `options`.
 
 What a layout costs (memory per rank, bytes per rank per step, step time) is course.layout_cost's, whose
 docstring gives every formula; its `Layout`, `evaluate` and `why_not` are also this module's.
@@ -37,7 +38,7 @@ from course.layout_cost import (  # noqa: F401
 )
 
 # The models and clusters it compares, as choosing.MODELS, choosing.CLUSTERS, ... (course.presets).
-from course.presets import CLUSTERS, H100_CLUSTER, LAB_MLP, LOCAL, LOCAL_CPU, MODELS, Cluster, Model  # noqa: F401
+from course.presets import CLUSTERS, H100_CLUSTER, LAB_MLP, LOCAL, LOCAL_CPU, MIXTRAL, MODELS, Cluster, Model  # noqa: F401
 
 #: micro-batches offered per layout: pp times these (pp = 1: gradient accumulation)
 MICRO_BATCH_FACTORS = (1, 2, 4, 8)
@@ -47,18 +48,20 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(gpus: int, gpus_per_node: int, layers: int, *, context: bool = False) -> list[Layout]:
+def layouts(gpus: int, gpus_per_node: int, layers: int, *, context: bool = False, experts: int = 0) -> list[Layout]:
     """Every (dp, zero, tp, pp, m) with dp·tp·pp = gpus: tp divides gpus_per_node (a tp group stays
     in its node), pp divides `layers`, zero 0-3 only when dp > 1, m = pp × MICRO_BATCH_FACTORS; with
-    `context`, also every cp > 1 that divides them (dp·cp·tp·pp = gpus; zero when dp·cp > 1)."""
+    `context`, also every cp > 1 that divides them (dp·cp·tp·pp = gpus; zero when dp·cp > 1); with
+    `experts` (a mixture of experts), also every ep > 1 that divides both dp and the experts."""
     gpus, per_node, layers = whole(gpus, "gpus"), whole(gpus_per_node, "gpus_per_node"), whole(layers, "layers")
     found = []
     for tp in (t for t in _divisors(gpus) if per_node % t == 0):
         for cp in _divisors(gpus // tp) if context else (1,):
             for pp in (p for p in _divisors(gpus // (tp * cp)) if layers % p == 0):
                 dp = gpus // (tp * cp * pp)
-                found += [Layout(dp, zero, tp, pp, pp * k, cp) for zero in (ZERO_STAGES if dp * cp > 1 else (0,))
-                          for k in MICRO_BATCH_FACTORS]
+                found += [Layout(dp, zero, tp, pp, pp * k, cp, ep) for zero in (ZERO_STAGES if dp * cp > 1 else (0,))
+                          for k in MICRO_BATCH_FACTORS
+                          for ep in (e for e in _divisors(dp) if e == 1 or (experts and experts % e == 0))]
     return sorted(found)
 
 
@@ -71,9 +74,10 @@ def options(model: Model, cluster: Cluster, batch: int, *, nodes: int = 1, preci
         raise ValueError(f"model and cluster must be a choosing.Model and a choosing.Cluster (MODELS[name], "
                          f"CLUSTERS[name]), got {model!r} and {cluster!r}")
     gpus, batch = whole(nodes, "nodes") * cluster.gpus_per_node, whole(batch, "batch")
-    offered = layouts(gpus, cluster.gpus_per_node, model.layers, context=context)
+    offered = layouts(gpus, cluster.gpus_per_node, model.layers, context=context, experts=model.experts)
     # and micro-batches of one sample (m = batch/dp), as Narayanan et al. 2021 train GPT-3 175B
-    offered += sorted({Layout(x.dp, x.zero, x.tp, x.pp, batch // x.dp, x.cp) for x in offered if batch % x.dp == 0}
+    offered += sorted({Layout(x.dp, x.zero, x.tp, x.pp, batch // x.dp, x.cp, x.ep) for x in offered
+                       if batch % x.dp == 0}
                       - set(offered))
     runnable = [layout for layout in offered if not why_not(model, batch, layout)]
     found = [evaluate(model, cluster, batch, layout, precision=precision, optimizer=optimizer, schedule=schedule,

@@ -2,7 +2,7 @@
 
     option = evaluate(MODELS["GPT-3 6.7B"], CLUSTERS[H100_CLUSTER], 1024, Layout(dp=8, zero=1, tp=8, pp=1, m=1))
 
-A `Layout` is course.choosing's (dp, zero, tp, pp, m, cp): its docstring says what each means and
+A `Layout` is course.choosing's (dp, zero, tp, pp, m, cp, ep): its docstring says what each means and
 where the ranks sit; `why_not` says why a model cannot run one.
 
 Memory per rank (`evaluate`): the training state of ceil(P/(tp·pp)) parameters under ZeRO over dp
@@ -42,6 +42,19 @@ the network's when their group crosses nodes; ring attention's messages, one a b
 Nothing overlaps: the parts add up (real runs hide much of dp behind backward, and pay for tp inside it).
 An upper bound to compare layouts by, not a forecast.
 
+A mixture of experts (`Model.experts` E in every layer, `top_k` k a token; course.experts): every rank holds
+the dense part, ceil((P − P_e)/(tp·pp)), its state sharded by ZeRO over dp·cp as above, and, with ep > 1,
+E/ep of each layer's experts, ceil(P_e/(tp·pp·ep)), their state sharded over the dp·cp/ep ranks that hold
+the same experts (`Layout.expert_replicas`), whose gradients they average (Megatron-LM's expert data
+parallelism); ep ranks are ep of the dp copies, side by side (ep divides dp and E). The experts are split
+by tp as the MLP is (Megatron's default). A token's k experts each keep the MLP block's activations
+(`activations.mlp_block_bytes`: k − 1 more than a dense layer's), and its FLOPs are the
+`active_parameters`' (6 a token each). Bytes: ep, `experts.sent_per_layer` per layer and micro-batch,
+the dispatch and the combine forward and backward of this rank's b·s/(cp·tp) tokens (Megatron splits the
+sequence over tp before the experts), routed evenly; tp, the MLP's two all-reduces carry k rows a token.
+Time: each all-to-all (ep − 1) messages and its bytes over the link its group spans (tp·cp·ep ranks).
+Left out: the router, uneven routing (the busiest expert's rank sets the pace) and capacity limits.
+
 Used by: course.choosing.
 """
 from __future__ import annotations
@@ -49,7 +62,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from course import activations, memory, pipeline, sizes, timemodel, transfer
+from course import activations, experts, memory, pipeline, sizes, timemodel, transfer
 from course.presets import Cluster, Model
 from course.timemodel import Link
 
@@ -66,11 +79,17 @@ class Layout:
     pp: int
     m: int
     cp: int = 1        # context parallelism: ranks that split each sequence
+    ep: int = 1        # expert parallelism: ranks of the dp copies that split a layer's experts
 
     @property
     def replicas(self) -> int:
         """The ranks that hold the same weights: their gradients are averaged, ZeRO shards over them."""
         return self.dp * self.cp
+
+    @property
+    def expert_replicas(self) -> int:
+        """The ranks that hold the same experts (dp·cp/ep): the experts' gradients are averaged over them."""
+        return self.replicas // self.ep
 
     @property
     def scheme(self) -> str:
@@ -79,9 +98,10 @@ class Layout:
 
     @property
     def uses(self) -> str:
-        """The parallelisms it uses: "dp+zero+tp+pp+cp", ..., "none" on one GPU."""
+        """The parallelisms it uses: "dp+zero+tp+pp+cp+ep", ..., "none" on one GPU."""
         used = [name for name, on in (("dp", self.dp > 1 and not self.zero), ("dp+zero", self.zero > 0),
-                                      ("tp", self.tp > 1), ("pp", self.pp > 1), ("cp", self.cp > 1)) if on]
+                                      ("tp", self.tp > 1), ("pp", self.pp > 1), ("cp", self.cp > 1),
+                                      ("ep", self.ep > 1)) if on]
         return "+".join(used) or "none"
 
 
@@ -90,8 +110,8 @@ class Option:
     layout: Layout
     micro_batch: int
     memory: dict[str, float]   # bytes per rank by kind, and "total"
-    sent: dict[str, float]     # bytes per rank per step: "dp", "tp", "pp", "cp", "total"
-    seconds: dict[str, float]  # "compute", "bubble", "tp", "dp", "pp", "cp", "total"
+    sent: dict[str, float]     # bytes per rank per step: "dp", "tp", "pp", "cp", "ep", "total"
+    seconds: dict[str, float]  # "compute", "bubble", "tp", "dp", "pp", "cp", "ep", "total"
     fits: bool
 
 
@@ -111,6 +131,12 @@ def why_not(model: Model, batch: int, layout: Layout) -> str | None:
         return f"{'widths' if model.is_mlp else 'heads'} {split} do not split over {layout.tp} tp ranks"
     if layout.cp > 1 and model.is_mlp:
         return "the MLP has no sequence for context parallelism to split"
+    if layout.ep > 1 and not model.is_moe:
+        return f"{model.name} has no experts for expert parallelism to split"
+    if layout.ep > 1 and model.experts % layout.ep:
+        return f"{model.experts} experts do not split over {layout.ep} ep ranks"
+    if layout.dp % layout.ep:
+        return f"the {layout.dp} dp copies do not split into groups of {layout.ep} ep ranks"
     if layout.cp > 1 and model.sequence % (2 * layout.cp):
         return (f"the sequence of {model.sequence} tokens does not split into 2 × {layout.cp} chunks "
                 "(the zig-zag split of context parallelism)")
@@ -135,11 +161,17 @@ def activation_bytes(model: Model, layout: Layout, micro_batch: int, *, precisio
             return 2 * scale * micro_batch * (alive * model.widths[0] + sum(inputs))
         return 2 * scale * alive * micro_batch * sum(inputs)
     shape = (model.sequence, micro_batch, model.hidden, model.heads, tp)
-    kept = alive * per_stage * activations.layer_bytes(*shape, recompute=recompute,
-                                                       sequence_parallel=sequence_parallel, context=layout.cp)
+    # a mixture of experts keeps its MLP block's activations once for each of a token's k experts
+    experts_extra = (model.top_k - 1) * activations.mlp_block_bytes(
+        model.sequence, micro_batch, model.hidden, tp, sequence_parallel=sequence_parallel,
+        context=layout.cp) if model.is_moe else 0.0
+    stored = 0.0 if recompute == "full" else experts_extra
+    kept = alive * per_stage * (activations.layer_bytes(*shape, recompute=recompute,
+                                                        sequence_parallel=sequence_parallel, context=layout.cp)
+                                + stored)
     if recompute == "full":                        # and one layer at a time rebuilds all it keeps
         kept += activations.layer_bytes(*shape, recompute="none", sequence_parallel=sequence_parallel,
-                                        context=layout.cp)
+                                        context=layout.cp) + experts_extra
     return scale * kept
 
 
@@ -158,28 +190,41 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
     if not isinstance(layout, Layout) or layout.zero not in ZERO_STAGES or (layout.zero and layout.replicas == 1):
         raise ValueError(f"layout must be a choosing.Layout(dp, zero, tp, pp, m, cp=1) with zero in {ZERO_STAGES} "
                          f"(0 when dp·cp = 1: one rank has nothing to shard), got {layout!r}")
-    for name in ("dp", "tp", "pp", "m", "cp"):
+    for name in ("dp", "tp", "pp", "m", "cp", "ep"):
         whole(getattr(layout, name), name)
     reason = why_not(model, whole(batch, "batch"), layout)
     if reason:
         raise ValueError(f"{model.name} cannot run {layout}: {reason}")
-    dp, tp, pp, m, cp = layout.dp, layout.tp, layout.pp, layout.m, layout.cp
+    dp, tp, pp, m, cp, ep = layout.dp, layout.tp, layout.pp, layout.m, layout.cp, layout.ep
     gpus, b = dp * cp * tp * pp, batch // (dp * m)
     dtype = memory.PRECISIONS[precision].parameters
-    held = math.ceil(model.parameters / (tp * pp))
+    held = math.ceil((model.parameters - model.expert_parameters) / (tp * pp))
+    held_experts = math.ceil(model.expert_parameters / (tp * pp * ep))        # 0 for a dense model
     kept = activation_bytes(model, layout, b, precision=precision, schedule=schedule, recompute=recompute,
                             sequence_parallel=sequence_parallel)
     state = memory.per_rank(held, layout.replicas, layout.scheme, optimizer=optimizer, precision=precision,
                             activations=kept)
+    if held_experts:        # the experts' state, sharded by ZeRO over the ranks that hold the same experts
+        experts_state = memory.per_rank(held_experts, layout.expert_replicas, layout.scheme if
+                                        layout.expert_replicas > 1 else "data parallel",
+                                        optimizer=optimizer, precision=precision)
+        state = {kind: value + experts_state.get(kind, 0) for kind, value in state.items()}
 
     per_node = cluster.gpus_per_node
     dp_link = cluster.inside if tp * cp * dp <= per_node else cluster.between  # dp spans tp·cp·dp ranks
     cp_link = cluster.inside if tp * cp <= per_node else cluster.between       # cp spans tp·cp
     pp_link = cluster.inside if gpus <= per_node else cluster.between          # pp spans them all
+    ep_link = cluster.inside if tp * cp * ep <= per_node else cluster.between  # ep spans tp·cp·ep
     dtypes = memory.PRECISIONS[precision]              # gradients reduced in theirs, parameters gathered in theirs
     sent = {"dp": memory.sent_per_step(held, layout.replicas, layout.scheme, dtype=dtypes.gradients,
-                                       gather_dtype=dtype, micro_batches=m), "tp": 0.0, "pp": 0.0, "cp": 0.0}
-    seconds = {"dp": _dp_seconds(held, layout, dtypes, dp_link), "tp": 0.0, "pp": 0.0, "cp": 0.0}
+                                       gather_dtype=dtype, micro_batches=m), "tp": 0.0, "pp": 0.0, "cp": 0.0,
+            "ep": 0.0}
+    seconds = {"dp": _dp_seconds(held, layout.replicas, layout, dtypes, dp_link), "tp": 0.0, "pp": 0.0,
+               "cp": 0.0, "ep": 0.0}
+    if held_experts and layout.expert_replicas > 1:   # the experts' gradients, averaged over their replicas
+        sent["dp"] += memory.sent_per_step(held_experts, layout.expert_replicas, layout.scheme,
+                                           dtype=dtypes.gradients, gather_dtype=dtype, micro_batches=m)
+        seconds["dp"] += _dp_seconds(held_experts, layout.expert_replicas, layout, dtypes, dp_link)
     tokens = model.sequence // cp                      # of each sample, on this rank
     if tp > 1 and model.is_mlp:
         stage = _stage_dense(model, layout)
@@ -191,10 +236,13 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         messages = 2 * (tp - 1) * (len(stage) - 1) + (tp - 1) * (len(stage) % 2)
         seconds["tp"] = m * (messages * cluster.inside.alpha + per_micro / cluster.inside.beta)
     elif tp > 1:
-        activation = sizes.nbytes(b * tokens * model.hidden, dtype)
-        collectives = 4 * (model.layers // pp) * m                               # Megatron: 2 forward, 2 backward
-        sent["tp"] = collectives * transfer.ring_all_reduce(activation, tp)
-        seconds["tp"] = collectives * timemodel.ring_all_reduce_seconds(activation, tp, cluster.inside)
+        # Megatron: attention and the MLP each all-reduce once forward and once backward; a mixture of
+        # experts' MLP carries each token k times
+        layers_m = (model.layers // pp) * m
+        for rows in (1, model.top_k if model.is_moe else 1):
+            activation = sizes.nbytes(b * tokens * model.hidden * rows, dtype)
+            sent["tp"] += 2 * layers_m * transfer.ring_all_reduce(activation, tp)
+            seconds["tp"] += 2 * layers_m * timemodel.ring_all_reduce_seconds(activation, tp, cluster.inside)
     if pp > 1:
         boundary = sizes.nbytes(b * tokens * model.hidden, dtype) / (tp if sequence_parallel else 1)
         sends = m * (2 if pp > 2 else 1)         # a middle stage sends forward and back; with 2, each one way
@@ -209,7 +257,15 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         sent["cp"] = layers_m * per_layer
         messages = (cp - 1) + (cp - 1) + cp
         seconds["cp"] = layers_m * (messages * cp_link.alpha + per_layer / cp_link.beta)
-    flop = activations.training_flop(model.parameters, layers=model.layers, sequence=model.sequence,
+    if ep > 1:
+        # each layer, each micro-batch: the dispatch and the combine, forward and backward, of this rank's
+        # tokens (1/tp of them: Megatron splits the sequence over tp before the experts)
+        per_layer = experts.sent_per_layer(b * tokens / tp, model.hidden, model.top_k, ep,
+                                           element_bytes=sizes.DTYPE_BYTES[dtype])
+        layers_m = (model.layers // pp) * m
+        sent["ep"] = layers_m * per_layer
+        seconds["ep"] = layers_m * (4 * (ep - 1) * ep_link.alpha + per_layer / ep_link.beta)
+    flop = activations.training_flop(model.active_parameters, layers=model.layers, sequence=model.sequence,
                                      hidden=0 if model.is_mlp else model.hidden, tokens=batch * model.sequence,
                                      recompute=recompute)
     compute = cluster.processor_for(precision).seconds(flop / gpus)
@@ -224,8 +280,7 @@ def _dp_collectives(layout: Layout) -> tuple[int, int]:
     return {1: (1, 1), 2: (1, layout.m), 3: (2 * layout.m, layout.m)}[layout.zero]
 
 
-def _dp_seconds(held: int, layout: Layout, dtypes: memory.Precision, link: Link) -> float:
-    ranks = layout.replicas
+def _dp_seconds(held: int, ranks: int, layout: Layout, dtypes: memory.Precision, link: Link) -> float:
     if ranks == 1:
         return 0.0
     if layout.zero == 0:

@@ -3,7 +3,8 @@
     MODELS["GPT-3 6.7B"]          # parameters, layers, width, heads, sequence, the source's batch
     CLUSTERS[H100_CLUSTER]        # GPUs a node, fp32 and bf16 peaks, memory, the links inside and between
 
-Models: GPT-3 (Brown et al. 2020, Table 2.1), LLaMA 2 (Touvron et al. 2023), and the labs' MLP.
+Models: GPT-3 (Brown et al. 2020, Table 2.1), LLaMA 2 (Touvron et al. 2023), Mixtral 8x7B (Jiang et al.
+2024, a mixture of experts: course.experts), and the labs' MLP.
 Clusters: DGX H100 and DGX A100 nodes, the 2013 setting of lab 4's sources, and this machine, whose
 processor and memory were measured (bench/results/report.md). Links and processors come from
 course.timemodel, GPU memories from course.memory, where their sources are given.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course import memory, sizes, timemodel
+from course import experts, memory, sizes, timemodel
 from course.memory import GpuMemory
 from course.timemodel import Link, Processor
 
@@ -30,15 +31,36 @@ class Model:
     batch: int         # the source's global batch, in samples
     source: str
     widths: tuple[int, ...] = ()   # the MLP only: (inputs, *hidden, classes)
+    experts: int = 0               # a mixture of experts: the experts of each layer (0: dense)
+    top_k: int = 0                 # ... the experts each token goes to
+    expert_parameters: int = 0     # ... the parameters in all layers' experts (part of `parameters`)
+
+    def __post_init__(self):
+        if self.experts:
+            experts.active_parameters(self.parameters, self.expert_parameters, experts=self.experts,
+                                      top_k=self.top_k)   # checks them
 
     @property
     def is_mlp(self) -> bool:
         return bool(self.widths)
 
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def active_parameters(self) -> float:
+        """The parameters one token runs through (all of them, but for a mixture of experts)."""
+        if not self.is_moe:
+            return self.parameters
+        return experts.active_parameters(self.parameters, self.expert_parameters, experts=self.experts,
+                                         top_k=self.top_k)
+
 
 # GPT-3: Brown et al. 2020, Table 2.1 (n_params, n_layers, d_model, n_heads; context 2048; batch in tokens / 2048).
 # LLaMA 2: Touvron et al. 2023, Table 1 and section 2.2 (context 4096, 4M tokens a batch; 70B uses 8 KV heads).
 LAB_MLP = "the labs' MLP (64, 7 × 64, 10)"
+MIXTRAL = "Mixtral 8x7B (8 experts, top 2)"
 _WIDTHS = (64, *(64,) * 7, 10)       # lab 6's course.models.mlp(64, (64,) * 7, 10)
 MODELS = {m.name: m for m in (
     Model("GPT-3 1.3B", 1_300_000_000, 24, 2048, 16, 2048, 512, "GPT-3 paper, Table 2.1: 1M tokens a batch"),
@@ -46,6 +68,12 @@ MODELS = {m.name: m for m in (
     Model("GPT-3 175B", 175_000_000_000, 96, 12288, 96, 2048, 1536, "GPT-3 paper, Table 2.1: 3.2M tokens"),
     Model("LLaMA-2 7B", 7_000_000_000, 32, 4096, 32, 4096, 1024, "LLaMA 2 paper: 4M tokens a batch"),
     Model("LLaMA-2 70B", 70_000_000_000, 80, 8192, 64, 4096, 1024, "LLaMA 2 paper: 4M tokens a batch"),
+    # Mixtral 8x7B (Jiang et al. 2024; its released configuration): 32 layers, d 4096, 32 heads (8 for K and
+    # V), 8 experts a layer of 3 × 4096 × 14336 weights (SwiGLU), top 2. Its training sequences and batch are
+    # not published (its context is 32k): LLaMA 2's assumed, 1024 sequences of 4096 tokens.
+    Model(MIXTRAL, 46_702_792_704, 32, 4096, 32, 4096, 1024,
+          "Mixtral paper and configuration: 46.7B parameters, 12.9B active; sequence and batch assumed (LLaMA 2's)",
+          experts=8, top_k=2, expert_parameters=32 * 8 * 3 * 4096 * 14_336),
     Model(LAB_MLP, sum(a * b + b for a, b in zip(_WIDTHS, _WIDTHS[1:])), 8, 64, 0, 1, 64,
           "lab 6's model, 8 Linear layers; the labs' batch of 64", widths=_WIDTHS),
 )}

@@ -30,7 +30,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 COST_MODELS = ("transfer", "sizes", "timemodel", "grid_model", "memory", "pipeline", "activations", "presets",
-               "layout_cost", "choosing")
+               "experts", "layout_cost", "choosing")
 NOT_IN_COST_MODELS = ("torch", "matplotlib", "ipywidgets", "IPython", "pandas")
 NOT_ON_IMPORT = ("matplotlib", "pandas", "ipywidgets", "sklearn")
 # A layer's modules, on its line and on indented lines after it that hold only names: "- views: a, b,\n  c."

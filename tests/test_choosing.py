@@ -358,7 +358,7 @@ def test_context_parallelism_lets_a_long_sequence_fit():
 @pytest.mark.parametrize("nodes", [8, 32])
 def test_lab_6_s_claim_on_context_parallelism_for_the_presets(nodes):
     # Lab 6: ticked, the largest presets' fastest layout splits each sequence over 2 or 4 ranks, a few
-    # percent faster; the smaller ones' does not change at their own sequence lengths.
+    # percent faster; the smaller dense ones' does not change at their own sequence lengths.
     for name, model in MODELS.items():
         if model.is_mlp:
             continue
@@ -367,7 +367,7 @@ def test_lab_6_s_claim_on_context_parallelism_for_the_presets(nodes):
         if name in ("GPT-3 175B", "LLaMA-2 70B"):
             assert with_cp.layout.cp in (2, 4), (name, with_cp.layout)
             assert 0.9 < with_cp.seconds["total"] / plain.seconds["total"] < 1, (name, with_cp.seconds, plain.seconds)
-        else:
+        elif not model.is_moe:     # "the smaller dense presets"
             assert with_cp.layout == plain.layout, (name, with_cp.layout, plain.layout)
 
 

@@ -7,7 +7,9 @@ Left: one marker per layout (`course.choosing.options`, whose docstring states t
 assumes): x the bytes each rank sends per step, y the predicted step time, both logarithmic; the colour
 says which parallelisms the layout uses (dp, dp+zero, tp, pp and their mixes), a triangle one that also
 splits each sequence over cp ranks (context parallelism, lab 7's ring attention: offered when the context
-box is ticked), a hollow marker one that does not fit in the GPU's memory; a star the fastest that fits,
+box is ticked), a square one that splits a mixture of experts' experts over ep of its dp copies (expert
+parallelism, course.experts: offered for the models with experts), a diamond both; a hollow marker one
+that does not fit in the GPU's memory; a star the fastest that fits,
 named. A layout that sends nothing
 (one GPU) is drawn at 1 byte. Right: the five fastest layouts that fit. The activations menu
 (`ACTIVATIONS`) says what each transformer layer keeps for its backward (`course.activations`, Korthikanti
@@ -59,15 +61,21 @@ def _named(what: str, name: str, choices: Mapping):
 
 
 def layout_words(layout: choosing.Layout) -> str:
-    """Layout(8, 2, 1, 8, 64) -> "dp 8 (ZeRO-2) × tp 1 × pp 8, m 64"; with cp 2, "... × pp 8 × cp 2, m 64"."""
-    zero = f" (ZeRO-{layout.zero})" if layout.zero else ""
+    """Layout(8, 2, 1, 8, 64) -> "dp 8 (ZeRO-2) × tp 1 × pp 8, m 64"; with cp 2, "... × pp 8 × cp 2, m 64";
+    with ep 4, "dp 8 (ZeRO-2, ep 4) × ...": the experts split over groups of 4 of the dp copies."""
+    dp = ", ".join(([f"ZeRO-{layout.zero}"] if layout.zero else []) + ([f"ep {layout.ep}"] if layout.ep > 1 else []))
     cp = f" × cp {layout.cp}" if layout.cp > 1 else ""
-    return f"dp {layout.dp}{zero} × tp {layout.tp} × pp {layout.pp}{cp}, m {layout.m}"
+    return f"dp {layout.dp}{f' ({dp})' if dp else ''} × tp {layout.tp} × pp {layout.pp}{cp}, m {layout.m}"
 
 
 def _colour_of(layout: choosing.Layout) -> str:
-    """Layout.uses without cp, whose layouts are triangles of the same colours."""
-    return "+".join(part for part in layout.uses.split("+") if part != "cp") or "none"
+    """Layout.uses without cp and ep, which the marker's shape says (MARKERS)."""
+    return "+".join(part for part in layout.uses.split("+") if part not in ("cp", "ep")) or "none"
+
+
+#: (splits each sequence over cp ranks, splits the experts over ep ranks) -> the marker
+MARKERS = {(False, False): "o", (True, False): "^", (False, True): "s", (True, True): "D"}
+MARKER_WORDS = {"^": "triangle: with cp", "s": "square: with ep", "D": "diamond: with cp and ep"}
 
 
 def _check_measured(measured) -> list[dict]:
@@ -107,19 +115,19 @@ def draw(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER, nod
     best = choosing.fastest(found)
     fig, (ax, table_ax) = plt.subplots(1, 2, figsize=(15, 5.2), layout="constrained", width_ratios=(1.6, 1))
     for uses in USES:
-        named = False                 # one legend entry a colour; hollow and triangles are said once, below
         for fits in (True, False):
-            for splits_sequences in (False, True):
+            for splits, marker in MARKERS.items():
                 group = [o for o in found if _colour_of(o.layout) == uses and o.fits == fits
-                         and (o.layout.cp > 1) == splits_sequences]
-                if not group:
-                    continue
-                ax.scatter([max(o.sent["total"], 1) for o in group], [o.seconds["total"] for o in group], s=36,
-                           marker="^" if splits_sequences else "o", facecolors=COLOURS[uses] if fits else "none",
-                           edgecolors=COLOURS[uses], label="_" if named else uses)
-                named = True
-    if any(o.layout.cp > 1 for o in found):
-        ax.scatter([], [], s=36, marker="^", facecolors="grey", edgecolors="grey", label="triangle: with cp")
+                         and (o.layout.cp > 1, o.layout.ep > 1) == splits]
+                if group:
+                    ax.scatter([max(o.sent["total"], 1) for o in group], [o.seconds["total"] for o in group], s=36,
+                               marker=marker, facecolors=COLOURS[uses] if fits else "none",
+                               edgecolors=COLOURS[uses], label="_")
+        if any(_colour_of(o.layout) == uses for o in found):   # one legend entry a colour, a filled circle;
+            ax.scatter([], [], s=36, marker="o", color=COLOURS[uses], label=uses)   # hollow and shapes below
+    for marker in sorted({MARKERS[o.layout.cp > 1, o.layout.ep > 1] for o in found} & set(MARKER_WORDS),
+                         key=list(MARKER_WORDS).index):
+        ax.scatter([], [], s=36, marker=marker, facecolors="grey", edgecolors="grey", label=MARKER_WORDS[marker])
     if not all(o.fits for o in found):
         ax.scatter([], [], s=36, facecolors="none", edgecolors="grey", label="hollow: does not fit in memory")
     if best:
@@ -182,8 +190,9 @@ def describe(*, model: str = "GPT-3 6.7B", cluster: str = choosing.H100_CLUSTER,
         return head + (" None fits: more nodes, a smaller batch, sequence or context parallelism or "
                        "recomputing every layer." if found else
                        f" None runs: the batch must split into dp × m micro-batches on {gpus} GPUs.")
-    parts = ", ".join(f"{part} {best.seconds[part]:.3g} s" for part in ("compute", "bubble", "tp", "dp", "pp", "cp")
-                      if part != "cp" or best.layout.cp > 1)
+    parts = ", ".join(f"{part} {best.seconds[part]:.3g} s"
+                      for part in ("compute", "bubble", "tp", "dp", "pp", "cp", "ep")
+                      if part not in ("cp", "ep") or getattr(best.layout, part) > 1)
     rows = "\n".join(f"| {layout_words(o.layout)} | {in_units(o.memory['total'])} | {in_units(o.sent['total'])} | "
                      f"{o.seconds['total']:.3g} s |" for o in fitting[:TOP])
     return (f"{head} The fastest that fits: {layout_words(best.layout)}, {in_units(best.memory['total'])} a rank, "

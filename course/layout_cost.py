@@ -188,8 +188,8 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         raise ValueError(f"tp={layout.tp} would cross nodes of {cluster.gpus_per_node} GPUs: tensor parallelism "
                          f"stays within a node; pick tp <= {cluster.gpus_per_node}")
     if not isinstance(layout, Layout) or layout.zero not in ZERO_STAGES or (layout.zero and layout.replicas == 1):
-        raise ValueError(f"layout must be a choosing.Layout(dp, zero, tp, pp, m, cp=1) with zero in {ZERO_STAGES} "
-                         f"(0 when dp·cp = 1: one rank has nothing to shard), got {layout!r}")
+        raise ValueError(f"layout must be a choosing.Layout(dp, zero, tp, pp, m, cp=1, ep=1) with zero in "
+                         f"{ZERO_STAGES} (0 when dp·cp = 1: one rank has nothing to shard), got {layout!r}")
     for name in ("dp", "tp", "pp", "m", "cp", "ep"):
         whole(getattr(layout, name), name)
     reason = why_not(model, whole(batch, "batch"), layout)

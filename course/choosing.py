@@ -79,7 +79,7 @@ def options(model: Model, cluster: Cluster, batch: int, *, nodes: int = 1, preci
     offered += sorted({Layout(x.dp, x.zero, x.tp, x.pp, batch // x.dp, x.cp, x.ep) for x in offered
                        if batch % x.dp == 0}
                       - set(offered))
-    runnable = [layout for layout in offered if not why_not(model, batch, layout)]
+    runnable = [layout for layout in offered if not why_not(model, batch, layout, sequence_parallel=sequence_parallel)]
     found = [evaluate(model, cluster, batch, layout, precision=precision, optimizer=optimizer, schedule=schedule,
                       recompute=recompute, sequence_parallel=sequence_parallel) for layout in runnable]
     # ties (to 9 digits: ZeRO-1's ring takes data parallelism's time) go to fewer bytes, then less memory

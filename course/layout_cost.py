@@ -50,8 +50,9 @@ parallelism); ep ranks are ep of the dp copies, side by side (ep divides dp and 
 by tp as the MLP is (Megatron's default). A token's k experts each keep the MLP block's activations
 (`activations.mlp_block_bytes`: k − 1 more than a dense layer's), and its FLOPs are the
 `active_parameters`' (6 a token each). Bytes: ep, `experts.sent_per_layer` per layer and micro-batch,
-the dispatch and the combine forward and backward of this rank's b·s/(cp·tp) tokens (Megatron splits the
-sequence over tp before the experts), routed evenly; tp, the MLP's two all-reduces carry k rows a token.
+the dispatch and the combine forward and backward of this rank's b·s/(cp·tp) tokens, routed evenly (with
+tp, sequence parallelism has split the sequence over the tp ranks: Megatron-LM requires it beside ep, and
+`why_not` refuses ep with tp without it); tp, the MLP's two all-reduces carry k rows a token.
 Time: each all-to-all (ep − 1) messages and its bytes over the link its group spans (tp·cp·ep ranks).
 Left out: the router, uneven routing (the busiest expert's rank sets the pace) and capacity limits.
 
@@ -120,8 +121,9 @@ def whole(value, name: str) -> int:
     return value
 
 
-def why_not(model: Model, batch: int, layout: Layout) -> str | None:
-    """Why `model` cannot run `layout` with a global batch of `batch` samples, or None."""
+def why_not(model: Model, batch: int, layout: Layout, *, sequence_parallel: bool = False) -> str | None:
+    """Why `model` cannot run `layout` with a global batch of `batch` samples (and sequence
+    parallelism on or off), or None."""
     if batch % (layout.dp * layout.m):
         return f"the batch of {batch} does not split into {layout.dp} × {layout.m} micro-batches"
     if model.layers % layout.pp:
@@ -137,6 +139,9 @@ def why_not(model: Model, batch: int, layout: Layout) -> str | None:
         return f"{model.experts} experts do not split over {layout.ep} ep ranks"
     if layout.dp % layout.ep:
         return f"the {layout.dp} dp copies do not split into groups of {layout.ep} ep ranks"
+    if layout.ep > 1 and layout.tp > 1 and not sequence_parallel:
+        return ("expert parallelism beside tensor parallelism needs sequence parallelism (Megatron-LM "
+                "requires it): turn it on, or take tp = 1")
     if layout.cp > 1 and model.sequence % (2 * layout.cp):
         return (f"the sequence of {model.sequence} tokens does not split into 2 × {layout.cp} chunks "
                 "(the zig-zag split of context parallelism)")
@@ -192,7 +197,7 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
                          f"{ZERO_STAGES} (0 when dp·cp = 1: one rank has nothing to shard), got {layout!r}")
     for name in ("dp", "tp", "pp", "m", "cp", "ep"):
         whole(getattr(layout, name), name)
-    reason = why_not(model, whole(batch, "batch"), layout)
+    reason = why_not(model, whole(batch, "batch"), layout, sequence_parallel=sequence_parallel)
     if reason:
         raise ValueError(f"{model.name} cannot run {layout}: {reason}")
     dp, tp, pp, m, cp, ep = layout.dp, layout.tp, layout.pp, layout.m, layout.cp, layout.ep
@@ -259,7 +264,7 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         seconds["cp"] = layers_m * (messages * cp_link.alpha + per_layer / cp_link.beta)
     if ep > 1:
         # each layer, each micro-batch: the dispatch and the combine, forward and backward, of this rank's
-        # tokens (1/tp of them: Megatron splits the sequence over tp before the experts)
+        # tokens (1/tp of them: with tp, sequence parallelism is on, why_not says)
         per_layer = experts.sent_per_layer(b * tokens / tp, model.hidden, model.top_k, ep,
                                            element_bytes=sizes.DTYPE_BYTES[dtype])
         layers_m = (model.layers // pp) * m

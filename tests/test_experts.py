@@ -71,6 +71,13 @@ def test_ep_is_offered_only_for_experts_and_only_where_it_divides_them_and_dp():
     assert "has no experts" in choosing.why_not(gpt, 512, Layout(2, 0, 1, 1, 1, ep=2))
     assert "8 experts do not split over 3 ep ranks" in choosing.why_not(MOE, 96, Layout(3, 0, 1, 1, 1, ep=3))
     assert "do not split into groups of 4" in choosing.why_not(MOE, 96, Layout(2, 0, 1, 1, 1, ep=4))
+    # beside tp, only with sequence parallelism (Megatron-LM requires it)
+    beside_tp = Layout(4, 0, 2, 1, 1, ep=4)
+    assert "needs sequence parallelism" in choosing.why_not(MOE, 96, beside_tp)
+    assert choosing.why_not(MOE, 96, beside_tp, sequence_parallel=True) is None
+    plain, with_sp = (choosing.options(MOE, H100, 64, nodes=1, sequence_parallel=on) for on in (False, True))
+    assert not any(o.layout.ep > 1 and o.layout.tp > 1 for o in plain)
+    assert any(o.layout.ep > 1 and o.layout.tp > 1 for o in with_sp)
     assert all(o.layout.ep == 1 for o in choosing.options(gpt, H100, 512, nodes=2))
 
 
@@ -126,11 +133,10 @@ def test_the_tp_all_reduces_of_an_expert_layer_carry_k_rows_a_token():
 
 
 def test_lab_6_s_claim_on_mixtral_and_the_view_s_squares():
-    best = choosing.fastest(choosing.options(MOE, H100, MOE.batch, nodes=8))
-    assert best.layout.ep == 8, best.layout                   # "on 8 nodes its fastest layout splits ... over 8"
-    assert best.layout.tp == 1, best.layout                   # "On 8 nodes the smaller models ... skip tp"
-    # "On 32 nodes, every preset's fastest layout mixes all the schemes of labs 2 to 6" (and ep, here)
-    assert choosing.fastest(choosing.options(MOE, H100, MOE.batch, nodes=32)).layout.uses == "dp+zero+tp+pp+ep"
+    # "On 8 and on 32 nodes ... data parallelism with ZeRO, the experts split over 8 ranks, and neither tp nor pp"
+    for nodes in (32, 8):
+        best = choosing.fastest(choosing.options(MOE, H100, MOE.batch, nodes=nodes))
+        assert best.layout.uses == "dp+zero+ep" and best.layout.ep == 8, (nodes, best.layout)
     assert choosing_view.layout_words(best.layout).startswith(f"dp {best.layout.dp} (ZeRO-{best.layout.zero}, ep 8)")
     fig = choosing_view.draw(model=MIXTRAL, nodes=8)
     labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]     # beside the table

@@ -36,8 +36,16 @@ def test_a_comprehension_reads_now_and_a_function_or_lambda_whenever_it_runs():
 
 
 def test_a_name_in_a_string_counts_and_a_cell_that_does_not_parse_reaches_everything():
-    assert reach("pass", "f = 1", "print(globals()['f'])") == 2
+    assert reach("pass", "f = 1", "print(getattr(__main__, 'f'))") == 2
     assert reach("pass", "f = 1", "print(1)", "print(1 +", "print(2)") == 4
+
+
+def test_a_cell_that_reaches_names_by_their_strings_may_touch_any():
+    name = "'f'[::-1]"       # a name no reading of the source can see
+    assert reach("pass", "f = 1", "print(1)", f"print(globals()[{name}])", "print(2)") == 4
+    assert reach("pass", "f = 1", "print(1)", f"exec('g = ' + {name})", "print(g)") == 4
+    # before the change: its function may read the changed name when called, so its caller is reached
+    assert reach(f"def peek():\n    return globals()[{name}]", "f = 1", "print(1)", "peek()", "print(2)") == 3
 
 
 def test_a_cell_with_ipython_magics_may_read_anything():

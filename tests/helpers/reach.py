@@ -14,9 +14,11 @@ The reading is static, by Python's own scoping (symtable), and errs towards reac
   count), in its comprehensions, and in its functions, lambdas, generators and class
   bodies whenever they run: so a function in a cell before the change that reads a
   changed name carries the change to whoever calls it;
-- a string that is exactly a name is a read (`globals()["f"]`, `getattr(module, "f")`);
-- a cell that does not parse, or holds IPython's magics (they run code from strings),
-  reads everything.
+- a string that is exactly a name is a read (`getattr(module, "f")`);
+- a cell that does not parse, holds IPython's magics (they run code from strings) or names
+  what reaches names by their strings (`globals()`, `exec`, ...: DYNAMIC) may read and bind
+  any name: after the change, it and everything after it are reached; before it, whatever
+  it binds is taken as carrying the change.
 
 What it cannot see is state changed in place (an object the changed code mutates,
 torch's random state): the fairness tests keep, for each exercise, one mistake
@@ -29,6 +31,9 @@ import re
 import symtable
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+#: What reads or binds names given as strings, or runs code from strings: a cell that names one
+#: may touch any name.
+DYNAMIC = {"exec", "eval", "compile", "globals", "locals", "vars", "get_ipython", "__import__", "__builtins__"}
 
 
 def _python(source: str) -> str | None:
@@ -166,6 +171,9 @@ def last_cell_reached(sources: list[str], changed: set[int]) -> int:
     cells = [_python(source) for source in sources]
     if any(python is None for python in cells):  # it might read anything, now or later
         return len(sources) - 1
+    dynamic = [bool(_names_in(python) & DYNAMIC) for python in cells]
+    if any(dynamic[first:]):                     # it might read and bind any name once it runs
+        return len(sources) - 1
     binds = [bound_names(python) for python in cells]
     reads = [read_names(python) if i >= first else deferred_reads(python) for i, python in enumerate(cells)]
     tainted = set().union(*(binds[i] for i in changed))
@@ -173,7 +181,12 @@ def last_cell_reached(sources: list[str], changed: set[int]) -> int:
     while grew:
         grew = False
         for i in range(len(cells)):
-            if i not in changed and reads[i] & tainted and not binds[i] <= tainted:
+            # a cell before the change that reads names by their strings may read any, later
+            if i not in changed and (reads[i] & tainted or dynamic[i]) and not binds[i] <= tainted:
                 tainted |= binds[i]
                 grew = True
     return max(i for i in range(first, len(cells)) if i in changed or reads[i] & tainted)
+
+
+def _names_in(python: str) -> set[str]:
+    return {node.id for node in ast.walk(ast.parse(python)) if isinstance(node, ast.Name)}

@@ -18,7 +18,7 @@ holds this, and that every module is in exactly one layer):
 - counting: comm, recorder, timeline, live_memory.
   What each rank sent and when: `comm` owns the records, `recorder` makes them
   by patching torch.distributed while a rank runs, `timeline` adds compute spans.
-- launcher: launch, placement, errors, _processes, _worker, _pickling, _output, _tracebacks.
+- launcher: launch, placement, errors, _processes, _rank_process, _worker, _pickling, _output, _tracebacks.
   Ranks from a notebook cell, or the process itself under torchrun: start them,
   give each a device, and report what they returned, printed and raised.
 - lab kit: check, grading, data, models, throughput, mfu, link_probe, sharding, stages,

@@ -1,7 +1,7 @@
 """Starting, watching and stopping the ranks of one launch.
 
-Ranks are forked from multiprocessing's forkserver, which imports torch once.
-The parent then watches every rank's control pipe (result or error), exit
+Ranks are forked from multiprocessing's forkserver, which imports torch once
+(course._rank_process). The parent then watches every rank's control pipe (result or error), exit
 sentinel and output pipes in one selector loop, until all ranks returned, one
 failed, or time ran out. Whatever happens, every rank is stopped and every
 pipe closed before the call returns.
@@ -10,20 +10,16 @@ Used by: course.launch.
 """
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import multiprocessing.spawn
 import os
 import selectors
 import shutil
 import signal
-import socket
 import tempfile
 import time
 
 import cloudpickle
 
-from course import _worker, comm, errors, timeline
+from course import _rank_process, _worker, comm, errors, timeline
 from course._output import RankOutput
 
 _GRACE = 0.1  # seconds to gather errors raised at the same moment on other ranks
@@ -31,64 +27,6 @@ _GRACE = 0.1  # seconds to gather errors raised at the same moment on other rank
 #: (its process, the imports its function needs) took over 5 s on a loaded 2-core machine, which a
 #: demo's 5 s timeout must not pay. Ranks that never begin it are stopped this much later.
 STARTUP_S = 60
-
-
-def _forkserver():
-    context = multiprocessing.get_context("forkserver")
-    # The server imports torch once; every rank is a fork of it after that.
-    # torch._dynamo too: the first optimizer a rank builds imports it (torch.optim's
-    # methods are wrapped to disable dynamo), 1.3-1.8 s per rank on a 2-core machine.
-    # It starts no threads, so forking after it stays safe.
-    context.set_forkserver_preload(["course._worker", "torch._dynamo"])
-    return context
-
-
-def _kill_rank(process) -> None:
-    """SIGKILL a rank's process group (it and whatever it started), then the rank itself."""
-    for kill in (lambda: os.killpg(process.pid, signal.SIGKILL), process.kill):
-        try:
-            kill()
-        except (ProcessLookupError, PermissionError, OSError, AttributeError):
-            pass
-
-
-def _abandon(process, *connections) -> None:
-    """End a rank that never joined its run: killed if it started, its pipes closed."""
-    if process.pid is not None:
-        _kill_rank(process)
-        process.join(2)
-    for connection in connections:
-        connection.close()
-
-
-@contextlib.contextmanager
-def _without_main_module():
-    """Start ranks without re-running the parent's script in them.
-
-    forkserver, like spawn, imports the parent's __main__ in every child: a
-    script without an `if __name__ == "__main__":` guard would launch again
-    from each rank. Ranks need nothing from __main__ (cloudpickle sends the
-    function by value), so its entry is left out of what children prepare.
-    """
-    original = multiprocessing.spawn.get_preparation_data
-
-    def without_main(name):
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-    multiprocessing.spawn.get_preparation_data = without_main
-    try:
-        yield
-    finally:
-        multiprocessing.spawn.get_preparation_data = original
-
-
-def _loopback_interface() -> str | None:
-    try:
-        return next(name for _, name in socket.if_nameindex() if name.startswith("lo"))
-    except (OSError, StopIteration):
-        return None
 
 
 class _Rank:
@@ -134,9 +72,9 @@ class Run:
             shutil.rmtree(meeting, ignore_errors=True)
 
     def _start(self, store_path: str) -> None:
-        context = _forkserver()
+        context = _rank_process.forkserver()
         env = {"OMP_NUM_THREADS": str(self.num_threads)}
-        lo = _loopback_interface()
+        lo = _rank_process.loopback_interface()
         if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
             env["GLOO_SOCKET_IFNAME"] = lo  # every rank is on this machine
         collective_timeout = (self.timeout or 1800) + 60  # ours fires first, with stacks
@@ -149,7 +87,7 @@ class Run:
             process = context.Process(target=_worker.main, name=f"rank {rank}",
                                       args=(spec, control_child, *(w for _, w in pipes)))
             try:
-                with _without_main_module():
+                with _rank_process.without_main_module():
                     process.start()
                 for child_end in (control_child, *(w for _, w in pipes)):
                     child_end.close()
@@ -161,7 +99,7 @@ class Run:
                 # it would wait for its control pipe to close, and this process's exit would
                 # wait for it (multiprocessing joins its children at exit): both, forever.
                 if not self.ranks or self.ranks[-1].process is not process:
-                    _abandon(process, control, control_child, *(end for pipe in pipes for end in pipe))
+                    _rank_process.abandon(process, control, control_child, *(end for pipe in pipes for end in pipe))
                 raise
             self.selector.register(control.fileno(), selectors.EVENT_READ, ("control", rank_))
             self.selector.register(process.sentinel, selectors.EVENT_READ, ("exit", rank_))
@@ -301,7 +239,7 @@ class Run:
     # --- leaving nothing behind ---------------------------------------------------
     def _kill(self) -> None:
         for rank in self.ranks:
-            _kill_rank(rank.process)
+            _rank_process.kill_rank(rank.process)
         for rank in self.ranks:
             rank.process.join(2)
 

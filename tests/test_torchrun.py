@@ -18,7 +18,7 @@ import torch
 from test_launch_contexts import ENV, _free_port, _no_stray_processes  # noqa: F401 (autouse fixture)
 
 import course
-from course import _processes, check, stages
+from course import _rank_process, check, stages
 from course.grid_model import Grid
 from grader import run as run_script
 from grader.common.solution import load
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.torchrun
 STEPS = 3          # few steps, the notebooks' sizes otherwise: seconds on a 2-core machine
 PIPELINE = "06_pipeline_parallel"   # rank r holds stage r's parameters; the last rank has the losses
 TIMEOUT = 240      # seconds for one torchrun run, start to end
-LOOPBACK = {"GLOO_SOCKET_IFNAME": _processes._loopback_interface() or "lo"}  # gloo stays on 127.0.0.1
+LOOPBACK = {"GLOO_SOCKET_IFNAME": _rank_process.loopback_interface() or "lo"}  # gloo stays on 127.0.0.1
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -256,9 +256,9 @@ def _start_forkserver_once_course_is_imported():
 
     if forkserver._forkserver._forkserver_pid is not None or "course._processes" not in sys.modules:
         return
-    from course import _processes
+    from course import _rank_process
 
-    _processes._forkserver()  # the course's preloads, as its first launch sets them
+    _rank_process.forkserver()  # the course's preloads, as its first launch sets them
     forkserver.ensure_running()
 
 

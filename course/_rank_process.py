@@ -1,0 +1,71 @@
+"""A rank's process: forked from multiprocessing's forkserver, which imports torch once, without
+the parent's __main__, on the loopback interface; and ended with whatever it started.
+
+Used by: course._processes.
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.spawn
+import os
+import signal
+import socket
+
+
+def forkserver():
+    context = multiprocessing.get_context("forkserver")
+    # The server imports torch once; every rank is a fork of it after that.
+    # torch._dynamo too: the first optimizer a rank builds imports it (torch.optim's
+    # methods are wrapped to disable dynamo), 1.3-1.8 s per rank on a 2-core machine.
+    # It starts no threads, so forking after it stays safe.
+    context.set_forkserver_preload(["course._worker", "torch._dynamo"])
+    return context
+
+
+def kill_rank(process) -> None:
+    """SIGKILL a rank's process group (it and whatever it started), then the rank itself."""
+    for kill in (lambda: os.killpg(process.pid, signal.SIGKILL), process.kill):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError, OSError, AttributeError):
+            pass
+
+
+def abandon(process, *connections) -> None:
+    """End a rank that never joined its run: killed if it started, its pipes closed."""
+    if process.pid is not None:
+        kill_rank(process)
+        process.join(2)
+    for connection in connections:
+        connection.close()
+
+
+@contextlib.contextmanager
+def without_main_module():
+    """Start ranks without re-running the parent's script in them.
+
+    forkserver, like spawn, imports the parent's __main__ in every child: a
+    script without an `if __name__ == "__main__":` guard would launch again
+    from each rank. Ranks need nothing from __main__ (cloudpickle sends the
+    function by value), so its entry is left out of what children prepare.
+    """
+    original = multiprocessing.spawn.get_preparation_data
+
+    def without_main(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+    multiprocessing.spawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        multiprocessing.spawn.get_preparation_data = original
+
+
+def loopback_interface() -> str | None:
+    try:
+        return next(name for _, name in socket.if_nameindex() if name.startswith("lo"))
+    except (OSError, StopIteration):
+        return None

@@ -15,7 +15,7 @@ holds this, and that every module is in exactly one layer):
   experts, layout_cost, choosing.
   What each scheme sends and how long it takes, from formulas: arithmetic
   only, no torch and no views, so that a slider can ask them anything.
-- counting: comm, recorder, timeline, live_memory.
+- counting: comm, recorder, _call_sizes, timeline, live_memory.
   What each rank sent and when: `comm` owns the records, `recorder` makes them
   by patching torch.distributed while a rank runs, `timeline` adds compute spans.
 - launcher: launch, placement, errors, _processes, _rank_process, _worker, _pickling, _output, _tracebacks.

@@ -4,7 +4,8 @@
 each call as a `course.comm.CommRecord` and restores the originals after.
 Timing and bytes: a measurement window stays open while any call is in
 flight; its bytes (gloo's socket writes) go to the calls in it, split in
-proportion to their predictions when there are several.
+proportion to their predictions when there are several. What a call sends, by
+its arguments, is course._call_sizes's.
 
 Used by: course._worker, course.launch, course.link_probe, course.timeline.
 """
@@ -18,14 +19,8 @@ import time
 
 import torch.distributed as dist
 
-from course import transfer
+from course import _call_sizes, transfer
 from course.comm import RECORDED, CommLog, CommRecord, refuse_a_missing_peer, socket_bytes_written
-
-# Called name -> the operation whose formula applies.
-_FORMULA_OF = {"all_gather_single": "all_gather_into_tensor",
-               "reduce_scatter_single": "reduce_scatter_tensor",
-               "isend": "send", "irecv": "recv"}
-
 
 _ACTIVE: Recorder | None = None  # the recorder of the function running now, if any
 
@@ -101,49 +96,6 @@ class _TrackedWork(dist.Work):
         return self._inner.get_future()
 
 
-def _tensors_in(arguments, *names):
-    for name in names:
-        value = arguments.get(name)
-        if value is not None:
-            return value
-    return None
-
-
-def _describe(name: str, arguments: dict) -> tuple[tuple, str, int, int | None]:
-    """(shape, dtype, nbytes, peer-as-given) of one call, per transfer.SIZE_OF."""
-    if name == "barrier":
-        return (), "", 0, None
-    if name in ("reduce_scatter", "all_to_all"):
-        chunks = _tensors_in(arguments, "input_list", "input_tensor_list")
-        first = chunks[0]
-        nbytes = sum(t.numel() * t.element_size() for t in chunks)
-        return (len(chunks), *first.shape), str(first.dtype), nbytes, None
-    if name in ("all_gather_into_tensor", "all_gather_single"):
-        tensor = _tensors_in(arguments, "input_tensor", "input")
-    elif name in ("reduce_scatter_tensor", "reduce_scatter_single", "all_to_all_single"):
-        tensor = _tensors_in(arguments, "input", "input_tensor")
-    else:
-        tensor = arguments["tensor"]
-    peer = None
-    for key in ("group_src", "group_dst", "src", "dst"):
-        if arguments.get(key) is not None:
-            peer = (key, arguments[key])
-            break
-    return tuple(tensor.shape), str(tensor.dtype), tensor.numel() * tensor.element_size(), peer
-
-
-def _own_chunk(name: str, arguments: dict, rank: int, nbytes: int) -> int | None:
-    """An all-to-all's bytes for this rank itself (they stay): its chunk of the list, or its rows of
-    all_to_all_single's input_split_sizes; None for an equal split, and for every other operation."""
-    if name == "all_to_all":
-        chunk = _tensors_in(arguments, "input_list", "input_tensor_list")[rank]
-        return chunk.numel() * chunk.element_size()
-    if name == "all_to_all_single" and arguments.get("input_split_sizes"):
-        rows = _tensors_in(arguments, "input", "input_tensor").shape[0]
-        return arguments["input_split_sizes"][rank] * (nbytes // rows) if rows else 0
-    return None
-
-
 class Recorder:
     """Logs the calls of one rank; `patch()` routes torch.distributed through it."""
 
@@ -195,14 +147,14 @@ class Recorder:
         if group_rank < 0:
             return None
         size = dist.get_world_size(group)
-        shape, dtype, nbytes, peer = _describe(name, arguments)
+        shape, dtype, nbytes, peer = _call_sizes.describe(name, arguments)
         if peer is not None:
             key, value = peer
             global_rank = group is not None and not key.startswith("group_")
             peer = dist.get_group_rank(group, value) if global_rank else value
-        formula = transfer.predict(_FORMULA_OF.get(name, name), nbytes, size, rank=group_rank,
+        formula = transfer.predict(_call_sizes.FORMULA_OF.get(name, name), nbytes, size, rank=group_rank,
                                    root=peer if peer is not None else 0, backend=self.backend,
-                                   kept=_own_chunk(name, arguments, group_rank, nbytes))
+                                   kept=_call_sizes.own_chunk(name, arguments, group_rank, nbytes))
         async_op = name in ("isend", "irecv") or bool(arguments.get("async_op", False))
         return CommRecord(self.rank, name, shape, dtype, nbytes, size, peer, async_op,
                           formula.algorithm, formula.sent)

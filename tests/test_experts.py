@@ -137,6 +137,7 @@ def test_lab_6_s_claim_on_mixtral_and_the_view_s_squares():
     for nodes in (32, 8):
         best = choosing.fastest(choosing.options(MOE, H100, MOE.batch, nodes=nodes))
         assert best.layout.uses == "dp+zero+ep" and best.layout.ep == 8, (nodes, best.layout)
+        assert best.layout.zero == 1, best.layout             # the course guide: "ZeRO-1 data parallelism"
     assert choosing_view.layout_words(best.layout).startswith(f"dp {best.layout.dp} (ZeRO-{best.layout.zero}, ep 8)")
     fig = choosing_view.draw(model=MIXTRAL, nodes=8)
     labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]     # beside the table

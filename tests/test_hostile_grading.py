@@ -43,6 +43,10 @@ MAX_PROCESSES = 128
 # (at 40 s, with the fresh nbgrader's imports then counted in its time, it once did not in CI).
 NOTEBOOK_LIMIT_S = 50
 MOMENTUM_DAMPENED = MISTAKES["momentum dampened"][0]
+# Three exercises answered wrongly, each of their test cells tampered with a different way (one
+# student: a graded lab 1 costs the suite more than its checks).
+THREE_WRONG = {**MOMENTUM_DAMPENED, **MISTAKES["no zero_grad: gradients add up from step to step"][0],
+               **MISTAKES["the biases counted too"][0]}
 
 pytestmark = [pytest.mark.grading, needs_sandbox()]
 
@@ -78,8 +82,11 @@ def _stripped(nb):
 
 def _class(port: int, work) -> dict:
     """student -> (notebook or raw text, expected score (None: not graded), words its verdict must have)."""
-    wrong_momentum = solved(LAB, MOMENTUM_DAMPENED)
-    momentum = POINTS["test_momentum_sgd"]
+    tampered = solved(LAB, THREE_WRONG)
+    _retagged(tampered, "test_momentum_sgd", delete=True)
+    _retagged(tampered, "test_train_step", source="print('all good')")
+    _retagged(tampered, "test_step_flops", tag="skip-execution")
+    three = POINTS["test_momentum_sgd"] + POINTS["test_train_step"] + POINTS["test_step_flops"]
     return {
         "honest": (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
         "deadlock": (_with_cells(
@@ -105,34 +112,28 @@ def _class(port: int, work) -> dict:
         "process_burst": (_with_cells("import subprocess\n"
                                       "sleepers = [subprocess.Popen(['sleep', '600']) for _ in range(5000)]"),
                           EITHER, [f"too many processes or threads (the limit is {MAX_PROCESSES})"]),
-        "test_deleted": (_retagged(wrong_momentum, "test_momentum_sgd", delete=True), FULL - momentum,
-                         ["test cell test_momentum_sgd was missing; the original was put back",
-                          "cell test_momentum_sgd failed"]),
-        "test_edited": (_retagged(solved(LAB, MOMENTUM_DAMPENED), "test_momentum_sgd",
-                                  source="print('all good')"), FULL - momentum,
-                        ["test cell test_momentum_sgd was edited; the original was graded"]),
-        "skip_tag": (_retagged(solved(LAB, MOMENTUM_DAMPENED), "test_momentum_sgd",
-                               tag="skip-execution"), FULL - momentum,
-                     ["skip-execution tag on test cell test_momentum_sgd was ignored"]),
+        # each tampered test cell is graded as released, so each wrong answer costs its points
+        "tampers_with_tests": (tampered, FULL - three,
+                               ["test cell test_momentum_sgd was missing; the original was put back",
+                                "test cell test_train_step was edited; the original was graded",
+                                "skip-execution tag on test cell test_step_flops was ignored",
+                                "cell test_momentum_sgd failed", "cell test_train_step failed",
+                                "cell test_step_flops failed"]),
         "metadata_stripped": (_stripped(solved(LAB)), None,
                               ["not graded: the notebook's grading metadata was removed"]),
         "malformed": ('{"cells": [', None, ["not graded: the file is not valid JSON"]),
-        "reads_secrets": (_with_cells(
+        # reads what the jail hides, writes outside its folder, opens connections: each flagged, and
+        # the lab, solved, still earns its points
+        "trespasses": (_with_cells(
             f"print(open({str(REPO / 'solutions' / LAB / f'{LAB}.ipynb')!r}).read()[:300])",
             f"print(open({str(REPO / 'grader' / 'reference' / f'{LAB}.json')!r}).read()[:300])",
-            f"print(open({str(work / 'gradebook.db')!r}, 'rb').read()[:300])"),
-            FULL, ["tried to read the course's solutions, reference answers or gradebook"]),
-        "switches_checks_off": (_with_cells(
-            "course.grading.Reference.check = lambda self, *args, **kwargs: None"), 0,
-            ["test cell test_momentum_sgd gets no points: its hidden check", "never reached the grader"]),
-        "writes_outside": (_with_cells(
+            f"print(open({str(work / 'gradebook.db')!r}, 'rb').read()[:300])",
             f"open({str(REPO / 'course' / 'sneaky.py')!r}, 'w').write('owned = True')",
-            f"open({str(work / 'autograded' / 'honest' / LAB / 'sneaky.txt')!r}, 'w').write('hi')"),
-            FULL, ["tried to write outside its own folder"]),
-        "network": (_with_cells(
+            f"open({str(work / 'autograded' / 'honest' / LAB / 'sneaky.txt')!r}, 'w').write('hi')",
             "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=5)",
             f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)"),
-            FULL, ["tried to reach the network"]),
+            FULL, ["tried to read the course's solutions, reference answers or gradebook",
+                   "tried to write outside its own folder", "tried to reach the network"]),
         "floods_output": (_with_cells("for line in range(400_000):\n    print('spam ' * 25)"),
                           # printed N MB in all, or more than the frame cap in one message: both are cut
                           FULL, ["printed", " MB", "; only the first 1024 kB are kept"]),

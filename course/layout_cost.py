@@ -221,16 +221,16 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
     pp_link = cluster.inside if gpus <= per_node else cluster.between          # pp spans them all
     ep_link = cluster.inside if tp * cp * ep <= per_node else cluster.between  # ep spans tp·cp·ep
     dtypes = memory.PRECISIONS[precision]              # gradients reduced in theirs, parameters gathered in theirs
-    sent = {"dp": memory.sent_per_step(held, layout.replicas, layout.scheme, dtype=dtypes.gradients,
-                                       gather_dtype=dtype, micro_batches=m), "tp": 0.0, "pp": 0.0, "cp": 0.0,
-            "ep": 0.0}
-    seconds = {"dp": _dp_seconds(held, layout.replicas, layout, dtypes, dp_link), "tp": 0.0, "pp": 0.0,
-               "cp": 0.0, "ep": 0.0}
-    if held_experts and layout.expert_replicas > 1:   # the experts' gradients, averaged over their replicas
-        sent["dp"] += memory.sent_per_step(held_experts, layout.expert_replicas, layout.scheme,
-                                           dtype=dtypes.gradients, gather_dtype=dtype, micro_batches=m)
-        seconds["dp"] += _dp_seconds(held_experts, layout.expert_replicas, layout, dtypes, dp_link)
+    sent = dict.fromkeys(("dp", "tp", "pp", "cp", "ep"), 0.0)
+    seconds = dict.fromkeys(("dp", "tp", "pp", "cp", "ep"), 0.0)
+    # the dense part's gradients averaged over the dp·cp copies, the experts' over those that hold them
+    for count, ranks in ((held, layout.replicas), (held_experts, layout.expert_replicas)):
+        if count and ranks > 1:
+            sent["dp"] += memory.sent_per_step(count, ranks, layout.scheme, dtype=dtypes.gradients,
+                                               gather_dtype=dtype, micro_batches=m)
+            seconds["dp"] += _dp_seconds(count, ranks, layout, dtypes, dp_link)
     tokens = model.sequence // cp                      # of each sample, on this rank
+    layers_m = (model.layers // pp) * m                # the layers of a stage, once a micro-batch
     if tp > 1 and model.is_mlp:
         stage = _stage_dense(model, layout)
         per_micro = memory.sent_per_step(sum(d.weights for d in stage), tp, "split weights", dtype=dtype,
@@ -243,7 +243,6 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
     elif tp > 1:
         # Megatron: attention and the MLP each all-reduce once forward and once backward; a mixture of
         # experts' MLP carries each token k times
-        layers_m = (model.layers // pp) * m
         for rows in (1, model.top_k if model.is_moe else 1):
             activation = sizes.nbytes(b * tokens * model.hidden * rows, dtype)
             sent["tp"] += 2 * layers_m * transfer.ring_all_reduce(activation, tp)
@@ -258,7 +257,6 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         # again in backward, with the blocks' gradient accumulators, which travel cp steps back to their owners
         per_layer = activations.ring_attention_sent(model.sequence, b, model.hidden // tp, cp,
                                                     element_bytes=sizes.DTYPE_BYTES[dtype])
-        layers_m = (model.layers // pp) * m
         sent["cp"] = layers_m * per_layer
         messages = (cp - 1) + (cp - 1) + cp
         seconds["cp"] = layers_m * (messages * cp_link.alpha + per_layer / cp_link.beta)
@@ -267,7 +265,6 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         # tokens (1/tp of them: with tp, sequence parallelism is on, why_not says)
         per_layer = experts.sent_per_layer(b * tokens / tp, model.hidden, model.top_k, ep,
                                            element_bytes=sizes.DTYPE_BYTES[dtype])
-        layers_m = (model.layers // pp) * m
         sent["ep"] = layers_m * per_layer
         seconds["ep"] = layers_m * (4 * (ep - 1) * ep_link.alpha + per_layer / ep_link.beta)
     flop = activations.training_flop(model.active_parameters, layers=model.layers, sequence=model.sequence,

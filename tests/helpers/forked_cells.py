@@ -62,15 +62,17 @@ def assert_ran_on(settings: dict, capability: str | None, threads: int) -> None:
             f"torch ran with {settings['capability']}, not {CAPABILITY_VARIABLE}={capability}"
 
 
-def first_difference(base, variant) -> int:
-    """The index of the first cell whose source differs (len(cells) where none does)."""
+def changed_cells(base, variant) -> set[int]:
+    """The indices of the cells whose source differs."""
     if len(base.cells) != len(variant.cells):
         raise ValueError(f"a variant has {len(variant.cells)} cells, the base {len(base.cells)}: "
                          "build both with submissions.graded_only")
-    for i, (a, b) in enumerate(zip(base.cells, variant.cells)):
-        if a.source != b.source:
-            return i
-    return len(base.cells)
+    return {i for i, (a, b) in enumerate(zip(base.cells, variant.cells)) if a.source != b.source}
+
+
+def first_difference(base, variant) -> int:
+    """The index of the first cell whose source differs (len(cells) where none does)."""
+    return min(changed_cells(base, variant), default=len(base.cells))
 
 
 def _cells(nb) -> list[dict]:
@@ -95,12 +97,10 @@ def failing_tests_forked(base, variants: dict, folder: Path, *, threads: int = 1
     plan = {"cells": _cells(base), "threads": threads, "case_timeout": case_timeout, "variants": {}}
     for name, nb in variants.items():
         nb = _code_only(nb)
-        start = first_difference(base, nb)
-        stop = len(nb.cells)
+        start, stop = first_difference(base, nb), len(nb.cells)
         if name in stop_where_unreached and start < stop:
             from .reach import last_cell_reached  # here: this file also runs as a script, outside the package
-            changed = {i for i, (a, b) in enumerate(zip(base.cells, nb.cells)) if a.source != b.source}
-            stop = last_cell_reached([c.source for c in nb.cells], changed) + 1
+            stop = last_cell_reached([c.source for c in nb.cells], changed_cells(base, nb)) + 1
         plan["variants"][name] = {"start": start, "sources": [c.source for c in nb.cells[start:stop]]}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,7 @@ def _reads(statements: list[ast.stmt], bound: set[str]) -> tuple[set[str], set[s
 
 def read_names(python: str) -> set[str]:
     """The global names a cell reads before it binds them itself, and any string that is exactly
-    a name (globals()["f"], getattr(module, "f"))."""
+    a name (getattr(module, "f"))."""
     tree = ast.parse(python)
     return _reads(tree.body, set())[0] | _strings(tree)
 

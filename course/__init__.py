@@ -22,12 +22,12 @@ holds this, and that every module is in exactly one layer):
   Ranks from a notebook cell, or the process itself under torchrun: start them,
   give each a device, and report what they returned, printed and raised.
 - lab kit: check, grading, data, models, throughput, mfu, link_probe, sharding, stages,
-  transformer, context, unfinished.
+  transformer, context, moe, unfinished.
   What the notebooks and their test cells use: comparisons whose messages say
   what differs, the judged reference values, the digits, the two models, the
   link the ranks run on (measured, for the time model).
 - views: widgets, plots, transfer_view, split_view, block_view, hybrid_view, table_1, memory_view,
-  schedule_view, choosing_view, sequence_view, drawings, predict.
+  schedule_view, choosing_view, sequence_view, experts_view, drawings, predict.
   Figures, tables and controls (matplotlib, pandas, ipywidgets); each view is a
   draw/describe/show module built on `widgets`.
 

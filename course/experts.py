@@ -16,11 +16,21 @@ the splits swapped. Routed evenly, a rank keeps 1/N of its k·tokens rows and se
 `sent_per_layer` the four of one layer's forward and backward. Uneven routing sends more from the
 rank whose tokens crowd other ranks' experts, and the step waits for the slowest (left out here).
 
-Used by: course.layout_cost, course.presets.
+The alternatives, per layer and step, for the same experts on the same N ranks: split each expert
+by tensor parallelism (Megatron's column-then-row: every rank holds 1/N of every expert and sees all
+the group's tokens; an all-reduce of the output forward and of the input's gradient backward,
+`tensor_parallel_sent`), or replicate them and average their gradients (data parallelism,
+`replicated_sent`: no tokens move, the whole of every expert is on every rank). `held_per_rank`
+gives each scheme's share of the experts' parameters. `capacity` is Switch Transformer's expert
+capacity, rounded up.
+
+Used by: course.layout_cost, course.presets, course.experts_view, lab 8 (08_experts).
 """
 from __future__ import annotations
 
-from course import transfer
+import math
+
+from course import sizes, transfer
 
 
 def _count(value, name: str) -> int:
@@ -66,3 +76,43 @@ def sent_per_layer(tokens: float, hidden: int, top_k: int, ranks: int, element_b
     """Bytes one rank sends for one layer of experts in a training step: the dispatch and the combine
     forward, and both again backward (an all-to-all's backward is an all-to-all, splits swapped)."""
     return 4 * all_to_all_sent(tokens, hidden, top_k, ranks, element_bytes)
+
+
+def tensor_parallel_sent(tokens: float, hidden: int, ranks: int, element_bytes: int) -> float:
+    """Bytes one rank sends for one layer of experts split by tensor parallelism over `ranks`, in a training
+    step of `tokens` tokens (the group's, every rank seeing all of them): the output all-reduced forward, the
+    input's gradient backward, each a ring all-reduce of tokens·hidden elements."""
+    return 2 * sizes.all_reduce_sent(tokens * hidden * element_bytes, ranks)
+
+
+def replicated_sent(expert_parameters: int, ranks: int, element_bytes: int) -> float:
+    """Bytes one rank sends for one layer's experts replicated on `ranks` data-parallel ranks: their
+    gradients' ring all-reduce, whatever the tokens."""
+    return sizes.all_reduce_sent(expert_parameters * element_bytes, ranks)
+
+
+SCHEMES = ("replicated", "tensor parallel", "expert parallel")
+
+
+def held_per_rank(scheme: str, experts: int, parameters_per_expert: int, ranks: int) -> float:
+    """A rank's parameters of one layer's experts: all of them (replicated), 1/N of each (tensor parallel),
+    or its ceil(E/N) whole experts (expert parallel, the first E mod N ranks holding one more)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    transfer.check_ranks(ranks)
+    if scheme == "replicated":
+        return experts * parameters_per_expert
+    if scheme == "tensor parallel":
+        return experts * parameters_per_expert / ranks
+    if ranks > experts:
+        raise ValueError(f"{experts} experts cannot give each of {ranks} ranks one: run at most {experts}")
+    return math.ceil(experts / ranks) * parameters_per_expert
+
+
+def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
+    """Switch Transformer's expert capacity: the slots an expert takes in a step, factor · tokens·k / E, rounded
+    up (1.0: exactly the even share; more leaves room for uneven routing)."""
+    check(experts, top_k)
+    if not factor > 0:
+        raise ValueError(f"the capacity factor must be positive, got {factor!r}")
+    return math.ceil(factor * _count(tokens, "tokens") * top_k / experts)

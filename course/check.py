@@ -17,7 +17,7 @@ fails because an exercise above it is not written yet says which one to write fi
 
 Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3 (03_model_parallel),
 lab 4 (04_hybrid), lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel),
-lab 7 (07_long_sequences), the demo (solutions/demo.ipynb).
+lab 7 (07_long_sequences), lab 8 (08_experts), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

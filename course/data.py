@@ -7,9 +7,9 @@
 The digits ship inside scikit-learn (`sklearn/datasets/data/digits.csv.gz`),
 so nothing is fetched at run time.
 
-Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3 (03_model_parallel),
-lab 4 (04_hybrid), lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel),
-the demo (solutions/demo.ipynb).
+Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3 (03_model_parallel), lab 4
+(04_hybrid), lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), lab 8 (08_experts), the
+demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

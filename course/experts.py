@@ -24,7 +24,7 @@ the group's tokens; an all-reduce of the output forward and of the input's gradi
 gives each scheme's share of the experts' parameters. `capacity` is Switch Transformer's expert
 capacity, rounded up.
 
-Used by: course.layout_cost, course.presets, course.experts_view, lab 8 (08_experts).
+Used in: lab 8 (08_experts).
 """
 from __future__ import annotations
 

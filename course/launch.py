@@ -25,8 +25,8 @@ variable, COURSE_RANK_TIMEOUT=120 (seconds), or for one launch with timeout=.
 the views `gpus` (CONTRIBUTING.md, "Words", says why).
 
 Used in: lab 0 (00_ranks), lab 2 (02_data_parallel), lab 3 (03_model_parallel), lab 4 (04_hybrid),
-lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), lab 7 (07_long_sequences),
-the demo (solutions/demo.ipynb).
+lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), lab 7 (07_long_sequences), lab 8
+(08_experts), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

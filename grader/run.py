@@ -7,6 +7,7 @@
     torchrun --nproc-per-node=4 -m grader run 05_sharded_data_parallel --stage 2
     torchrun --nproc-per-node=4 -m grader run 06_pipeline_parallel --schedule gpipe --micro-batches 4
     torchrun --nproc-per-node=4 -m grader run 07_long_sequences --sequence 4096
+    torchrun --nproc-per-node=4 -m grader run 08_experts --experts 8
 
 It belongs with the instructor's tools, not in `course/`: it runs the answers.
 The training is the solution notebook's own function (loaded with
@@ -216,6 +217,25 @@ def _long_sequence_arguments(lab, options, world_size):
             dict(steps=options.steps, learning_rate=options.lr, split=options.split))
 
 
+# --- lab 8: experts -----------------------------------------------------------------------
+
+def _experts_options(parser):
+    parser.add_argument("--experts", type=_positive(int), default=None,
+                        help="experts in the block, split over the ranks (default: the notebook's EXPERTS)")
+
+
+def _experts_arguments(lab, options, world_size):
+    experts = options.experts or lab.EXPERTS
+    if experts < lab.TOP_K:
+        raise UsageError(f"each token goes to {lab.TOP_K} experts: use --experts {lab.TOP_K} or more")
+    if world_size > experts:
+        raise UsageError(f"{experts} experts leave some of the {world_size} ranks none to hold: start at most "
+                         f"{experts} ranks, or pass more --experts")
+    _check_batch(options.batch_size, len(course.data.digits().train_x), world_size)
+    inputs, targets = lab.training_data(options.steps, options.batch_size)    # the notebook's training cell's data
+    return (functools.partial(lab.digits_model, experts), inputs, targets), dict(learning_rate=options.lr)
+
+
 LABS = {
     "02_data_parallel": Lab("data_parallel_training", "data parallel MLP on digits: the weights on "
                             "every rank, the batch split", _data_parallel_options,
@@ -236,6 +256,9 @@ LABS = {
                              "each rank holding some of the tokens, attention by ring attention",
                              _long_sequence_options, _long_sequence_arguments,
                              lambda r: (r["parameters"], r["losses"])),
+    "08_experts": Lab("expert_parallel_training", "a digits model with a block of experts, the experts split over "
+                      "the ranks (expert parallelism), its other layers data parallel", _experts_options,
+                      _experts_arguments, lambda r: (r["parameters"], r["losses"])),
 }
 
 

@@ -149,3 +149,73 @@ def test_lab_6_s_claim_on_mixtral_and_the_view_s_squares():
     assert sum(len(c.get_offsets()) for c in drawn) == sum(o.layout.ep > 1 for o in choosing.options(
         MOE, H100, MOE.batch, nodes=8)), "every layout with ep drawn as a square, and only those"
     assert f"ep {best.seconds['ep']:.3g} s" in choosing_view.describe(model=MIXTRAL, nodes=8)
+
+
+# --- lab 8's parts: course.moe, the schemes' bytes and memory, capacity, the view ---------------
+
+def test_experts_go_to_ranks_in_contiguous_blocks_the_first_ranks_holding_one_more():
+    from course import moe
+
+    assert moe.owners(5, 3) == [0, 0, 1, 1, 2] and moe.owners(4, 2) == [0, 0, 1, 1]
+    assert [moe.experts_of(r, 5, 3) for r in range(3)] == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="run at most 4 ranks"):
+        moe.owners(4, 5)
+
+
+def test_a_random_routing_picks_distinct_allowed_experts_with_weights_that_sum_to_one():
+    import torch
+
+    from course import moe
+
+    weights, chosen = moe.random_routing(50, 5, 2, torch.Generator().manual_seed(0), avoid=(2, 3))
+    assert chosen.shape == weights.shape == (50, 2) and chosen.dtype == torch.int64
+    assert set(chosen.unique().tolist()) == {0, 1, 4} and bool((chosen[:, 0] != chosen[:, 1]).all())
+    assert torch.allclose(weights.sum(1), torch.ones(50)) and bool((weights > 0).all())
+    with pytest.raises(ValueError, match="only 1 of 3 may be chosen"):
+        moe.random_routing(4, 3, 2, torch.Generator(), avoid=(0, 1))
+
+
+def test_the_digits_model_keeps_a_rank_s_experts_only_and_runs_the_block_it_is_given():
+    import torch
+
+    from course import moe
+
+    whole, mine = moe.DigitsMixture(5, 2, seed=3), moe.DigitsMixture(5, 2, seed=3).local(1, 3)
+    assert torch.equal(mine.w1, whole.w1[2:4]) and torch.equal(mine.w2, whole.w2[2:4])
+    assert torch.equal(mine.embed.weight, whole.embed.weight)
+    assert all(p is not whole.w1 for p in whole.dense_parameters()) and len(whole.expert_parameters()) == 2
+    calls = []
+
+    def mix(h, weights, chosen, w1, w2):
+        calls.append((h.shape, chosen.shape, w1.shape))
+        return torch.zeros_like(h)
+
+    scores, probabilities, chosen = whole(torch.rand(7, 64), lambda logits, k: logits.topk(k), mix)
+    assert scores.shape == (7, 10) and probabilities.shape == (7, 5) and chosen.shape == (7, 2)
+    assert calls == [((7, 32), (7, 2), (5, 32, 32))]
+
+
+def test_the_schemes_bytes_and_memory_by_hand():
+    # tensor parallel: 2 ring all-reduces of T·h elements; replicated: one of the experts' parameters
+    assert experts.tensor_parallel_sent(100, 16, 4, 4) == 2 * 2 * 3 / 4 * 100 * 16 * 4
+    assert experts.replicated_sent(1000, 4, 2) == 2 * 3 / 4 * 1000 * 2
+    assert [experts.held_per_rank(s, 5, 10, 2) for s in experts.SCHEMES] == [50, 25, 30]   # ceil(5/2) experts
+    with pytest.raises(ValueError, match="run at most 5"):
+        experts.held_per_rank("expert parallel", 5, 10, 6)
+    with pytest.raises(ValueError, match="scheme must be one of"):
+        experts.held_per_rank("pipeline", 5, 10, 2)
+    assert experts.capacity(10, 4, 2, 1.25) == 7 and experts.capacity(8, 4, 2, 1.0) == 4     # ceil(6.25), exact
+    with pytest.raises(ValueError, match="must be positive"):
+        experts.capacity(8, 4, 2, 0)
+
+
+def test_the_view_s_crossing_is_where_expert_parallelism_sends_what_replicating_sends():
+    from course import experts_view
+
+    mixtral = "Mixtral 8x7B's layer (h 4096, SwiGLU 14336, bf16)"
+    tokens = experts_view.crossing(mixtral, 8, 2)
+    assert tokens == 86_016       # the lab's written answer: E·P / (2·k·h)
+    assert experts_view.sent("expert parallel", tokens, mixtral, 8, 2, 8) == pytest.approx(
+        experts_view.sent("replicated", tokens, mixtral, 8, 2, 8), rel=1e-12)
+    assert "up to 86,016 tokens a rank" in experts_view.describe(model=mixtral, experts=8, top_k=2, ranks=8)
+    assert experts_view.fitted(4, 8, 16) == (4, 4)       # sliders past the experts: drawn at the experts

@@ -110,6 +110,18 @@ def _long_sequence_run(nb, ranks, grid):
     return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
 
 
+def _experts_run(nb, ranks, grid):
+    """The notebook's training cell: expert parallelism on RANKS, one_process_training on 1 (its parameters
+    in expert_parallel_training's order: the dense ones, then the experts')."""
+    inputs, targets = nb.training_data(STEPS)
+    if ranks == 1:
+        trained = nb.one_process_training(nb.digits_model, inputs, targets)
+        model = trained["model"]
+        return {0: ([p.detach() for p in model.dense_parameters() + model.expert_parameters()], trained["losses"])}
+    run = course.launch(nb.expert_parallel_training, ranks, args=(nb.digits_model, inputs, targets))
+    return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
+
+
 # lab -> (the solution function its notebook trains with, the notebook's run)
 NOTEBOOK_RUNS = {
     "02_data_parallel": ("data_parallel_training", _data_parallel_run),
@@ -118,6 +130,7 @@ NOTEBOOK_RUNS = {
     "05_sharded_data_parallel": ("sharded_training", _sharded_run),
     PIPELINE: ("pipeline_training", _pipeline_run),
     "07_long_sequences": ("long_sequence_training", _long_sequence_run),
+    "08_experts": ("expert_parallel_training", _experts_run),
 }
 
 
@@ -135,8 +148,11 @@ def notebook_run(lab, ranks, grid=None):
 
 
 def held_by(lab, params, rank, world_size):
-    """One process's parameters as rank `rank` of `world_size` holds them: all of them, or in a
-    pipeline stage `rank`'s, the model cut as the notebook's stages.split cuts it."""
+    """One process's parameters as rank `rank` of `world_size` holds them: all of them; in a
+    pipeline stage `rank`'s, the model cut as the notebook's stages.split cuts it; under expert
+    parallelism the dense ones and its own experts'."""
+    if lab == "08_experts":       # the experts' rank holds its own: the lab's held_by
+        return solution(lab).held_by(params, rank, world_size)
     if lab != PIPELINE:
         return params
     counts = [len(list(part.parameters())) for part in stages.split(solution(lab).pipe_mlp(), world_size)]
@@ -363,6 +379,8 @@ def test_without_torchrun_a_pipeline_of_4_stages_sends_to_its_neighbours_and_end
     ([PIPELINE, "--ranks", "2", "--micro-batches", "0"], "argument --micro-batches: must be a positive whole number"),
     (["07_long_sequences", "--ranks", "4", "--sequence", "6"],
      "a sequence of 6 tokens cannot be cut into the 8 pieces a zig-zag split of 4 ranks needs"),
+    (["08_experts", "--ranks", "5"], "4 experts leave some of the 5 ranks none to hold: start at most 4 ranks"),
+    (["08_experts", "--ranks", "2", "--experts", "1"], "each token goes to 2 experts: use --experts 2 or more"),
 ])
 def test_what_cannot_run_is_refused_with_what_to_do(argv, message, capsys, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

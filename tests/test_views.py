@@ -69,6 +69,14 @@ CASES = {
                              {"lab": 5, "scheme": "ZeRO-3", "ranks": 2, "sent": 178_620}],
                 "model": choosing.LAB_MLP, "cluster": choosing.LOCAL, "nodes": 1},
         graded_says="the labs' MLP"),
+    "experts_view": Case(
+        off_grid={"experts": 6, "top_k": 3, "ranks": 5},
+        bad=(({"ranks": 0}, "ranks must be from 1 to the 8 experts"),
+             ({"measured": [{"scheme": "ZeRO-3", "tokens": 64, "bytes": 1}]}, "keys scheme"),
+             ({"model": "GPT-3"}, "model must be one of")),
+        graded={"measured": [{"scheme": "expert parallel", "tokens": 64, "bytes": 16_512}],
+                "experts": 4, "top_k": 2, "ranks": 2},
+        graded_says="up to 48 tokens a rank"),
     "hybrid_view": Case(
         off_grid={"batch": 12, "gpus": 2},
         bad=(({"gpus": 3}, "power of two"),),

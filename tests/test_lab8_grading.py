@@ -163,9 +163,8 @@ MISTAKES = {
         {"all_to_all": [("received_counts = [counts[rank] if peer == rank else int(heard[peer]) "
                          "for peer in range(world_size)]", "received_counts = list(counts)")]},
         "test_all_to_all"),
-    "this rank's own block first, not in rank order": (
-        {"all_to_all": [("return torch.cat(arrived), received_counts",
-                         "return torch.cat([arrived[rank]] + arrived[:rank] + arrived[rank + 1:]), received_counts")]},
+    "the received rows cut by what this rank sends, not by what it receives": (
+        {"all_to_all": [("into = received.split(received_counts)", "into = received.split(counts)")]},
         "test_all_to_all"),
     "the backward's splits not swapped": (
         {"all_to_all_backward": [(

@@ -1,0 +1,318 @@
+"""Lab 8's all-to-all against all_to_all_single; its expert-parallel step against one process and tensor parallelism.
+
+1. The all-to-all: the lab's `all_to_all` (the student's, from isend/recv: each rank's counts first, then its
+   rows) against `dist.all_to_all_single` on the same seeded rows (ROWS rows of WIDTH float32 features a rank,
+   routed at random over 2 ranks), by the lab's `exchange_timing`, which alternates the two call by call. Time:
+   the slowest rank's median call, round by round; goal: ≤ 1.3× all_to_all_single's on gloo. Bytes, one call of
+   each recorded: the rows the lab's isends carry against all_to_all_single's (the formula's, equal), and the
+   bytes each rank wrote to its sockets (gloo's headers, and the lab's message of counts, apart).
+2. The expert-parallel layer: EXPERTS experts, k = TOP_K, one forward and backward, by three schemes on the same
+   seeded tokens, routing and weights: one process (the lab's `moe_forward` on all N·T tokens), expert parallelism
+   on 2 ranks (the lab's `expert_parallel`, T tokens a rank, half the experts each) and the experts split by
+   tensor parallelism on 2 ranks (the lab's `moe_forward` between its `CopyToRanks` and `SumOverRanks`, every rank
+   all N·T tokens and half of each expert's columns), at the lab's expert size and a wider one. Median step time
+   (the slowest rank's), the three alternating round by round; the bytes each rank's float32 all-to-alls and
+   all-reduces send in a step, counted, against the formulas; and the outputs and the tokens' gradients of both
+   parallel schemes against one process's.
+
+    python bench/experts.py [--rounds 5] [--quick] [--json bench/results/experts.json]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from _results import count, emit, headline_row
+from _rounds import spread, spread_text, unrecorded
+
+import course
+from course import experts, moe
+from grader.common.solution import load
+
+LAB = load("08_experts")
+RANKS = 2
+# Rows of `width` features a rank for the all-to-all; (hidden, ffn, tokens a rank) for the layer.
+FULL = {"exchange_rows": (4096, 32768), "width": 256,
+        "layers": ((LAB.HIDDEN, LAB.FFN, 256), (256, 1024, 1024))}
+QUICK = {"exchange_rows": (512,), "width": 64, "layers": ((LAB.HIDDEN, LAB.FFN, 64),)}   # --quick: for the tests
+CALLS = 5          # all-to-all calls of each kind a round (the lab's exchange_timing alternates them)
+STEPS = 3          # layer steps a round, after one to warm up
+GOAL = 1.3         # the lab's all_to_all's time over all_to_all_single's, on gloo
+SCHEMES = ("one process", "expert parallel", "tensor parallel")
+
+
+def exchange_bytes(rows, width, seed=0):
+    """Runs on every rank, recorded: one call of the lab's all_to_all and one of all_to_all_single (the lab's
+    exchange_timing with one repeat); this rank's formula bytes."""
+    return LAB.exchange_timing(rows, width, 1, seed)["formula"]
+
+
+@unrecorded
+def exchange_rounds(sizes, width, rounds, seed=0):
+    """Runs on every rank, unrecorded: {rows: [{"yours", "all_to_all_single"} median seconds per round]}."""
+    for rows in sizes:                                      # warm up: connections, allocations
+        LAB.exchange_timing(rows, width, 2, seed)
+    times = {rows: [] for rows in sizes}
+    for _ in range(rounds):
+        for rows in sizes:
+            times[rows].append(LAB.exchange_timing(rows, width, CALLS, seed)["seconds"])
+    return times
+
+
+def exchange_rows(sizes, rounds) -> list[dict]:
+    width = sizes["width"]
+    timed = course.launch(exchange_rounds, RANKS, args=(sizes["exchange_rows"], width, rounds), timeout=300)
+    found = []
+    for rows in sizes["exchange_rows"]:
+        run = course.launch(exchange_bytes, RANKS, args=(rows, width))
+        frame = run.comm.to_frame()
+        per_rank = []
+        for rank in run.ranks:
+            mine = frame[frame["rank"] == rank]
+            yours = mine[mine["op"].isin(["send", "isend", "recv", "irecv"])]
+            theirs = mine[mine["op"] == "all_to_all_single"]
+            rows_sent = yours[(yours["op"].isin(["send", "isend"])) & (yours["dtype"] == "torch.float32")]
+            counts_sent = yours[(yours["op"].isin(["send", "isend"])) & (yours["dtype"] != "torch.float32")]
+            measured = None if yours["measured"].isna().any() or theirs["measured"].isna().any() else (
+                int(yours["measured"].sum()), int(theirs["measured"].sum()))
+            per_rank.append({"rank": rank, "formula": run[rank],
+                             "yours_rows": int(rows_sent["predicted"].sum()),
+                             "yours_counts": int(counts_sent["predicted"].sum()),
+                             "yours_messages": len(rows_sent) + len(counts_sent),
+                             "all_to_all_single": int(theirs["predicted"].sum()),
+                             "yours_measured": measured and measured[0], "theirs_measured": measured and measured[1]})
+        seconds = {name: [max(timed[r][rows][i][name] for r in timed.ranks) for i in range(rounds)]
+                   for name in ("yours", "all_to_all_single")}
+        ratio = spread(y / t for y, t in zip(seconds["yours"], seconds["all_to_all_single"]))
+        found.append({"rows": rows, "width": width, "bytes": per_rank,
+                      "yours_ms": spread(1e3 * t for t in seconds["yours"]),
+                      "all_to_all_single_ms": spread(1e3 * t for t in seconds["all_to_all_single"]),
+                      "time_ratio": ratio, "goal_met": ratio["median"] <= GOAL})
+    return found
+
+
+def layer_case(hidden, ffn, tokens, ranks=RANKS, seed=0):
+    """The group's ranks·tokens tokens, their routing, every expert's weights and the output's gradient, seeded:
+    the same for every scheme."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(ranks * tokens, hidden, generator=generator)
+    weights, chosen = moe.random_routing(ranks * tokens, LAB.EXPERTS, LAB.TOP_K, generator)
+    w1, w2 = moe.expert_weights(LAB.EXPERTS, hidden, ffn, seed=seed)
+    return x, weights, chosen, w1, w2, torch.randn(ranks * tokens, hidden, generator=generator)
+
+
+def layer_step(scheme, hidden, ffn, tokens, ranks=RANKS, seed=0):
+    """One forward and backward of the layer by `scheme`, as a function of no arguments that returns this rank's
+    output and its tokens' gradient (for expert parallelism, this rank's T tokens; otherwise all N·T)."""
+    x, weights, chosen, w1, w2, mix = layer_case(hidden, ffn, tokens, ranks, seed)
+    device = course.device()
+    if scheme == "expert parallel":
+        rank = dist.get_rank()
+        mine, held = slice(rank * tokens, (rank + 1) * tokens), moe.experts_of(rank, LAB.EXPERTS, ranks)
+        x, weights, chosen, mix = x[mine], weights[mine], chosen[mine], mix[mine]
+        w1, w2 = w1[held[0]:held[-1] + 1], w2[held[0]:held[-1] + 1]
+        def layer(*a):
+            return LAB.expert_parallel(*a, LAB.EXPERTS)
+    elif scheme == "tensor parallel":
+        columns = torch.arange(ffn).tensor_split(ranks)[dist.get_rank()]
+        w1, w2 = w1[:, :, columns], w2[:, columns]
+        def layer(x, *a):
+            return LAB.SumOverRanks.apply(LAB.moe_forward(LAB.CopyToRanks.apply(x), *a))
+    elif scheme == "one process":
+        layer = LAB.moe_forward
+    else:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    x, w1, w2 = (t.contiguous().to(device).requires_grad_() for t in (x, w1, w2))
+    weights, chosen, mix = weights.to(device), chosen.to(device), mix.to(device)
+
+    def step():
+        for t in (x, w1, w2):
+            t.grad = None
+        y = layer(x, weights, chosen, w1, w2)
+        y.backward(mix)
+        return y.detach(), x.grad
+    return step
+
+
+def synchronize():
+    if course.device().type == "cuda":
+        torch.cuda.synchronize()
+
+
+def layer_once(scheme, hidden, ffn, tokens):
+    """Runs on every rank, recorded: one step; this rank's output and tokens' gradient."""
+    y, grad = layer_step(scheme, hidden, ffn, tokens)()
+    return {"output": y.cpu(), "x's gradient": grad.cpu()}
+
+
+@unrecorded
+def timed_layer(scheme, hidden, ffn, tokens):
+    """Runs on every rank, unrecorded: the median seconds of STEPS steps, after one to warm up."""
+    step, seconds = layer_step(scheme, hidden, ffn, tokens), []
+    for i in range(STEPS + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        synchronize()
+        if i:
+            seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def relative_difference(found, want) -> float:
+    found, want = found.cpu(), want.cpu()        # a GPU rank returns its own device's tensors
+    return float((found - want).abs().max() / want.abs().max())
+
+
+def layer_rows(sizes, rounds) -> list[dict]:
+    owner = torch.tensor(moe.owners(LAB.EXPERTS, RANKS))
+    rows = []
+    for hidden, ffn, tokens in sizes["layers"]:
+        want_y, want_grad = layer_step("one process", hidden, ffn, tokens)()
+        chosen = layer_case(hidden, ffn, tokens)[2].reshape(RANKS, tokens, LAB.TOP_K)
+        row = {"hidden": hidden, "ffn": ffn, "tokens": tokens, "sent": {}, "difference": {}}
+        for scheme in SCHEMES[1:]:
+            run = course.launch(layer_once, RANKS, args=(scheme, hidden, ffn, tokens))
+            frame = run.comm.to_frame()
+            moved = frame[frame["op"].isin(["all_to_all_single", "all_reduce"]) & (frame["dtype"] == "torch.float32")]
+            mine = [slice(r * tokens, (r + 1) * tokens) if scheme == "expert parallel" else slice(None)
+                    for r in run.ranks]
+            row["difference"][scheme] = max(
+                max(relative_difference(run[r]["output"], want_y[mine[r]]),
+                    relative_difference(run[r]["x's gradient"], want_grad[mine[r]])) for r in run.ranks)
+            if scheme == "expert parallel":   # each row bound for another rank's expert: there and back, twice
+                routed = [2 * 4 * hidden * (int((owner[chosen[r]] != r).sum()) + sum(
+                    int((owner[chosen[s]] == r).sum()) for s in range(RANKS) if s != r)) for r in run.ranks]
+                formula = experts.sent_per_layer(tokens, hidden, LAB.TOP_K, RANKS, 4)
+            else:
+                routed = [None] * RANKS
+                formula = experts.tensor_parallel_sent(tokens * RANKS, hidden, RANKS, 4)
+            row["sent"][scheme] = [{"rank": r, "counted": float(moved[moved["rank"] == r]["predicted"].sum()),
+                                    "by the routing": routed[r], "formula": formula} for r in run.ranks]
+        seconds = {scheme: [] for scheme in SCHEMES}
+        for _ in range(rounds):
+            for scheme in SCHEMES:
+                run = course.launch(timed_layer, 1 if scheme == "one process" else RANKS,
+                                    args=(scheme, hidden, ffn, tokens), timeout=300)
+                seconds[scheme].append(max(run[r] for r in run.ranks))
+        row["ms"] = {scheme: spread(1e3 * t for t in seconds[scheme]) for scheme in SCHEMES}
+        row["over_one_process"] = spread(e / o for e, o in zip(seconds["expert parallel"], seconds["one process"]))
+        row["over_tensor_parallel"] = spread(e / t for e, t in zip(seconds["expert parallel"],
+                                                                   seconds["tensor parallel"]))
+        rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, help="rounds of each timing (default 5; 1 quick)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, 1 round: for tests")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
+    if rounds < 1:
+        parser.error(f"--rounds {rounds}: at least 1 round")
+    figures = {"quick": args.quick, "rounds": rounds, "cores": os.cpu_count(), "ranks": RANKS,
+               "backend": course.placement.choose(RANKS).backend, "experts": LAB.EXPERTS, "top_k": LAB.TOP_K,
+               "exchange": exchange_rows(sizes, rounds), "layer": layer_rows(sizes, rounds)}
+    emit(args.json, title="Lab 8's all-to-all and expert parallelism against torch.distributed, one process and "
+         "tensor parallelism", markdown=markdown(figures), headline=headline(figures), figures=figures)
+
+
+def goal_text(row) -> str:
+    return f"goal ≤ {GOAL}×: {'met' if row['goal_met'] else 'missed'}"
+
+
+def headers(row) -> str:
+    """The bytes the lab's all_to_all wrote to its sockets beyond all_to_all_single's, over the ranks."""
+    extra = [b["yours_measured"] - b["theirs_measured"] for b in row["bytes"] if b["yours_measured"] is not None]
+    if not extra:
+        return "not measured here (needs gloo on Linux)"
+    return f"{min(extra):+,} B" if min(extra) == max(extra) else f"{min(extra):+,} to {max(extra):+,} B"
+
+
+def headline(figures) -> list[dict]:
+    over = count(figures["rounds"], "round")
+    rows = []
+    for r in figures["exchange"]:
+        rows.append(headline_row(f"lab 8's all_to_all / `all_to_all_single`, {figures['ranks']} ranks, {r['rows']:,} "
+                                 f"rows of {r['width']} float32 a rank", f"{spread_text(r['time_ratio'], unit='×')} "
+                                 f"({goal_text(r)})", over))
+    equal = all(b["yours_rows"] == b["all_to_all_single"] == b["formula"] for r in figures["exchange"]
+                for b in r["bytes"])
+    rows.append(headline_row("lab 8's all_to_all: bytes of rows against `all_to_all_single`'s; on the sockets, beyond",
+                             f"{'equal' if equal else 'NOT equal'}; {headers(figures['exchange'][-1])} (its counts "
+                             "and their header)", count(len(figures["exchange"]), "size")))
+    for r in figures["layer"]:
+        setting = f"{r['hidden']} wide, {r['tokens']:,} tokens a rank"
+        rows.append(headline_row(f"expert-parallel step / one process, {setting}", spread_text(r["over_one_process"]),
+                                 over))
+        rows.append(headline_row(f"expert-parallel step / tensor-parallel experts, {setting}",
+                                 spread_text(r["over_tensor_parallel"]), over))
+    return rows
+
+
+def markdown(figures) -> str:
+    placement = course.placement.choose(RANKS)
+    quick = "; **--quick**: sizes for the tests, not figures" if figures["quick"] else ""
+    rounds = count(figures["rounds"], "round")
+    lines = [f"{placement.backend}, {', '.join(sorted(set(placement.devices)))}, {figures['ranks']} ranks, "
+             f"{figures['cores']} cores{quick}.", "",
+             f"The all-to-all: rows routed at random, the lab's `all_to_all` (isend/recv) and `all_to_all_single` "
+             f"alternating call by call ({CALLS} of each a round, the lab's `exchange_timing`); medians and ranges "
+             f"over {rounds} of the slowest rank's median call; course recording off.", "",
+             f"| rows a rank | lab's all_to_all | all_to_all_single | lab's / all_to_all_single (range) | "
+             f"goal ≤ {GOAL}× |", "|---|---|---|---|---|"]
+    for r in figures["exchange"]:
+        lines.append(f"| {r['rows']:,} × {r['width']} | {r['yours_ms']['median']:.2f} ms | "
+                     f"{r['all_to_all_single_ms']['median']:.2f} ms | {spread_text(r['time_ratio'])} | "
+                     f"{'met' if r['goal_met'] else '**missed**'} |")
+    lines += ["", "Bytes a rank sends in one call of each (recorded): the rows by the formula (rows that leave the "
+              "rank × width × 4), what the lab's isends of rows and of counts carry, all_to_all_single's, and the "
+              "bytes each wrote to its sockets (gloo's headers included).", "",
+              "| rows a rank | rank | formula | lab's rows | lab's counts | all_to_all_single | lab's messages | "
+              "lab's on sockets | all_to_all_single on sockets | difference |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in figures["exchange"]:
+        for b in r["bytes"]:
+            sockets = ("n/a | n/a | n/a" if b["yours_measured"] is None else
+                       f"{b['yours_measured']:,} | {b['theirs_measured']:,} | "
+                       f"{b['yours_measured'] - b['theirs_measured']:+,}")
+            lines.append(f"| {r['rows']:,} | {b['rank']} | {b['formula']:,} | {b['yours_rows']:,} | "
+                         f"{b['yours_counts']:,} | {b['all_to_all_single']:,} | {b['yours_messages']} | {sockets} |")
+    lines += ["", f"The layer: {figures['experts']} experts, k = {figures['top_k']}, float32, one forward and backward "
+              f"on the same seeded tokens, routing (random) and weights; one process runs all {figures['ranks']}·T "
+              "tokens, expert parallelism T a rank and half the experts, tensor parallelism every token on every "
+              f"rank and half of each expert's columns. Medians and ranges over {rounds}, the three alternating, each "
+              f"round the slowest rank's median of {STEPS} steps; course recording off.", "",
+              "| hidden | ffn | T | one process | expert parallel | tensor parallel | expert / one process | "
+              "expert / tensor parallel |", "|---|---|---|---|---|---|---|---|"]
+    for r in figures["layer"]:
+        ms = r["ms"]
+        lines.append(f"| {r['hidden']} | {r['ffn']} | {r['tokens']:,} | {ms['one process']['median']:.2f} ms | "
+                     f"{ms['expert parallel']['median']:.2f} ms | {ms['tensor parallel']['median']:.2f} ms | "
+                     f"{spread_text(r['over_one_process'])} | {spread_text(r['over_tensor_parallel'])} |")
+    lines += ["", "Bytes a rank sends in a step (its float32 all-to-alls or all-reduces, counted by the formula of "
+              "each call): expert parallelism against the rows its routing sends and the even-routing formula "
+              "(`experts.sent_per_layer`), tensor parallelism against `experts.tensor_parallel_sent`; and the "
+              "largest difference of either's outputs and tokens' gradients from one process's, relative to its "
+              "largest value.", "",
+              "| hidden | T | scheme | rank | counted | by the routing | formula | outputs and gradients, relative "
+              "difference |", "|---|---|---|---|---|---|---|---|"]
+    for r in figures["layer"]:
+        for scheme, sent in r["sent"].items():
+            for b in sent:
+                routed = "-" if b["by the routing"] is None else f"{b['by the routing']:,}"
+                lines.append(f"| {r['hidden']} | {r['tokens']:,} | {scheme} | {b['rank']} | {b['counted']:,.0f} | "
+                             f"{routed} | {b['formula']:,.0f} | {r['difference'][scheme]:.1e} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,7 @@ DEMO := solutions/demo.ipynb
 # bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools browser-tools test test-fast test-lab lint lab demo release handout reference grade bench clean
+.PHONY: install sandbox-tools browser-tools slurm-tools test test-fast test-lab lint lab demo release handout reference grade bench check-hardware clean
 
 install: $(INSTALL_STAMP)
 
@@ -46,17 +46,21 @@ sandbox-tools:
 browser-tools:
 	sh tests/browser-tools.sh
 
-test: $(INSTALL_STAMP) browser-tools
+# Debian's Slurm and munge for the test that grades a class as a Slurm array; a no-op where installed.
+slurm-tools:
+	sh tests/slurm-tools.sh
+
+test: $(INSTALL_STAMP) browser-tools slurm-tools
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # The edit-run loop, about 2 minutes on 2 cores: every test that is none of the kinds
 # pyproject.toml's markers name (browser, torchrun, notebook, grading, gpu, slow).
 test-fast: $(INSTALL_STAMP)
-	$(VENV)/bin/python -m pytest $(PARALLEL) -m 'not (browser or torchrun or notebook or grading or gpu or slow)' $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PARALLEL) -m 'not (browser or torchrun or notebook or grading or gpu or slurm or slow)' $(PYTEST_ARGS)
 
 # Everything about one lab, every tier: its fairness tests and round trip, browser page (its run on
 # 4 ranks), torchrun runs, tamper scan and guide (tests/README.md), e.g. LAB=02_data_parallel.
-test-lab: $(INSTALL_STAMP) browser-tools
+test-lab: $(INSTALL_STAMP) browser-tools slurm-tools
 	@test -n "$(LAB)" || { echo "usage: make test-lab LAB=02_data_parallel (a folder of solutions/)" >&2; exit 2; }
 	$(VENV)/bin/python -m pytest $(PARALLEL) --lab '$(LAB)' $(PYTEST_ARGS)
 
@@ -100,6 +104,16 @@ grade: $(INSTALL_STAMP)
 bench: $(INSTALL_STAMP)
 	@test -n "$(BENCH_SCRIPTS)" || { echo "no bench/*.py to run" >&2; exit 1; }
 	$(VENV)/bin/python bench/report.py $(BENCH_SCRIPTS)
+
+# What an instructor runs on the cluster before the term: every lab's solution on this machine's devices
+# (NCCL with a GPU a rank where there are enough, gloo otherwise): time and peak host and GPU memory, its
+# hidden tests' values against the stored ones, what each collective sends against its formula, lab 1's
+# step against the device's datasheet peak (MFU). One report, anything that failed with its reason:
+# $(HARDWARE_REPORT)/report.md and report.json.
+HARDWARE_CHECK := bench/labs.py bench/stored_values.py bench/comm_bytes.py bench/single_gpu.py
+HARDWARE_REPORT ?= bench/results/hardware
+check-hardware: $(INSTALL_STAMP)
+	$(VENV)/bin/python bench/report.py $(HARDWARE_CHECK) --out $(HARDWARE_REPORT)
 
 # grader/work/ (submissions and the gradebook) is deliberately left alone.
 clean:

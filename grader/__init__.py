@@ -43,13 +43,15 @@ module is in exactly one layer):
   The feedback page, from a notebook the student's code wrote into: `safety` makes it
   inert (also as autograde's last step, in the autograde worker), `page` renders it in
   the feedback worker, a process of its own that is killed past its time.
-- grading (grader/grading/): collect, gradebook, workspace, verdict, export, autograde_worker, submission.
+- grading (grader/grading/): collect, gradebook, workspace, verdict, export, autograde_worker, submission, shards.
   A grading run's parts, in the grader: the submissions collected, each graded in a jail
   of its own (`submission`: nbgrader's autograde in the slot's warm autograde worker),
-  the verdict in plain words, the class gradebook and the CSV.
-- commands (grader/): __main__, grade, judge_values, release, reference, run, handout.
+  the verdict in plain words, the class gradebook and the CSV; `shards`: a class split into
+  shards graded anywhere, and merged.
+- commands (grader/): __main__, grade, judge_values, record, merge, release, reference, run, handout.
   What an instructor types. `grade` grades a class with all of the above (`judge_values`:
-  the judge's values of its run, recorded by `reference` or reused from an earlier run); `release`,
+  the judge's values of its run, recorded by `reference` or reused from an earlier run; `record`
+  records them once for a class's shards, `merge` joins the shards); `release`,
   `reference` and `run` work only on the instructor's own solutions (trusted code), with
   no jail; `handout` copies the release and the package for students.
 

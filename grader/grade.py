@@ -37,7 +37,7 @@ from pathlib import Path
 from . import COURSE_ROOT, GraderError
 from .common.labs import display_path, find_labs
 from .feedback.worker import FeedbackWorker
-from .grading import collect, export, gradebook, verdict
+from .grading import collect, export, shards, verdict
 from .grading.autograde_worker import AutogradeWorker
 from .grading.submission import SubmissionGrader, log_failure, not_graded
 from .grading.workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
@@ -54,11 +54,12 @@ DEFAULT_LIMITS = bwrap.Limits()  # frozen: one instance serves every call
 def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFAULT_WORK,
           root: Path = COURSE_ROOT, csv_path: Path | None = None, limits: bwrap.Limits = DEFAULT_LIMITS,
           cell_timeout: float | None = None, jobs: int = 1, unsafe: bool = False, regrade: bool = False,
-          judge_values: Path | None = None, say=print) -> Path:
+          judge_values: Path | None = None, shard: tuple[int, int] | None = None, say=print) -> Path:
     """Collect, autograde, give feedback and export; returns the CSV's path.
 
     judge_values: an earlier run's judge/ folder, whose recordings are reused where they can be
-    (grader.judge_values)."""
+    (grader.judge_values); shard: (K, N), grade only the K-th of N shards of the class
+    (grader.grading.shards)."""
     root = Path(root).resolve()
     if judge_values is not None and not Path(judge_values).is_dir():
         raise GraderError(f"--judge-values {judge_values}: no such folder; give an earlier run's "
@@ -89,6 +90,11 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         for problem in problems + more:
             say(f"skipped {problem}")
         uncollected = _uncollected(problems + more, found, infos)
+        if shard:
+            mine = shards.students_of(shard, [s.student for s in found] + list(uncollected))
+            found = [s for s in found if s.student in mine]
+            uncollected = {student: labs_ for student, labs_ in uncollected.items() if student in mine}
+            say(f"shard {shard[0]}/{shard[1]}: {len(mine)} students, {len(found)} submissions")
         status = ws.load_status()
         todo = []
         for submission in found:
@@ -154,13 +160,8 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
                 worker.close()
         gradebook_ready.result()
         target = Path(csv_path) if csv_path else ws.root / "grades.csv"
-        graded = {**status, **{student: {**status.get(student, {}), **labs_}
-                               for student, labs_ in uncollected.items()}}
-        students = sorted({s.student for s in found} | set(graded))
-        export.write_csv(target, students, {lab: info.max_score for lab, info in infos.items()}, graded,
-                         gradebook.db_url(ws.gradebook), root,
-                         written={lab: info.written for lab, info in infos.items()},
-                         exercises={lab: info.points for lab, info in infos.items()})
+        shards.write_run(ws, list(infos), shard, uncollected)
+        export.write_class(target, ws.gradebook, root, infos, status, uncollected, {s.student for s in found})
         say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
         return target
 
@@ -189,6 +190,13 @@ def _uncollected(problems: list[str], found: list[collect.Submission], infos: di
             out.setdefault(problem.student, {})[problem.lab] = {
                 "graded": False, "verdict": verdict.lines(graded=False, why_not=problem.why)}
     return out
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        return shards.parse(text)
+    except GraderError as error:        # argparse says it with the usage line
+        raise argparse.ArgumentTypeError(str(error).removeprefix(f"--shard {text!r}: ")) from None
 
 
 def add_subcommand(subparsers) -> None:
@@ -221,6 +229,10 @@ def add_subcommand(subparsers) -> None:
                    help="an earlier run's WORK/judge folder: reuse its labs' reference values and seeds, "
                         "where the labs and the course are unchanged, to grade one class in batches "
                         "(default: record them for this run)")
+    p.add_argument("--shard", type=_shard, metavar="K/N",
+                   help="grade only the K-th of N shards of the class (every N-th student by name, from the K-th), "
+                        "into its own --work folder; `python -m grader merge` joins the N (give them all the "
+                        "same --judge-values, recorded by `python -m grader record`)")
     p.add_argument("--unsafe", action="store_true",
                    help="grade without the sandbox when it is unavailable (only for notebooks you trust)")
     p.add_argument("--root", type=Path, default=COURSE_ROOT, help="course root (default: this repository)")
@@ -236,5 +248,5 @@ def _main(args: argparse.Namespace) -> int:
                      processes=args.max_processes, cpus=args.cpus)
     grade(args.submissions, labs=args.labs, work=args.work, root=args.root, csv_path=args.csv, limits=limits,
           cell_timeout=args.cell_timeout, jobs=args.jobs, unsafe=args.unsafe, regrade=args.regrade,
-          judge_values=args.judge_values)
+          judge_values=args.judge_values, shard=args.shard)
     return 0

@@ -138,3 +138,15 @@ def write_csv(path: Path, students: list[str], points: dict[str, float], status:
         writer.writeheader()
         writer.writerows(rows(students, points, status, db_url, root, written, exercises))
     return path
+
+
+def write_class(path: Path, gradebook_path: Path, root: Path, infos: dict, status: dict, uncollected: dict,
+                students) -> Path:
+    """The CSV of a grading run (or of its merged shards): a row for each of `students` and each student of
+    `status`; each lab's entry from `status`, or from `uncollected` (the labs this run could not collect)."""
+    graded = {**status, **{student: {**status.get(student, {}), **labs}
+                           for student, labs in uncollected.items()}}
+    return write_csv(path, sorted(set(students) | set(graded)), {lab: info.max_score for lab, info in infos.items()},
+                     graded, f"sqlite:///{Path(gradebook_path)}", root,
+                     written={lab: info.written for lab, info in infos.items()},
+                     exercises={lab: info.points for lab, info in infos.items()})

@@ -80,6 +80,11 @@ def scores(graded: dict, lab: str, students) -> dict[str, float]:
     return found
 
 
+def lab_columns(row: dict, lab: str) -> dict:
+    """A CSV row's columns of `lab`: the round-trip class has other labs, whose totals these leave out."""
+    return {key: value for key, value in row.items() if key.startswith(f"{lab} ")}
+
+
 def probe_output(work: Path, student: str, lab: str) -> str:
     """What the SETTINGS_PROBE cell at the end of a student's graded notebook printed."""
     nb = nbformat.read(work / "autograded" / student / lab / f"{lab}.ipynb", as_version=4)

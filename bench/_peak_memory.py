@@ -18,7 +18,12 @@ the peak of their summed memory, two ways:
   shared page once per process (with 4 ranks, torch's footprint about 4 times).
 
 Where the system has no PSS (not Linux), the RSS sum stands in and `metric`
-says so. GPU memory is not counted.
+says so.
+
+GPU memory, where NVIDIA's management library answers (nvidia-ml-py, `pynvml`): every
+GPU's memory in use, summed, read with each RSS sample; the peak above what was in use when
+the measurement began (`peak_gpu_bytes`; None without the library or a GPU). It counts every
+process on the GPUs, this tree's and any other's, and each CUDA context's own few hundred MB.
 """
 from __future__ import annotations
 
@@ -32,6 +37,20 @@ PSS_CPU_SHARE = 0.1  # of one core, for reading PSS on schedule
 # ... and read it at once when the RSS sum grows past every earlier read's by this factor
 # (a short launch of 4 ranks, say); each such read raises the bar, so there are few.
 CHASE = 1.05
+
+
+def gpu_reader():
+    """A function that returns the bytes in use on every NVIDIA GPU, summed; None without one."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:        # no library, no driver, no GPU: nothing to read
+        return None
+    if not handles:
+        return None
+    return lambda: sum(pynvml.nvmlDeviceGetMemoryInfo(handle).used for handle in handles)
 
 
 def descendants(root: psutil.Process) -> list[psutil.Process]:
@@ -71,10 +90,13 @@ class PeakMemory:
         self._root = psutil.Process()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample_until_stopped, name="peak memory", daemon=True)
+        self._gpu = gpu_reader()
+        self._gpu_peak = 0
 
     def __enter__(self) -> PeakMemory:
         # What already runs (an earlier kernel still shutting down, say) is not what is measured.
         self._before = frozenset(p.pid for p in descendants(self._root))
+        self._gpu_before = self._gpu() if self._gpu else 0
         self._started = time.perf_counter()
         self._thread.start()
         return self
@@ -93,6 +115,8 @@ class PeakMemory:
         while True:
             now = summed(self._root, False, self._before)
             self._keep_peaks(now)
+            if self._gpu:
+                self._gpu_peak = max(self._gpu_peak, self._gpu() - self._gpu_before)
             self.samples["rss"] += 1
             started = time.perf_counter()
             if self.metric == "pss" and (started >= pss_due or now["rss"] > CHASE * rss_at_pss_reads):
@@ -112,5 +136,6 @@ class PeakMemory:
         return {"metric": self.metric, "peak_bytes": self.peak[self.metric],
                 "peak_pss_bytes": self.peak["pss"], "peak_uss_bytes": self.peak["uss"],
                 "peak_rss_bytes": self.peak["rss"], "most_processes": self.peak["processes"],
+                "peak_gpu_bytes": self._gpu_peak if self._gpu else None,
                 "rss_interval_s": self._seconds / max(rss_samples, 1),
                 "pss_interval_s": self._seconds / max(self.samples["pss"], 1)}

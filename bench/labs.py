@@ -10,7 +10,8 @@ ranks come from `course.lab_ranks` run again with $COURSE_RANKS set to each
 Memory: the peak of the summed PSS of the kernel and all its descendants (the
 forkserver and every rank), beside the summed RSS sampled every 50 ms;
 bench/_peak_memory.py says why PSS, and how often it is read. The course
-promises under 4 GB per lab with 4 CPU ranks. GPU memory is not counted.
+promises under 4 GB per lab with 4 CPU ranks. GPU memory, where NVIDIA's library answers: every
+GPU's memory in use, summed, its peak above what was in use at the start (a column of its own).
 Works as it is on a GPU machine, whose name the figures record.
 
 Time: the course promises each lab within 90 s at its default ranks on 2 CPU
@@ -149,6 +150,9 @@ def gigabytes(n: float) -> str:
 
 def markdown(rows: list[dict], rounds: int, machine: dict) -> str:
     metric = next((r["peak"]["metric"].upper() for r in rows if "peak" in r), "PSS")
+    on_gpu = any(r.get("peak", {}).get("peak_gpu_bytes") is not None for r in rows)
+    gpu_words = ("GPU memory: every GPU's memory in use, summed, its peak above the start (CUDA contexts "
+                 "included; other processes on the GPUs would count too)." if on_gpu else "GPU memory is not counted.")
     how_often = count(rounds, "run") + (" each; time: median (min-max)" if rounds > 1 else " each")
     lines = [f"Each solution notebook executed headless at its default sizes, in a temporary folder "
              f"({how_often}). Memory: the peak of the summed {metric} of the kernel and all its descendants "
@@ -156,23 +160,24 @@ def markdown(rows: list[dict], rounds: int, machine: dict) -> str:
              f"per rank, an upper bound. RSS is read every 50 ms; {metric} costs more, and is read as often as "
              f"keeps that near a tenth of a core (`every`: the mean interval) and whenever RSS grows past its "
              f"earlier peaks (bench/_peak_memory.py says why). Limit: {gigabytes(LIMIT_BYTES)}, the course's "
-             f"promise for a lab on 4 CPU ranks. GPU memory is not counted. Time: within {TIME_BUDGET_S} s at "
+             f"promise for a lab on 4 CPU ranks. {gpu_words} Time: within {TIME_BUDGET_S} s at "
              f"the default ranks, {FOUR_RANKS_TIME_BUDGET_S} s on 4, no cell of the demo over "
              f"{DEMO_CELL_BUDGET_S} s (the course's promise on 2 CPU cores).", "",
              f"| notebook | ranks | run | peak memory ({metric}) | under {gigabytes(LIMIT_BYTES)} | every | "
-             f"peak summed RSS | processes | slowest cell | within its time |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"peak summed RSS | processes | slowest cell | within its time |" + " peak GPU memory |" * on_gpu,
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * on_gpu]
     for r in rows:
         ranks = r["ranks"] or "its own"
         if "error" in r:
-            lines.append(f"| `{r['lab']}` | {ranks} | FAILED: {r['error']} | | | | | | | |")
+            lines.append(f"| `{r['lab']}` | {ranks} | FAILED: {r['error']} | | | | | | | |" + " |" * on_gpu)
             continue
         p = r["peak"]
         lines.append(f"| `{r['lab']}` | {ranks} | {spread_text(r['seconds'], '{:.1f}', ' s')} | "
                      f"{gigabytes(p['peak_bytes'])} | {'yes' if r['within_limit'] else '**no**'} | "
                      f"{p['pss_interval_s'] * 1e3:.0f} ms | {gigabytes(p['peak_rss_bytes'])} | "
                      f"{p['most_processes']} | {spread_text(r['slowest_cell_s'], '{:.1f}', ' s')} | "
-                     f"{'yes' if r['in_time'] else '**no**'} ({time_budget(r)}) |")
+                     f"{'yes' if r['in_time'] else '**no**'} ({time_budget(r)}) |"
+                     + (f" {gigabytes(p['peak_gpu_bytes'] or 0)} |" if on_gpu else ""))
     lines += ["", f"(`its own`: the notebook picks its ranks itself, not from ${RANKS_VARIABLE}; "
               f"torch {machine['torch']}, {machine['cpu_count']} CPUs, "
               f"{', '.join(machine['gpus']) or 'no GPU'})"]

@@ -139,3 +139,14 @@ def test_make_bench_runs_every_benchmark_through_the_report():
     scripts = {Path(arg).name for arg in command[command.index("bench/report.py") + 1:]}
     assert scripts == {p.name for p in report.benchmarks()}
     assert "labs.py" in scripts and not any(name.startswith("_") for name in scripts)
+
+
+def test_make_check_hardware_reports_each_lab_s_time_memory_values_bytes_and_mfu_in_one_report():
+    dry_run = subprocess.run(["make", "-n", "check-hardware"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout
+    command = next(line for line in dry_run.splitlines() if "bench/report.py" in line).split()
+    scripts = [Path(arg) for arg in command[command.index("bench/report.py") + 1:command.index("--out")]]
+    # time and peak host and GPU memory of every lab; their hidden values; bytes against formulas; MFU
+    assert [p.name for p in scripts] == ["labs.py", "stored_values.py", "comm_bytes.py", "single_gpu.py"]
+    assert all((REPO / p).is_file() for p in scripts)
+    assert command[command.index("--out") + 1] == "bench/results/hardware"

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Installs Debian's Slurm (slurmctld, slurmd, the client commands) and munge for the test that grades
-# a class as a Slurm array (tests/test_slurm.py), which starts a cluster of this one machine. Without
+# a class as a Slurm array (tests/test_grading_shards.py), which starts a cluster of this one machine. Without
 # root or apt-get, says what to install; that test then skips, saying why.
 if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 \
         && command -v sbatch >/dev/null 2>&1; then

@@ -1,5 +1,5 @@
 """A class graded in shards and merged gets what one machine gives it: the same CSV columns, the same
-feedback pages; and what cannot be merged into that is refused in words.
+feedback pages, here and as a Slurm array; and what cannot be merged into that is refused in words.
 
 One machine's grading is the round-trip class's (helpers/round_trips.py: graded once a session); the
 shards grade its students of lab 8 with the same judge values (helpers.submissions: one recording of
@@ -22,7 +22,8 @@ from grader.grading import shards
 from helpers import REPO, round_trips
 from helpers.forked_cells import settings_env
 from helpers.round_trips import TEST_TIMEOUT_S, lab_columns
-from helpers.submissions import ROUND_TRIP_SETTING, grade_class, grade_id, released, solved
+from helpers.slurm import Unavailable, local_cluster, wait_for
+from helpers.submissions import ROUND_TRIP_SETTING, grade_class, grade_id, released, session_judge_values, solved
 
 LAB = "08_experts"
 
@@ -134,8 +135,54 @@ def test_a_class_graded_in_two_shards_and_merged_gets_one_machine_s_grades_and_f
     assert (tmp_path / "class" / "feedback" / "alice" / LAB / f"{LAB}.html").is_file()
 
 
-round_trips.enrol(test_a_class_graded_in_two_shards_and_merged_gets_one_machine_s_grades_and_feedback, LAB,
-                  STUDENTS)
+@pytest.fixture
+def cluster(tmp_path):
+    """The environment of a Slurm cluster of this machine (SLURM_CONF), or a skip that says why not."""
+    try:
+        with local_cluster(tmp_path / "slurm") as env:
+            yield env
+    except Unavailable as why:
+        pytest.skip(f"Slurm cannot start here: {why}")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_class_graded_as_a_slurm_array_of_two_shards_and_merged_gets_one_machine_s_grades(
+        round_trip_class, cluster, tmp_path):
+    """deploy/slurm/grade-class.sh submits an array of 2 shards and their merge to a real Slurm (Debian's
+    slurmctld, slurmd and munge, started on this machine: helpers/slurm.py; skipped, saying why, where they
+    cannot start); the merged CSV gives the round-trip class's grades. The array grades the student who
+    answered nothing (cheap: this test is about the array, the one above about the grades) beside a notebook
+    that is none, with this session's judge values (JUDGE_VALUES: no recording job)."""
+    submissions, out = tmp_path / "submitted", tmp_path / "graded"
+    mine = round_trip_class["work"].parent / "submitted" / UNANSWERED
+    for notebook in mine.rglob("*.ipynb"):
+        target = submissions / notebook.relative_to(mine.parent)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(notebook.read_bytes())
+    (submissions / "ann").mkdir()
+    (submissions / "ann" / f"{LAB}.ipynb").write_text("{ not a notebook")
+    submitted = subprocess.run(
+        ["bash", str(REPO / "deploy" / "slurm" / "grade-class.sh"), str(submissions), str(out), "2", "--lab", LAB],
+        env={**cluster, "SHARD_OPTIONS": "--cpus-per-task=1 --mem=2G", "JUDGE_VALUES": str(session_judge_values())},
+        capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    jobs = submitted.stdout.split()
+    assert len(jobs) == 2, submitted.stdout          # the array and the merge: JUDGE_VALUES, no recording job
+    wait_for(jobs, cluster, timeout=TEST_TIMEOUT_S - 120)
+    logs = "\n".join(f"--- {log.name}\n{log.read_text()[-2000:]}" for log in sorted((out / "logs").glob("*")))
+    assert (out / "class" / "grades.csv").is_file(), f"no merged CSV:\n{logs}"
+    assert "shard 1/2: 1 students" in (out / "logs" / "shard-1.out").read_text(), logs    # ann, then unanswered
+    assert "merged 2 shards, 2 submissions" in logs, logs
+    with open(out / "class" / "grades.csv", newline="") as f:
+        rows = {row["student_id"]: row for row in csv.DictReader(f)}
+    assert lab_columns(rows[UNANSWERED], LAB) == lab_columns(round_trip_class["csv"][UNANSWERED], LAB)
+    assert rows["ann"][f"{LAB} graded"] == "no", rows["ann"]
+
+
+round_trips.enrol((test_a_class_graded_in_two_shards_and_merged_gets_one_machine_s_grades_and_feedback,
+                   test_a_class_graded_as_a_slurm_array_of_two_shards_and_merged_gets_one_machine_s_grades),
+                  LAB, STUDENTS)
 
 
 def test_the_commands_refuse_a_shard_that_is_not_k_of_n_and_a_lab_there_is_not(capsys):

@@ -125,7 +125,10 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
     if ws.root in folders or ws.status_file.is_file():
         raise GraderError(f"{ws.root} is a shard or an earlier grading's work folder: merge into a new folder")
     ws.root.mkdir(parents=True, exist_ok=True)
-    prepare_gradebook(ws, root, infos)
+    for known in ("gradebook.db", "labs.json"):       # the first shard's gradebook knows the labs' cells already
+        if (folders[0] / known).is_file():
+            shutil.copyfile(folders[0] / known, ws.root / known)
+    prepare_gradebook(ws, root, infos)                 # (again only for a lab it does not know)
     course_id = course_config(root).CourseDirectory.course_id
     status: dict[str, dict] = {}
     graded_in: dict[tuple[str, str], Path] = {}

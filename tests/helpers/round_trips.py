@@ -33,26 +33,30 @@ TEST_TIMEOUT_S = 1800
 #: A student who answers differently, graded on ROUND_TRIP_SETTING; their notebook's last cell reports it.
 DIFFERENT = "different"
 
-# (the test function, its lab, its students: id -> what builds their notebook)
-_ENROLLED: list[tuple[Callable, str, dict[str, Callable[[], nbformat.NotebookNode]]]] = []
+# (the test functions, their lab, its students: id -> what builds their notebook)
+_ENROLLED: list[tuple[tuple[Callable, ...], str, dict[str, Callable[[], nbformat.NotebookNode]]]] = []
 
 
-def enrol(test: Callable, lab: str, students: dict[str, Callable[[], nbformat.NotebookNode]]) -> None:
-    """Put `students` (id -> a function that builds the notebook) of `lab` in the class, for `test`."""
-    for other, other_lab, others in _ENROLLED:
+def enrol(tests: Callable | tuple[Callable, ...], lab: str,
+          students: dict[str, Callable[[], nbformat.NotebookNode]]) -> None:
+    """Put `students` (id -> a function that builds the notebook) of `lab` in the class, for `tests` (one
+    test, or several that share these students: the class grades them when any of those is selected)."""
+    tests = tests if isinstance(tests, tuple) else (tests,)
+    for others_tests, other_lab, others in _ENROLLED:
         taken = set(students) & set(others) if other_lab == lab else set()
         if taken:
-            raise ValueError(f"{test.__module__}.{test.__name__} enrols {sorted(taken)} in {lab}, "
+            other = others_tests[0]
+            raise ValueError(f"{tests[0].__module__}.{tests[0].__name__} enrols {sorted(taken)} in {lab}, "
                              f"whom {other.__module__}.{other.__name__} enrolled already")
-    _ENROLLED.append((test, lab, dict(students)))
+    _ENROLLED.append((tests, lab, dict(students)))
 
 
 def grade(tmp: Path, tests) -> dict:
     """Grade the enrolments of `tests` (test functions) as one class in tmp:
     {"work", "csv" (rows by student), "log", "labs" (lab -> its students)}."""
     enrolled: dict[str, dict] = {}
-    for test, lab, students in _ENROLLED:
-        if test in tests:
+    for enrolled_for, lab, students in _ENROLLED:
+        if set(enrolled_for) & set(tests):
             enrolled.setdefault(lab, {}).update(students)
     assert enrolled, "no selected test enrolled students in the round-trip class"
     submissions, work = tmp / "submitted", tmp / "work"

@@ -84,11 +84,14 @@ def draw(*, model: str = LAB_LAYER, experts: int = 8, top_k: int = 2, ranks: int
     layer = LAYERS[model]
     figure, (moved, held) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
     for scheme in cost.SCHEMES:
-        moved.plot(TOKENS, [sent(scheme, t, model, experts, top_k, ranks) for t in TOKENS], color=COLOURS[scheme],
-                   label=scheme)
+        # tensor parallelism dashed and on top: it sends what expert parallelism sends where k = N, and holds
+        # what it holds where N divides E, and both lines must show
+        style = dict(color=COLOURS[scheme], label=scheme, linestyle="--" if scheme == "tensor parallel" else "-",
+                     zorder=2 + (scheme == "tensor parallel"))
+        moved.plot(TOKENS, [sent(scheme, t, model, experts, top_k, ranks) for t in TOKENS], **style)
         counts = [e for e in EXPERT_COUNTS if e >= ranks]
         held.plot(counts, [cost.held_per_rank(scheme, e, layer.parameters_per_expert, ranks) * layer.element_bytes
-                           for e in counts], color=COLOURS[scheme], label=scheme, marker=".")
+                           for e in counts], marker=".", **style)
     for row in measured or []:
         moved.scatter([row["tokens"]], [row["bytes"]], color=COLOURS[row["scheme"]], edgecolor="black", zorder=3)
     held.axvline(experts, color="black", linestyle=":", label=f"{experts} experts")

@@ -26,7 +26,7 @@ DEMO := solutions/demo.ipynb
 # bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools browser-tools slurm-tools test test-fast test-lab lint lab demo release handout reference grade bench check-hardware clean
+.PHONY: install sandbox-tools browser-tools slurm-tools site-tools site test test-fast test-lab lint lab demo release handout reference grade bench check-hardware clean
 
 install: $(INSTALL_STAMP)
 
@@ -46,11 +46,28 @@ sandbox-tools:
 browser-tools:
 	sh tests/browser-tools.sh
 
+# Jupyter Book for the course's website, in a virtualenv of its own (its pins are not the course's):
+# Jupyter Book 1, which builds from PyPI's packages alone (the 2nd fetches its theme at build time).
+SITE_VENV := .venv-site
+JUPYTER_BOOK_PIN := jupyter-book==1.0.4.post1
+SITE_STAMP := $(SITE_VENV)/.installed
+site-tools: $(SITE_STAMP)
+
+$(SITE_STAMP):
+	test -x $(SITE_VENV)/bin/python || $(PYTHON) -m venv $(SITE_VENV)
+	$(SITE_VENV)/bin/python -m pip install -q '$(JUPYTER_BOOK_PIN)'
+	touch $@
+
+# The course as a website: build/site/_build/html/index.html, each lab as released with its figures
+# (each solution run here for them). HUB_URL and REPOSITORY add a launch button to a JupyterHub.
+site: $(INSTALL_STAMP) $(SITE_STAMP)
+	$(VENV)/bin/python -m grader site --out build/site $(if $(HUB_URL),--hub-url '$(HUB_URL)') $(if $(REPOSITORY),--repository '$(REPOSITORY)')
+
 # Debian's Slurm and munge for the test that grades a class as a Slurm array; a no-op where installed.
 slurm-tools:
 	sh tests/slurm-tools.sh
 
-test: $(INSTALL_STAMP) browser-tools slurm-tools
+test: $(INSTALL_STAMP) browser-tools slurm-tools site-tools
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # The edit-run loop, about 2 minutes on 2 cores: every test that is none of the kinds
@@ -60,7 +77,7 @@ test-fast: $(INSTALL_STAMP)
 
 # Everything about one lab, every tier: its fairness tests and round trip, browser page (its run on
 # 4 ranks), torchrun runs, tamper scan and guide (tests/README.md), e.g. LAB=02_data_parallel.
-test-lab: $(INSTALL_STAMP) browser-tools slurm-tools
+test-lab: $(INSTALL_STAMP) browser-tools slurm-tools site-tools
 	@test -n "$(LAB)" || { echo "usage: make test-lab LAB=02_data_parallel (a folder of solutions/)" >&2; exit 2; }
 	$(VENV)/bin/python -m pytest $(PARALLEL) --lab '$(LAB)' $(PYTEST_ARGS)
 

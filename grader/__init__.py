@@ -48,12 +48,13 @@ module is in exactly one layer):
   of its own (`submission`: nbgrader's autograde in the slot's warm autograde worker),
   the verdict in plain words, the class gradebook and the CSV; `shards`: a class split into
   shards graded anywhere, and merged.
-- commands (grader/): __main__, grade, judge_values, record, merge, release, reference, run, handout.
+- commands (grader/): __main__, grade, judge_values, record, merge, release, reference, run, handout, site.
   What an instructor types. `grade` grades a class with all of the above (`judge_values`:
   the judge's values of its run, recorded by `reference` or reused from an earlier run; `record`
   records them once for a class's shards, `merge` joins the shards); `release`,
   `reference` and `run` work only on the instructor's own solutions (trusted code), with
-  no jail; `handout` copies the release and the package for students.
+  no jail; `handout` copies the release and the package for students; `site` builds the course as a
+  website (the release, with the figures of the solutions' runs).
 
 A subpackage's ``__init__`` holds its docstring and nothing else: the launcher, the judge
 and the workers start with ``python -m``, and a package that imported them would load each

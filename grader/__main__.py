@@ -12,7 +12,7 @@ from . import GraderError
 # parser and sets ``func`` (args -> exit status). Add new commands here. They are
 # imported when the parser is built: `run` starts on every rank under torchrun,
 # where importing nbgrader (the others) would cost seconds per rank.
-COMMANDS = ("release", "reference", "grade", "record", "merge", "run", "handout")
+COMMANDS = ("release", "reference", "grade", "record", "merge", "run", "handout", "site")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,11 +20,13 @@ is saved under test-artifacts/browser/ (or $COURSE_TEST_ARTIFACTS): look at them
 """
 from __future__ import annotations
 
+import html as html_module
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,7 +41,7 @@ from helpers import solution_runs as runs
 from helpers.browser import LAB_SETTINGS, SERVER_ARGS, Notebook, chromium, move_first_slider, text_of, widget_cells
 from helpers.forked_cells import settings_env
 from helpers.lab_server import TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
-from helpers.submissions import solved
+from helpers.submissions import hidden_lines, solved
 
 ARTIFACTS = Path(os.environ.get("COURSE_TEST_ARTIFACTS", REPO / "test-artifacts")) / "browser"
 SOLUTIONS = [p.relative_to(REPO) for p in runs.SOLUTIONS]
@@ -145,9 +147,16 @@ def test_the_server_serves_the_copy_with_the_tests_settings(server, course_copy)
     assert [Path(i["root_dir"]) for i in info] == [course_copy]
 
 
+@pytest.fixture(scope="module")
+def executed_labs(tmp_path_factory) -> Path:
+    """Each lab's notebook as its run in JupyterLab left it (outputs and all): the site's figures
+    (test_the_site_shows_every_lab_as_released_with_its_figures), with no second run of the labs."""
+    return tmp_path_factory.mktemp("executed")
+
+
 @pytest.mark.parametrize("path", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
 def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path, record_property, course_copy,
-                                                              recorded):
+                                                              recorded, executed_labs):
     notebook = Notebook(page, server, str(path))
     before = runs.snapshot((course_copy / path).parent)
     notebook.open()
@@ -155,6 +164,12 @@ def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path
     record_property("browser_run_s", round(seconds, 1))
     errors = notebook.errors()
     assert not errors, f"{path} in JupyterLab:\n" + "\n".join(errors)
+    if path.parent.name == path.stem:     # a lab, not the demo: its run as it stands, before a slider moves
+        run = page.evaluate("() => window.jupyterapp.shell.currentWidget.context.model.toJSON()")
+        for cell in run["cells"]:           # JupyterLab's model gives a markdown cell `attachments: null`
+            if cell.get("attachments", {}) is None:
+                del cell["attachments"]
+        (executed_labs / f"{path.stem}.ipynb").write_text(json.dumps(run), encoding="utf-8")
 
     cells = notebook.code_cells()
     # its lab's run on 4 ranks where it launches ranks (helpers/solution_runs.py)
@@ -393,3 +408,42 @@ def test_an_instructor_grades_a_written_answer_by_hand_in_formgrader(server, pag
     row = export.rows([student], {lab: 13.0}, status, db, course_copy, {lab: {gid: 2.0}})[0]
     assert (row[f"{lab} written score"], row[f"{lab} pending manual"], row["total score"]) == (1.5, 0.0, 1.5)
     assert "written answers: 1.5 of 2 points, graded by hand" in row[f"{lab} verdict"]
+
+
+# --- the course as a website (grader/site.py) -------------------------------------------------
+
+def test_the_site_shows_every_lab_as_released_with_its_figures(page, executed_labs, tmp_path):
+    """`python -m grader site` from the runs above: a page per lab, the release's cells (no answer, no hidden
+    test) with each demonstration's figures, a launch button to a JupyterHub; looked at in Chromium."""
+    from grader.common.labs import find_labs
+    from grader.site import with_figures
+
+    hub, repository = "https://hub.example.edu", "https://github.com/example/multi-gpu-course"
+    built = subprocess.run([sys.executable, "-m", "grader", "site", "--out", str(tmp_path / "site"), "--executed",
+                            str(executed_labs), "--hub-url", hub, "--repository", repository],
+                           cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    html = tmp_path / "site" / "_build" / "html"
+    for lab in find_labs(REPO):
+        page_path = html / "labs" / lab.name / f"{lab.name}.html"
+        assert page_path.is_file(), f"the site has no page for {lab.name}:\n{built.stdout[-2000:]}"
+        text = page_path.read_text(encoding="utf-8")
+        released = nbformat.read(REPO / "labs" / lab.name / f"{lab.name}.ipynb", as_version=4)
+        executed = executed_labs / f"{lab.name}.ipynb"
+        if executed.is_file():     # its run above; else the site ran it, and its figures are counted on the page
+            shown = with_figures(released, nbformat.read(executed, as_version=4))
+            figures = sum("image/png" in o.get("data", {}) for c in shown.cells if c.cell_type == "code"
+                          for o in c.outputs)
+            assert figures > 0 and text.count("<img") >= figures, (lab.name, figures, text.count("<img"))
+        assert text.count("<img") > 0, f"{lab.name}'s page shows no figure"
+        assert f"{hub}/hub/user-redirect/git-pull?repo=" in text, f"{lab.name}'s page has no launch button to the hub"
+        page_text = html_module.unescape(text)
+        leaked = [line for line in (hidden_lines(lab.name) if lab.points else []) if line in page_text]
+        assert not leaked, f"{lab.name}'s page shows hidden test lines: {leaked[:3]}"
+        assert "### BEGIN SOLUTION" not in page_text
+    page.goto((html / "index.html").as_uri())
+    page.get_by_role("link", name=re.compile("08 · Experts")).first.click()
+    page.wait_for_load_state("load")
+    images = page.evaluate("() => [...document.images].map(i => [i.complete, i.naturalWidth])")
+    assert images and all(done and width > 0 for done, width in images), images
+    page.screenshot(path=str(ARTIFACTS / "site-08_experts.png"))

@@ -134,5 +134,5 @@ check-hardware: $(INSTALL_STAMP)
 
 # grader/work/ (submissions and the gradebook) is deliberately left alone.
 clean:
-	rm -rf $(VENV) .pytest_cache build dist *.egg-info
+	rm -rf $(VENV) $(SITE_VENV) .pytest_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -66,12 +66,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
                           "WORK/judge folder, or leave the option out to record the values for this run")
     ws = Workspace(Path(work).resolve())
     ws.root.mkdir(parents=True, exist_ok=True)
-    infos = lab_infos(root)
-    if labs:
-        unknown = [lab for lab in labs if lab not in infos]
-        if unknown:
-            raise GraderError(f"no graded lab(s) {', '.join(unknown)}; graded labs are: {', '.join(infos)}")
-        infos = {lab: infos[lab] for lab in labs}
+    infos = lab_infos(root, labs)
     # nbgrader learns each lab's test cells (seconds a lab) while the jail is probed and the
     # judge's values are recorded: a student's grading waits for it, the export too.
     with ThreadPoolExecutor(max_workers=1) as preparing:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import COURSE_ROOT, GraderError
+from . import COURSE_ROOT
 from .common.labs import find_labs
 from .grading.workspace import Workspace, lab_infos
 from .judge_values import record_judged_values
@@ -20,11 +20,7 @@ from .judge_values import record_judged_values
 def record(work: Path, labs: list[str] | None = None, root: Path = COURSE_ROOT, say=print) -> Path:
     """Record the judge's values of `labs` (default: every lab whose tests check some) into work/judge."""
     root = Path(root).resolve()
-    infos = {lab: info for lab, info in lab_infos(root).items() if info.required}
-    unknown = [lab for lab in labs or [] if lab not in lab_infos(root)]
-    if unknown:
-        raise GraderError(f"no graded lab(s) {', '.join(unknown)}; graded labs are: {', '.join(lab_infos(root))}")
-    chosen = [lab for lab in (labs or infos) if lab in infos]
+    chosen = [lab for lab, info in lab_infos(root, labs).items() if info.required]
     ws = Workspace(Path(work).resolve())
     ws.root.mkdir(parents=True, exist_ok=True)
     solutions = {lab.name: lab for lab in find_labs(root)}

@@ -166,7 +166,7 @@ class _Class:
                 raise RuntimeError("an output the report did not expect")
             return real_execution(autograded, *args)
 
-        for name, value in {"lab_infos": lambda root: {LAB: INFO}, "prepare_gradebook": lambda *args: None,
+        for name, value in {"lab_infos": lambda root, labs=None: {LAB: INFO}, "prepare_gradebook": lambda *args: None,
                             "AutogradeWorker": Autograde, "FeedbackWorker": Feedback}.items():
             monkeypatch.setattr(grading_run, name, value)
         monkeypatch.setattr(grading_run, "jail_unavailable", lambda: "no jail in this test")

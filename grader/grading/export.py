@@ -36,7 +36,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from grader.common import nbgrader_cli
 from grader.common.labs import course_config
 
-from .gradebook import written_points
+from .gradebook import db_url, written_points
 from .verdict import as_text, could_not, with_written, written_line
 
 WRITTEN = ("written score", "written max score", "pending manual")
@@ -147,6 +147,6 @@ def write_class(path: Path, gradebook_path: Path, root: Path, infos: dict, statu
     graded = {**status, **{student: {**status.get(student, {}), **labs}
                            for student, labs in uncollected.items()}}
     return write_csv(path, sorted(set(students) | set(graded)), {lab: info.max_score for lab, info in infos.items()},
-                     graded, f"sqlite:///{Path(gradebook_path)}", root,
+                     graded, db_url(gradebook_path), root,
                      written={lab: info.written for lab, info in infos.items()},
                      exercises={lab: info.points for lab, info in infos.items()})

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader import GraderError
 from grader.common.labs import find_labs, read_notebook, source_text
 from grader.common.nbgrader_cli import generate_assignment
 from grader.feedback.safety import HIDDEN_BEGIN, hidden_lines
@@ -78,12 +79,15 @@ class LabInfo:
         return [source_text(c) for c in self.released.get("cells", []) if c.get("cell_type") == "markdown"]
 
 
-def lab_infos(root: Path) -> dict[str, LabInfo]:
-    """The labs that have graded test cells."""
+def lab_infos(root: Path, labs: list[str] | None = None) -> dict[str, LabInfo]:
+    """The labs that have graded test cells; given `labs`, those alone, in that order (one that is not
+    such a lab refused, naming the labs there are)."""
+    graded = {lab.name: lab for lab in find_labs(root) if lab.points}
+    unknown = [lab for lab in labs or [] if lab not in graded]
+    if unknown:
+        raise GraderError(f"no graded lab(s) {', '.join(unknown)}; graded labs are: {', '.join(graded)}")
     infos = {}
-    for lab in find_labs(root):
-        if not lab.points:
-            continue
+    for lab in (graded[name] for name in labs) if labs else graded.values():
         source = read_notebook(lab.notebook, root)
         reference = root / "grader" / "reference" / f"{lab.name}.json"
         digest = hashlib.sha256(lab.notebook.read_bytes())

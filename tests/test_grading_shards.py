@@ -75,17 +75,17 @@ def without_measurements(page: str) -> str:
     return re.sub(r"\d[\d,.]*\s*(s|ms|GB|MB|GiB|MiB|KB|KiB|bytes)\b", "#", page)
 
 
-def class_of_lab(round_trip_class, folder):
-    """This module's students of LAB in the round-trip class, copied into `folder` beside a student whose
+def class_of_lab(round_trip_class, folder, students, broken):
+    """`students` of LAB in the round-trip class, copied into `folder` beside a student, `broken`, whose
     notebook is not one: the class the shards grade."""
     submitted = round_trip_class["work"].parent / "submitted"
-    for student in STUDENTS:
+    for student in students:
         for notebook in (submitted / student).glob(f"{LAB}*"):
             target = folder / notebook.relative_to(submitted)
             target.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree if notebook.is_dir() else shutil.copyfile)(notebook, target)
-    (folder / "alice").mkdir(parents=True)
-    (folder / "alice" / f"{LAB}.ipynb").write_text("{ not a notebook")
+    (folder / broken).mkdir(parents=True)
+    (folder / broken / f"{LAB}.ipynb").write_text("{ not a notebook")
     return folder
 
 
@@ -110,7 +110,7 @@ STUDENTS = {UNANSWERED: lambda: released(LAB), PARTLY: partly_answered}
 def test_a_class_graded_in_two_shards_and_merged_gets_one_machine_s_grades_and_feedback(round_trip_class, tmp_path):
     """One machine's grading is the round-trip class's (graded once a session, with this session's judge values,
     on ROUND_TRIP_SETTING); the shards grade its students of LAB with the same values and setting."""
-    submissions = class_of_lab(round_trip_class, tmp_path / "submitted")
+    submissions = class_of_lab(round_trip_class, tmp_path / "submitted", STUDENTS, "alice")
     settings = settings_env(*ROUND_TRIP_SETTING)
     for k in (1, 2):   # alice and unanswered, then partly: every second student by name
         rows, log = grade_class(submissions, tmp_path / f"shard{k}", LAB, "--shard", f"{k}/2", env=settings)
@@ -154,14 +154,8 @@ def test_a_class_graded_as_a_slurm_array_of_two_shards_and_merged_gets_one_machi
     cannot start); the merged CSV gives the round-trip class's grades. The array grades the student who
     answered nothing (cheap: this test is about the array, the one above about the grades) beside a notebook
     that is none, with this session's judge values (JUDGE_VALUES: no recording job)."""
-    submissions, out = tmp_path / "submitted", tmp_path / "graded"
-    mine = round_trip_class["work"].parent / "submitted" / UNANSWERED
-    for notebook in mine.rglob("*.ipynb"):
-        target = submissions / notebook.relative_to(mine.parent)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(notebook.read_bytes())
-    (submissions / "ann").mkdir()
-    (submissions / "ann" / f"{LAB}.ipynb").write_text("{ not a notebook")
+    submissions = class_of_lab(round_trip_class, tmp_path / "submitted", [UNANSWERED], "ann")
+    out = tmp_path / "graded"
     submitted = subprocess.run(
         ["bash", str(REPO / "deploy" / "slurm" / "grade-class.sh"), str(submissions), str(out), "2", "--lab", LAB],
         env={**cluster, "SHARD_OPTIONS": "--cpus-per-task=1 --mem=2G", "JUDGE_VALUES": str(session_judge_values())},

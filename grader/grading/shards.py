@@ -75,8 +75,9 @@ def _seeds(folder: Path) -> dict[str, int]:
             for path in sorted((folder / "judge").glob("*.seed.json"))}
 
 
-def _check_shards(folders: list[Path]) -> tuple[list[str], dict[str, dict]]:
-    """Every shard of one split, once, of the same labs, judged on the same seeds: (labs, uncollected)."""
+def _check_shards(folders: list[Path]) -> tuple[list[str], dict[str, dict], dict[Path, dict]]:
+    """Every shard of one split, once, of the same labs, judged on the same seeds, each student's lab graded in
+    one of them: (labs, uncollected, each shard's status). Checked before anything is written."""
     runs = {folder: _read_run(folder) for folder in folders}
     first = folders[0]
     labs, n = runs[first]["labs"], runs[first]["shard"][1]
@@ -102,11 +103,19 @@ def _check_shards(folders: list[Path]) -> tuple[list[str], dict[str, dict]]:
                                   "(`python -m grader record`) and give every shard that judge/ folder "
                                   "(`--judge-values`)")
             seeds.setdefault(lab, (seed, folder))
+    statuses = {folder: Workspace(folder).load_status() for folder in folders}
+    graded_in: dict[tuple[str, str], Path] = {}
+    for folder, status in statuses.items():
+        for student, entries in status.items():
+            for lab in entries:
+                if (student, lab) in graded_in:
+                    raise GraderError(f"{student}'s {lab} was graded in {graded_in[student, lab]} and in {folder}")
+                graded_in[student, lab] = folder
     uncollected: dict[str, dict] = {}
     for about in runs.values():
         for student, entries in about["uncollected"].items():
             uncollected.setdefault(student, {}).update(entries)
-    return labs, uncollected
+    return labs, uncollected, statuses
 
 
 def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=print) -> Path:
@@ -115,7 +124,7 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
     folders = [Path(folder).resolve() for folder in folders]
     if not folders:
         raise GraderError("give the work folders of the shards to merge")
-    labs, uncollected = _check_shards(folders)
+    labs, uncollected, statuses = _check_shards(folders)
     infos = lab_infos(root)
     unknown = [lab for lab in labs if lab not in infos]
     if unknown:
@@ -131,14 +140,10 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
     prepare_gradebook(ws, root, infos)                 # (again only for a lab it does not know)
     course_id = course_config(root).CourseDirectory.course_id
     status: dict[str, dict] = {}
-    graded_in: dict[tuple[str, str], Path] = {}
-    for folder in folders:
+    for folder, shard_status in statuses.items():
         shard = Workspace(folder)
-        for student, entries in shard.load_status().items():
+        for student, entries in shard_status.items():
             for lab, entry in entries.items():
-                if (student, lab) in graded_in:
-                    raise GraderError(f"{student}'s {lab} was graded in {graded_in[student, lab]} and in {folder}")
-                graded_in[student, lab] = folder
                 status.setdefault(student, {})[lab] = entry
                 for kind in PER_SUBMISSION:
                     source = folder / kind / student / lab
@@ -155,5 +160,6 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
     write_run(ws, labs, None, uncollected)
     target = Path(csv_path) if csv_path else ws.root / "grades.csv"
     export.write_class(target, ws.gradebook, root, infos, status, uncollected, students=set(status))
-    say(f"merged {len(folders)} shards, {len(graded_in)} submissions: wrote {target}; feedback in {ws.feedback}/")
+    merged = sum(len(entries) for entries in status.values())
+    say(f"merged {len(folders)} shards, {merged} submissions: wrote {target}; feedback in {ws.feedback}/")
     return target

@@ -37,7 +37,7 @@ from pathlib import Path
 from . import COURSE_ROOT, GraderError
 from .common.labs import display_path, find_labs
 from .feedback.worker import FeedbackWorker
-from .grading import collect, export, shards, verdict
+from .grading import collect, export, receipts, shards, verdict
 from .grading.autograde_worker import AutogradeWorker
 from .grading.submission import SubmissionGrader, log_failure, not_graded
 from .grading.workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
@@ -153,6 +153,8 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
             pool.shutdown(wait=True, cancel_futures=True)  # after a failure: nothing more starts
             for worker in workers:
                 worker.close()
+        for submission in found:  # the receipts of a resubmission change even where its notebook did not
+            receipts.keep(submission, ws.feedback / submission.student / submission.lab)
         gradebook_ready.result()
         target = Path(csv_path) if csv_path else ws.root / "grades.csv"
         shards.write_run(ws, list(infos), shard, uncollected)

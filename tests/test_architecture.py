@@ -36,7 +36,8 @@ NOT_ON_IMPORT = ("matplotlib", "pandas", "ipywidgets", "sklearn")
 # A layer's modules, on its line and on indented lines after it that hold only names: "- views: a, b,\n  c."
 LAYER_LINE = re.compile(r"^- (?P<layer>[a-z ]+): (?P<modules>[\w, ]+(?:,\n {2}[\w, ]+)*)\.$", re.M)
 # A subsystem of grader/, its folder and its modules: "- jail (grader/jail/): seccomp, uids."
-SUBSYSTEM_LINE = re.compile(r"^- (?P<name>[a-z]+) \(grader/(?P<folder>[a-z_]*/?)\): (?P<modules>[\w, ]+)\.$", re.M)
+SUBSYSTEM_LINE = re.compile(r"^- (?P<name>[a-z]+) \(grader/(?P<folder>[a-z_]*/?)\): "
+                            r"(?P<modules>[\w, ]+(?:,\n {2}[\w, ]+)*)\.$", re.M)
 
 
 # --- what the rules look at -----------------------------------------------------------

@@ -29,6 +29,10 @@ os.makedirs(WORK, exist_ok=True)
 # subprocesses: this file must load wherever it is copied, with or without grader/.)
 _scripts = [os.path.dirname(sys.executable), sysconfig.get_path("scripts")]
 os.environ["PATH"] = os.pathsep.join(dict.fromkeys(_scripts + os.environ.get("PATH", "").split(os.pathsep)))
+# This course's grader/ for the steps below, also where nothing installed it: an instructor's copy of
+# the course on a JupyterHub (deploy/hub/), whose formgrader runs from their home, not from here.
+if importlib.util.find_spec("grader") is None and os.path.isfile(os.path.join(ROOT, "grader", "__init__.py")):
+    sys.path.append(ROOT)
 
 # --- Course layout ----------------------------------------------------------
 c.CourseDirectory.root = ROOT  # not cwd: works however the file is loaded
@@ -37,7 +41,11 @@ c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "labs"
 # Grading work folders and the gradebook hold student data: keep them under
 # grader/work/ (git-ignored) instead of nbgrader's defaults at the course root.
-c.CourseDirectory.submitted_directory = "grader/work/submitted"
+# formgrader's Collect (nbgrader collect) copies the exchange's submissions here, as the students
+# handed them in, with the receipts nbgrader returns feedback by: `python -m grader grade
+# grader/work/collected` grades them (into grader/work/submitted/, autograded/, feedback/), and
+# formgrader's Release Feedback (nbgrader release_feedback) then returns its feedback pages.
+c.CourseDirectory.submitted_directory = "grader/work/collected"
 c.CourseDirectory.autograded_directory = "grader/work/autograded"
 c.CourseDirectory.feedback_directory = "grader/work/feedback"
 c.CourseDirectory.solution_directory = "grader/work/solution"
@@ -60,9 +68,9 @@ c.CourseDirectory.ignore = [
 # nbgrader's default, /usr/local/share/nbgrader/exchange, exists only where an
 # administrator made it; without it both panels only say that the exchange is
 # missing. On one machine (a laptop, a live demo) it lives here, made on load
-# like the gradebook's folder. On a shared JupyterHub, point it at a folder
-# every student can read and write.
-c.Exchange.root = os.path.join(WORK, "exchange")
+# like the gradebook's folder. On a shared JupyterHub it is the hub's, named by $COURSE_EXCHANGE
+# (deploy/hub/jupyterhub_config.py sets it for every user's server).
+c.Exchange.root = os.environ.get("COURSE_EXCHANGE") or os.path.join(WORK, "exchange")
 os.makedirs(c.Exchange.root, exist_ok=True)
 
 # --- Release ----------------------------------------------------------------

@@ -304,8 +304,10 @@ def test_a_lab_goes_from_instructor_to_student_and_back_through_the_extensions(s
     collected = page.frame_locator("iframe[src*='formgrader']").locator(".modal-dialog").filter(
         has_text=f"Successfully collected submissions of '{lab}'")
     collected.wait_for(timeout=60_000)
-    assert any((course_copy / "grader" / "work" / "submitted").glob(f"*/{lab}/{lab}.ipynb")), \
-        "formgrader collected nothing into grader/work/submitted/"
+    collected = list((course_copy / "grader" / "work" / "collected").glob(f"*/{lab}/{lab}.ipynb"))
+    assert collected, "formgrader collected nothing into grader/work/collected/"
+    # with nbgrader's receipts, which `python -m grader grade grader/work/collected` keeps for Release Feedback
+    assert (collected[0].parent / "submission_secret.txt").is_file()
 
 
 @pytest.mark.parametrize("path, verdict", [

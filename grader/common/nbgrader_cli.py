@@ -26,6 +26,7 @@ from .labs import RELEASE_DIR, SOURCE_DIR
 
 LOG_TAIL_CHARS = 6000
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+GRADER_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds grader/
 
 
 def _path_with_scripts(path: str) -> str:
@@ -57,6 +58,10 @@ def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["JUPYTER_NO_CONFIG"] = "1"
     env["TMPDIR"] = scratch_dir()
     env["PATH"] = _path_with_scripts(env.get("PATH", ""))
+    # This grader, for the Python processes it starts (nbgrader's, the jail's launcher, the judges), also
+    # where nothing installed it: `python -m grader` in an instructor's copy of the course on a hub (deploy/hub/).
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([GRADER_PARENT, *filter(None, env.get("PYTHONPATH", "").split(
+        os.pathsep))]))
     env.update(extra or {})
     return env
 

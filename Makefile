@@ -26,7 +26,7 @@ DEMO := solutions/demo.ipynb
 # bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools browser-tools slurm-tools site-tools site test test-fast test-lab lint lab demo release handout reference grade bench check-hardware clean
+.PHONY: install sandbox-tools browser-tools slurm-tools site-tools site hub hub-tools hub-remove test test-fast test-lab lint lab demo release handout reference grade bench check-hardware clean
 
 install: $(INSTALL_STAMP)
 
@@ -67,17 +67,17 @@ site: $(INSTALL_STAMP) $(SITE_STAMP)
 slurm-tools:
 	sh tests/slurm-tools.sh
 
-test: $(INSTALL_STAMP) browser-tools slurm-tools site-tools
+test: $(INSTALL_STAMP) browser-tools slurm-tools site-tools hub-tools
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # The edit-run loop, about 2 minutes on 2 cores: every test that is none of the kinds
-# pyproject.toml's markers name (browser, torchrun, notebook, grading, gpu, slow).
+# pyproject.toml's markers name (browser, torchrun, notebook, grading, gpu, slurm, hub, slow).
 test-fast: $(INSTALL_STAMP)
-	$(VENV)/bin/python -m pytest $(PARALLEL) -m 'not (browser or torchrun or notebook or grading or gpu or slurm or slow)' $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PARALLEL) -m 'not (browser or torchrun or notebook or grading or gpu or slurm or hub or slow)' $(PYTEST_ARGS)
 
 # Everything about one lab, every tier: its fairness tests and round trip, browser page (its run on
 # 4 ranks), torchrun runs, tamper scan and guide (tests/README.md), e.g. LAB=02_data_parallel.
-test-lab: $(INSTALL_STAMP) browser-tools slurm-tools site-tools
+test-lab: $(INSTALL_STAMP) browser-tools slurm-tools site-tools hub-tools
 	@test -n "$(LAB)" || { echo "usage: make test-lab LAB=02_data_parallel (a folder of solutions/)" >&2; exit 2; }
 	$(VENV)/bin/python -m pytest $(PARALLEL) --lab '$(LAB)' $(PYTEST_ARGS)
 
@@ -131,6 +131,31 @@ HARDWARE_CHECK := bench/labs.py bench/stored_values.py bench/comm_bytes.py bench
 HARDWARE_REPORT ?= bench/results/hardware
 check-hardware: $(INSTALL_STAMP)
 	$(VENV)/bin/python bench/report.py $(HARDWARE_CHECK) --out $(HARDWARE_REPORT)
+
+# A classroom on this machine, for a trial (docs/hub.md): JupyterHub serving the course to real Unix users,
+# an instructor (formgrader) and students (the Assignment List), nbgrader's exchange between them. As root:
+# deploy/hub/classroom.py makes the users, their passwords (HUB_ROOT/logins.json), the class's environment
+# and the instructor's copy of the course, then JupyterHub runs here until Ctrl-C: http://127.0.0.1:$(HUB_PORT)/
+HUB_ROOT ?= /srv/course-hub
+HUB_HOMES ?= /home
+HUB_INSTRUCTOR ?= instructor
+HUB_STUDENTS ?= student1 student2
+HUB_IP ?= 127.0.0.1
+HUB_PORT ?= 8000
+HUB_SETUP_ARGS ?=
+hub: sandbox-tools hub-tools
+	$(PYTHON) deploy/hub/classroom.py setup --root '$(HUB_ROOT)' --homes '$(HUB_HOMES)' --torch '$(TORCH_PIN)' \
+		--instructor '$(HUB_INSTRUCTOR)' --students $(HUB_STUDENTS) $(HUB_SETUP_ARGS)
+	COURSE_HUB_ROOT='$(HUB_ROOT)' COURSE_HUB_IP='$(HUB_IP)' COURSE_HUB_PORT='$(HUB_PORT)' \
+		'$(HUB_ROOT)/venv/bin/jupyterhub' -f deploy/hub/jupyterhub_config.py
+
+# Debian's python3-venv and npm for the classroom (a Python every user can run; JupyterHub's proxy).
+hub-tools:
+	sh deploy/hub/hub-tools.sh
+
+# Removes the classroom: the users `make hub` made (their homes too) and HUB_ROOT.
+hub-remove:
+	$(PYTHON) deploy/hub/classroom.py remove --root '$(HUB_ROOT)'
 
 # grader/work/ (submissions and the gradebook) is deliberately left alone.
 clean:

@@ -100,7 +100,7 @@ SHARED_CLASSES = ("lab1_class", "round_trip_class")
 #: The scope (xdist's unit of work) of the tests that use them.
 SHARED_SCOPE = "the classes graded once"
 #: Tiers whose tests take seconds to minutes each; the unit tests run after them.
-HEAVY_TIERS = ("grading", "browser", "notebook", "torchrun", "slurm", "slow")
+HEAVY_TIERS = ("grading", "browser", "notebook", "torchrun", "slurm", "hub", "slow")
 
 
 def _sharing_file(session_pid: int) -> Path:

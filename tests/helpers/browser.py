@@ -96,6 +96,12 @@ def text_of(output: dict) -> str:
     return "".join(plain)
 
 
+def click_menu(page, menu: str, item: str) -> None:
+    """Click a menu of JupyterLab's menu bar, then one of its items, by their exact labels."""
+    page.locator(".lm-MenuBar-itemLabel").get_by_text(menu, exact=True).click()
+    page.locator(".lm-Menu-itemLabel").get_by_text(item, exact=True).click()
+
+
 class Notebook:
     """One notebook open in JupyterLab, in its own browser page."""
 
@@ -109,9 +115,7 @@ class Notebook:
         self.page.wait_for_function(_KERNEL_IDLE, timeout=timeout_s * 1e3)
 
     def menu(self, menu: str, item: str) -> None:
-        """Click a menu of the menu bar, then one of its items, by their exact labels."""
-        self.page.locator(".lm-MenuBar-itemLabel").get_by_text(menu, exact=True).click()
-        self.page.locator(".lm-Menu-itemLabel").get_by_text(item, exact=True).click()
+        click_menu(self.page, menu, item)
 
     def run_all(self, timeout_s: float = 300) -> float:
         """Run > Run All Cells, and wait until it has finished; returns the seconds it took."""

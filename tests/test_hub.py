@@ -18,6 +18,7 @@ import csv
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import nbformat
@@ -74,7 +75,8 @@ def _formgrader_action(page, column: str, done: str, shot: str) -> None:
 
 def _assignment_list(page):
     click_menu(page, "Nbgrader", "Assignment List")
-    page.wait_for_function("() => !document.querySelector('#released_assignments_list')?.innerText.includes('Loading')")
+    page.wait_for_function("() => { const listed = document.querySelector('#released_assignments_list');"
+                           " return listed && !listed.innerText.includes('Loading'); }")
 
 
 def _fetch_and_submit(page, hub, name: str, finished: Path | None) -> None:
@@ -87,16 +89,17 @@ def _fetch_and_submit(page, hub, name: str, finished: Path | None) -> None:
     assert nbformat.read(copy, as_version=4).cells == nbformat.read(REPO / "labs" / LAB / f"{LAB}.ipynb",
                                                                    as_version=4).cells, "fetched another notebook"
     if finished is not None:  # upload the finished lab over the fetched one, in the file browser
-        page.goto(f"{hub.url}/user/{name}/lab/tree/{LAB}")
-        page.wait_for_selector(".jp-DirListing-item")
+        page.locator(".jp-DirListing-item").filter(has_text=LAB).first.dblclick()  # into the lab's folder
+        page.locator(".jp-BreadCrumbs").get_by_text(LAB).wait_for()
         with page.expect_file_chooser() as chooser:
             page.locator(".jp-FileBrowser-toolbar").get_by_title("Upload Files").click()
         chooser.value.set_files(str(finished))
         page.locator(".jp-Dialog").get_by_role("button", name="Overwrite").click()
-        page.wait_for_function(f"() => document.querySelector('.jp-DirListing-content')?.innerText.includes('{LAB}')")
-        page.wait_for_timeout(1000)
-        assert nbformat.read(copy, as_version=4).cells == nbformat.read(finished, as_version=4).cells, \
-            "the upload did not replace the fetched notebook"
+        wanted = nbformat.read(finished, as_version=4).cells
+        deadline = time.monotonic() + STEP_S
+        while nbformat.read(copy, as_version=4).cells != wanted:  # the upload lands when it lands
+            assert time.monotonic() < deadline, "the upload did not replace the fetched notebook"
+            page.wait_for_timeout(500)
         _assignment_list(page)
     page.locator("#fetched_assignments_list .list_item").filter(has_text=LAB).first.get_by_role(
         "button", name="Submit").click()
@@ -140,6 +143,9 @@ def _play(hub, browser, pages: dict, finished: Path) -> None:
 
     _formgrader_action(teacher, "collect", f"Successfully collected submissions of '{LAB}'", "collected")
     course = hub.home(INSTRUCTOR) / "course"
+    for name in students:  # as handed in, with nbgrader's receipts, where the grader reads them
+        handed_in = course / "grader" / "work" / "collected" / name / LAB
+        assert {f"{LAB}.ipynb", "timestamp.txt", "submission_secret.txt"} <= {p.name for p in handed_in.iterdir()}
     graded = subprocess.run(
         [f"{hub.state['venv']}/bin/python", "-m", "grader", "grade", "grader/work/collected", "--lab", LAB,
          "--jobs", "2"], capture_output=True, text=True, timeout=900, **hub.as_user(INSTRUCTOR, course))
@@ -161,14 +167,14 @@ def _play(hub, browser, pages: dict, finished: Path) -> None:
         _assignment_list(page)
         page.locator("#submitted_assignments_list .list_item").filter(has_text=LAB).first.get_by_role(
             "button", name="Fetch Feedback").click()
-        page.wait_for_function("() => document.querySelector('#submitted_assignments_list')"
-                               "?.innerText.includes('feedback')")
+        view = page.locator("#submitted_assignments_list").get_by_text("(view feedback)").first
+        view.wait_for()
         _shot(page, f"{name}-feedback")
         (feedback[name],) = (hub.home(name) / LAB / "feedback").glob(f"*/{LAB}.html")
         shown = feedback[name].read_text()
         assert not any(line in shown for line in hidden_lines(LAB)), f"{name}'s feedback shows a hidden test"
         # The page as the student reads it: (view feedback) shows its folder, a double click opens it.
-        page.locator("#submitted_assignments_list").get_by_text("(view feedback)").first.click()
+        view.click()
         page.locator(".jp-DirListing-item").filter(has_text=f"{LAB}.html").dblclick()
         row = rows[name]
         verdict = f"graded: {float(row[f'{LAB} score']):g} of {float(row[f'{LAB} max score']):g} points"
@@ -189,5 +195,6 @@ def _play(hub, browser, pages: dict, finished: Path) -> None:
     assert response.status in (403, 404) and '"cells"' not in response.text(), response.status
     assert intruder.request.get(f"{hub.url}/user/{UNTOUCHED}/formgrader").status == 404
     intruder.locator(".lm-MenuBar-itemLabel").get_by_text("Nbgrader", exact=True).click()
+    intruder.locator(".lm-Menu-itemLabel").get_by_text("Assignment List", exact=True).wait_for()  # the menu is drawn
     items = intruder.locator(".lm-Menu-itemLabel").all_inner_texts()
     assert "Assignment List" in items and "Formgrader" not in items, items

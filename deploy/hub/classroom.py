@@ -13,18 +13,19 @@ it makes real Unix users. Everything it makes is under ROOT, except the users an
     ROOT/state      the hub's database and cookie secret (root's alone)
     ROOT/hub.json   who the instructor and the students are, and which users this script made
     ROOT/logins.json  their passwords (root's alone; made up on the first run, kept after)
-
-ROOT/config     Jupyter's configuration for everyone (the course, the exchange), for students (no
+    ROOT/config     Jupyter's configuration for everyone (the course, the exchange), for students (no
                     formgrader) and the instructor (formgrader framed in JupyterLab), which the hub puts
                     first on each server's JUPYTER_CONFIG_PATH
 
 The instructor gets a copy of the course (this repository's tracked files) in ~/course, which is
 nbgrader's course root: formgrader releases from its labs/, collects into grader/work/collected/, and
 `python -m grader grade` grades there. Homes are 0700: a student reads neither another's work
-nor the instructor's solutions. A student's server runs without formgrader and shows no authoring
-tools. (nbgrader's documentation switches them off for the environment and back on in the instructor's
-user config; a venv's configuration outranks a user's, and JupyterLab 4.1 locks what a level above
-disabled, so that recipe leaves formgrader off for the instructor too.)
+nor the instructor's solutions: the walls are Unix permissions. A student's server runs without
+formgrader and shows no authoring tools (a formgrader a student started for themself would run as
+them, and read nothing of the instructor's). nbgrader's documentation switches them off for the
+environment and back on in the instructor's user config; a venv's configuration outranks a user's,
+and JupyterLab 4.1 locks what a level above disabled, so that recipe leaves formgrader off for the
+instructor too: hence the folders by role (class_config).
 
 Running it again keeps what is there (the environment, the passwords, the instructor's course) and
 puts the rest right. Standard library only: it runs before any environment exists.
@@ -111,7 +112,7 @@ def make_proxy(root: Path) -> Path:
 
 def class_config(root: Path, exchange: Path, course: str, course_config: Path) -> dict[str, str]:
     """Jupyter's configuration for the class, as folders the hub puts first on each server's
-    JUPYTER_CONFIG_PATH (above the user's own and the environment's: a student cannot undo it):
+    JUPYTER_CONFIG_PATH (above the user's own and the environment's):
     everyone's nbgrader finds the course and its exchange; a student's server also runs without
     formgrader and shows no authoring tools; the instructor's lets JupyterLab show formgrader, an
     iframe of the same site, which JupyterHub's servers refuse by default (frame-ancestors 'none',

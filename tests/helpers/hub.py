@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -28,6 +29,9 @@ import pytest
 
 from . import REPO
 
+sys.path.insert(0, str(REPO / "deploy" / "hub"))  # classroom.py, a script
+
+ROOT_PREFIX = "course-hub-"  # the classroom's folder in /tmp; its users' homes are in its home/
 SETUP_LIMIT_S = 600  # the class's environment installed from nothing, on a slow machine
 STOP_LIMIT_S = 60
 
@@ -74,7 +78,8 @@ def classroom(instructor: str, students: list[str], log: Path):
         if os.environ.get("CI"):
             pytest.fail(f"{why}; CI must run the classroom's test, and `make test` runs deploy/hub/hub-tools.sh")
         pytest.skip(why)
-    root = Path(tempfile.mkdtemp(prefix="course-hub-"))
+    _remove_leftovers([instructor, *students])
+    root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX))
     os.chmod(root, 0o755)  # the students reach the class's environment and the exchange through it
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
@@ -110,6 +115,23 @@ def classroom(instructor: str, students: list[str], log: Path):
         shutil.rmtree(root, ignore_errors=True)
         assert removed is None or removed.returncode == 0, \
             f"`make hub-remove` failed:\n{removed.stdout}\n{removed.stderr}"
+
+
+def _remove_leftovers(names: list[str]) -> None:
+    """Remove the users of an earlier run of this helper that ended before its cleanup (a test killed at its
+    time limit): the classroom refuses to take over users it did not make. Only users whose home is under
+    a root this helper made are touched."""
+    import classroom  # deploy/hub/classroom.py
+
+    for name in names:
+        try:
+            home = Path(pwd.getpwnam(name).pw_dir)
+        except KeyError:
+            continue
+        if home.parent.parent.parent == Path(tempfile.gettempdir()) and home.parent.parent.name.startswith(ROOT_PREFIX):
+            classroom.stop_processes(name)
+            subprocess.run(["userdel", "--remove", name], check=True, capture_output=True, timeout=60)
+            shutil.rmtree(home.parent.parent, ignore_errors=True)
 
 
 def _stop(process: subprocess.Popen) -> None:

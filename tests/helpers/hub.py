@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -36,10 +37,22 @@ SETUP_LIMIT_S = 600  # the class's environment installed from nothing, on a slow
 STOP_LIMIT_S = 60
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _quiet_ports(count: int) -> list[int]:
+    """Free ports below the kernel's ephemeral range: the hub binds them a minute later (after the
+    class's environment is installed), and meanwhile the other worker's servers, kernels and ranks
+    take ports from that range by the hundred (bind to port 0), never from below it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports: list[int] = []
+    for port in random.Random(os.getpid()).sample(range(max(1024, low - 8000), low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"no {count} free ports below {low}")
 
 
 @dataclass
@@ -81,9 +94,9 @@ def classroom(instructor: str, students: list[str], log: Path):
     _remove_leftovers([instructor, *students])
     root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX))
     os.chmod(root, 0o755)  # the students reach the class's environment and the exchange through it
-    port = _free_port()
+    port, api_port, proxy_api_port = _quiet_ports(3)
     env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
-    env.update(COURSE_HUB_API_PORT=str(_free_port()), COURSE_HUB_PROXY_API_PORT=str(_free_port()))
+    env.update(COURSE_HUB_API_PORT=str(api_port), COURSE_HUB_PROXY_API_PORT=str(proxy_api_port))
     argv = ["make", "--no-print-directory", "hub", f"HUB_ROOT={root}", f"HUB_HOMES={root / 'home'}",
             f"HUB_INSTRUCTOR={instructor}", f"HUB_STUDENTS={' '.join(students)}", f"HUB_PORT={port}",
             "HUB_SETUP_ARGS=--no-compile"]  # bytecode compiled as imported: 30 s less to install

@@ -10,12 +10,10 @@ instructor's opens in ~/course (nbgrader's course root: formgrader); a student's
 
 Environment: COURSE_HUB_ROOT (required); COURSE_HUB_IP (default 127.0.0.1: this machine only; 0.0.0.0
 to serve a network, behind TLS), COURSE_HUB_PORT (8000), COURSE_HUB_API_PORT (the hub's internal API, 8081),
-COURSE_HUB_PROXY_API_PORT (the proxy's, 8001), COURSE_HUB_IDLE_S (3600), COURSE_HUB_SERVER_ARGS (more
-arguments for every user's server, e.g. --LabApp.expose_app_in_browser=True for the tests).
+COURSE_HUB_PROXY_API_PORT (the proxy's, 8001), COURSE_HUB_IDLE_S (3600).
 """
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -45,7 +43,6 @@ c.PAMAuthenticator.open_sessions = False
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [str(VENV / "bin" / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
-c.Spawner.args = shlex.split(os.environ.get("COURSE_HUB_SERVER_ARGS", ""))
 # The class's Python first: its `python` in a terminal, its `jupyter`, its `nbgrader`. The exchange
 # also for the course's own nbgrader_config.py (the instructor's ~/course), which would otherwise
 # keep its one-machine exchange under grader/work/.

@@ -15,7 +15,6 @@ import os
 import pwd
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from . import REPO
+from .lab_server import stop_process_group
 
 sys.path.insert(0, str(REPO / "deploy" / "hub"))  # classroom.py, a script
 
@@ -121,13 +121,16 @@ def classroom(instructor: str, students: list[str], log: Path):
         yield Hub(root, url, json.loads((root / "logins.json").read_text()),
                   json.loads((root / "hub.json").read_text()))
     finally:
-        _stop(process)
-        made = (root / "hub.json").is_file()  # else the setup failed before it made anyone, and said why
-        removed = subprocess.run(["make", "--no-print-directory", "hub-remove", f"HUB_ROOT={root}"], cwd=REPO,
-                                 env=env, capture_output=True, text=True, timeout=120) if made else None
-        shutil.rmtree(root, ignore_errors=True)
-        assert removed is None or removed.returncode == 0, \
-            f"`make hub-remove` failed:\n{removed.stdout}\n{removed.stderr}"
+        try:  # `make` exits at once; JupyterHub stops the users' servers and its proxy, then exits
+            stop_process_group(process, "`make hub` (JupyterHub, its proxy, its idle culler)", STOP_LIMIT_S,
+                               grace_s=STOP_LIMIT_S)
+        finally:
+            made = (root / "hub.json").is_file()  # else the setup failed before it made anyone, and said why
+            removed = subprocess.run(["make", "--no-print-directory", "hub-remove", f"HUB_ROOT={root}"], cwd=REPO,
+                                     env=env, capture_output=True, text=True, timeout=120) if made else None
+            shutil.rmtree(root, ignore_errors=True)
+            assert removed is None or removed.returncode == 0, \
+                f"`make hub-remove` failed:\n{removed.stdout}\n{removed.stderr}"
 
 
 def _remove_leftovers(names: list[str]) -> None:
@@ -145,15 +148,3 @@ def _remove_leftovers(names: list[str]) -> None:
             classroom.stop_processes(name)
             subprocess.run(["userdel", "--remove", name], check=True, capture_output=True, timeout=60)
             shutil.rmtree(home.parent.parent, ignore_errors=True)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM to `make hub`'s group: JupyterHub stops the users' servers and its proxy, then exits."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(STOP_LIMIT_S)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(STOP_LIMIT_S)

@@ -122,22 +122,28 @@ def _wait_until_serving(process: subprocess.Popen, runtime_dir: Path, log_path: 
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's whole process group, then make sure nothing is left."""
-    pgid = process.pid  # start_new_session made the server its group's leader
+    stop_process_group(process, "jupyter lab", SHUTDOWN_LIMIT_S)
+
+
+def stop_process_group(process: subprocess.Popen, what: str, limit_s: float, grace_s: float = 10) -> None:
+    """SIGTERM to the whole process group of `process` (started with start_new_session, so its leader),
+    then make sure nothing of it is left; a group that ignores SIGTERM for limit_s, or outlives its
+    leader by grace_s, is killed and fails the test, naming `what`."""
+    pgid = process.pid
     if process_group_alive(pgid):
         os.killpg(pgid, signal.SIGTERM)
     try:
-        process.wait(timeout=SHUTDOWN_LIMIT_S)
+        process.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
         os.killpg(pgid, signal.SIGKILL)
         process.wait(timeout=10)
-        pytest.fail(f"jupyter lab ignored SIGTERM for {SHUTDOWN_LIMIT_S} s and was killed")
-    deadline = time.monotonic() + 10
+        pytest.fail(f"{what} ignored SIGTERM for {limit_s:g} s and was killed")
+    deadline = time.monotonic() + grace_s
     while process_group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.2)
     if process_group_alive(pgid):
         os.killpg(pgid, signal.SIGKILL)
-        pytest.fail("jupyter lab exited but left processes behind in its group (killed now)")
+        pytest.fail(f"{what} exited but left processes behind in its group (killed now)")
 
 
 def write_settings(settings_dir: Path, settings: Mapping[str, Mapping]) -> None:

@@ -72,6 +72,11 @@ c.CourseDirectory.ignore = [
 # (deploy/hub/jupyterhub_config.py sets it for every user's server).
 c.Exchange.root = os.environ.get("COURSE_EXCHANGE") or os.path.join(WORK, "exchange")
 os.makedirs(c.Exchange.root, exist_ok=True)
+# formgrader's Collect (and `nbgrader collect`) refuses, not warns, a submission whose Unix owner is not the
+# student it names, one holding a link or anything but plain files, and one dated in the future; it copies
+# without following links (grader/grading/exchange.py). Not conditional: where grader/ cannot be imported,
+# collect fails saying so, rather than falling back to nbgrader's collect, which follows links.
+c.ExchangeFactory.collect = "grader.grading.exchange.StrictCollect"
 
 # --- Release ----------------------------------------------------------------
 # Same as nbgrader's default python stub, pinned so the release stays stable

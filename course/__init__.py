@@ -15,9 +15,10 @@ holds this, and that every module is in exactly one layer):
   experts, layout_cost, choosing.
   What each scheme sends and how long it takes, from formulas: arithmetic
   only, no torch and no views, so that a slider can ask them anything.
-- counting: comm, recorder, _call_sizes, timeline, live_memory.
+- counting: comm, recorder, _call_sizes, _group_recording, _work_done, timeline, live_memory.
   What each rank sent and when: `comm` owns the records, `recorder` makes them
-  by patching torch.distributed while a rank runs, `timeline` adds compute spans.
+  by patching torch.distributed (and where its paths meet: `_group_recording`)
+  while a rank runs, `timeline` adds compute spans.
 - launcher: launch, placement, errors, _processes, _rank_process, _worker, _pickling, _output, _tracebacks.
   Ranks from a notebook cell, or the process itself under torchrun: start them,
   give each a device, and report what they returned, printed and raised.

@@ -2,7 +2,7 @@
 what it sends, its peer as given, the bytes of an all-to-all that stay on the rank, and which of
 course.transfer's formulas applies to it.
 
-Used by: course.recorder.
+Used by: course._group_recording, course.recorder.
 """
 from __future__ import annotations
 

@@ -1,10 +1,14 @@
 """Counting communication: every torch.distributed call a rank makes, logged.
 
 While a function runs under `course.launch`, the collectives and messages it
-calls as `dist.<name>(...)` (with `import torch.distributed as dist`) are
-recorded: operation, shape, dtype, bytes, the bytes this rank sends by the
-formula of the algorithm the backend runs (`course.transfer`), and on gloo
-the bytes the process really wrote to its sockets.
+calls are recorded, however it spells them (`dist.<name>(...)`, the object
+calls such as `all_gather_object`, a process group's own methods,
+`torch.ops.c10d`, the functional collectives): operation, shape, dtype, bytes,
+the bytes this rank sends by the formula of the algorithm the backend runs
+(`course.transfer`), and on gloo the bytes the process really wrote to its
+sockets. A call below `dist.<name>` is recorded in the course's words: a
+group's `allgather` as `all_gather`, its `send` and `recv` as `isend` and
+`irecv` (they return a Work), an object call as the collectives it makes.
 
 The measurement reads the `wchar` line of /proc/self/io, which grows by every
 byte the process writes: gloo's socket writes, plus a small header per
@@ -14,10 +18,9 @@ in proportion to their predictions and marked `shared`.
 This module owns the records; `course.recorder` makes them (and is the only
 module that patches torch.distributed).
 
-Not counted per call: calls inside `with course.recorder.unrecorded():`,
-functions imported by name (`from torch.distributed import all_reduce`),
-object collectives (`all_gather_object`), and what DistributedDataParallel
-sends from C++. They still move bytes; compare totals.
+Not counted per call: calls inside `with course.recorder.unrecorded():`, and
+what DistributedDataParallel sends from C++. They still move bytes; compare
+totals.
 
 Used in: lab 0 (00_ranks), lab 2 (02_data_parallel), lab 3 (03_model_parallel).
 """

@@ -1,7 +1,10 @@
 """Recording a rank's torch.distributed calls, by patching them while it runs.
 
 `Recorder.patch()` replaces `torch.distributed.<op>` with wrappers that log
-each call as a `course.comm.CommRecord` and restores the originals after.
+each call as a `course.comm.CommRecord` and restores the originals after;
+every other path to the wire (a process group's own methods, which the object
+calls and distributed_c10d's functions use, and the c10d ops that skip
+Python) is recorded where it meets, by course._group_recording.
 Timing and bytes: a measurement window stays open while any call is in
 flight; its bytes (gloo's socket writes) go to the calls in it, split in
 proportion to their predictions when there are several. What a call sends, by
@@ -12,17 +15,20 @@ Used by: course._worker, course.launch, course.link_probe, course.timeline.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import threading
 import time
 
 import torch.distributed as dist
 
-from course import _call_sizes, transfer
+from course import _call_sizes, _group_recording, transfer
+from course._work_done import when_done
 from course.comm import RECORDED, CommLog, CommRecord, refuse_a_missing_peer, socket_bytes_written
 
 _ACTIVE: Recorder | None = None  # the recorder of the function running now, if any
+# id(wrapper) -> the function it wraps: kept off the wrapper, so that no attribute of
+# torch.distributed's names (`__wrapped__`, `_original`) leads around the recording.
+_ORIGINAL_OF: dict[int, object] = {}
 
 
 def active() -> Recorder | None:
@@ -44,56 +50,24 @@ def unrecorded():
 
 class _Recorded:
     """A torch.distributed function that logs each call. It compares equal to
-    the function it wraps because torch's P2POp checks `op in [isend, irecv]`."""
+    the function it wraps because torch's P2POp checks `op in [isend, irecv]`.
+    Its name and docstring are the function's; no attribute holds the function."""
 
     def __init__(self, name, original, recorder):
-        functools.update_wrapper(self, original)
-        self._name, self._original, self._recorder = name, original, recorder
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(self, attribute, getattr(original, attribute, None))
+        _ORIGINAL_OF[id(self)] = original
+        self._name, self._recorder = name, recorder
         self._signature = inspect.signature(original)
 
     def __call__(self, *args, **kwargs):
         return self._recorder.call(self, args, kwargs)
 
     def __eq__(self, other):
-        return other is self or other is self._original
+        return other is self or other is _ORIGINAL_OF.get(id(self))
 
     def __hash__(self):
-        return hash(self._original)
-
-
-class _TrackedWork(dist.Work):
-    """A Work whose completion is seen at wait(): gloo gives no future for
-    point-to-point messages or reduce_scatter."""
-
-    def __init__(self, inner, on_done):
-        super().__init__()
-        self._inner, self._on_done = inner, on_done
-
-    def wait(self, timeout=None):
-        done = self._inner.wait() if timeout is None else self._inner.wait(timeout)
-        self._on_done()
-        return done
-
-    def is_completed(self):
-        return self._inner.is_completed()
-
-    def is_success(self):
-        return self._inner.is_success()
-
-    def exception(self):
-        return self._inner.exception()
-
-    def source_rank(self):
-        return self._inner.source_rank()
-
-    def result(self):
-        return self._inner.result()
-
-    def synchronize(self):
-        return self._inner.synchronize()
-
-    def get_future(self):
-        return self._inner.get_future()
+        return hash(_ORIGINAL_OF.get(id(self)))
 
 
 class Recorder:
@@ -111,35 +85,86 @@ class Recorder:
         self._inside = threading.local()  # torch calling itself is not a second call
         self._in_flight: list[CommRecord] = []  # the open window: calls since it began
         self._window_start: int | None = None
+        self._awaited: dict[int, tuple] = {}  # id(tensor) -> (tensor, records): functional results not waited for
 
     # --- one call ----------------------------------------------------------------
     def call(self, wrapper: _Recorded, args, kwargs):
+        original = _ORIGINAL_OF[id(wrapper)]
         if getattr(self._inside, "active", False):
-            return wrapper._original(*args, **kwargs)
+            return original(*args, **kwargs)
         try:
             arguments = wrapper._signature.bind(*args, **kwargs).arguments
         except TypeError:  # bad arguments: torch says what is wrong
-            return wrapper._original(*args, **kwargs)
+            return original(*args, **kwargs)
         refuse_a_missing_peer(self.rank, wrapper._name, arguments)
         try:
             record = self._record(wrapper._name, arguments)
-        except Exception:  # noqa: BLE001 - arguments torch refuses: torch says what is wrong
+        except Exception:  # noqa: BLE001 - torch says what is wrong; the group's method records what it does
             record = None
         if record is None:  # or this rank is not in the group: torch does nothing
-            return wrapper._original(*args, **kwargs)
+            return original(*args, **kwargs)
         self._begin(record)
         self._inside.active = True
         try:
-            result = wrapper._original(*args, **kwargs)
+            result = original(*args, **kwargs)
         except BaseException:
             self._end(record)
             raise
         finally:
             self._inside.active = False
         if record.async_op and result is not None:
-            return self._when_done(result, lambda: self._end(record))
+            return when_done(result, lambda: self._end(record))
         self._end(record)
         return result
+
+    def _group_call(self, name: str, describe, run):
+        """A process group's method or a c10d op (course._group_recording), unless
+        torch.distributed.<op>, recorded already, is what called it."""
+        if getattr(self._inside, "active", False):
+            return run()
+        try:
+            records = [r for r in (_group_recording.record(call, self.rank, self.backend) for call in describe())
+                       if r is not None]
+        except Exception:  # noqa: BLE001 - arguments it cannot read: recorded by name, torch says what is wrong
+            op = _group_recording.COURSE_OP.get(name, name)
+            records = [CommRecord(self.rank, op, (), "", 0, 0, None, False, "unknown", 0)]
+        for record in records:
+            self._begin(record)
+        self._inside.active = True
+        try:
+            result = run()
+        except BaseException:
+            for record in records:
+                self._end(record)
+            raise
+        finally:
+            self._inside.active = False
+        return self._group_result(result, records)
+
+    def _group_result(self, result, records):
+        """Return `result`; end the records when it completes: a Work (a group's methods), a Work
+        among tensors (c10d's ops), or the functional collectives' tensors, when waited for."""
+        def end():
+            for record in records:
+                self._end(record)
+        if isinstance(result, dist.Work):
+            return when_done(result, end)
+        if isinstance(result, tuple) and any(isinstance(item, dist.Work) for item in result):
+            return tuple(when_done(item, end) if isinstance(item, dist.Work) else item for item in result)
+        outputs = _group_recording.tensors_in(result)
+        if outputs and records:
+            with self._lock:
+                self._awaited.update((id(t), (t, records)) for t in outputs)
+            return result
+        end()
+        return result
+
+    def _functional_waited(self, tensor) -> None:
+        """A functional collective's result waited for (wait_tensor): its call is done."""
+        with self._lock:
+            _, records = self._awaited.pop(id(tensor), (None, ()))
+        for record in records:
+            self._end(record)
 
     def _record(self, name: str, arguments: dict) -> CommRecord | None:
         group = arguments.get("group")
@@ -187,27 +212,13 @@ class Recorder:
                 share = r.predicted / total if total else 1 / len(window)
                 r.measured, r.shared = round(written * share), True
 
-    def _when_done(self, work, callback):
-        """Return `work`; call `callback` once, when it completes."""
-        fired = threading.Event()
-
-        def once(*_):
-            if not fired.is_set():
-                fired.set()
-                callback()
-        try:
-            work.get_future().add_done_callback(once)
-            return work
-        except RuntimeError:  # gloo: no future for p2p and reduce_scatter
-            return _TrackedWork(work, once)
-
     def _batch_isend_irecv(self, p2p_op_list):
         """Each P2POp counts as its isend/irecv. torch's batch code needs the
         original functions back (it tests `op.op is isend`)."""
         records = []
         for p2p in p2p_op_list:
             if isinstance(p2p.op, _Recorded):
-                p2p.op = p2p.op._original
+                p2p.op = _ORIGINAL_OF[id(p2p.op)]
             name = "isend" if p2p.op is self._originals["isend"] else "irecv"
             peer_key = "dst" if name == "isend" else "src"
             record = self._record(name, {"tensor": p2p.tensor, "group": p2p.group,
@@ -232,10 +243,11 @@ class Recorder:
         if not works:
             one_done()
             return works
-        return [self._when_done(w, one_done) for w in works]
+        return [when_done(w, one_done) for w in works]
 
     def finish(self) -> None:
         """Close calls never waited for, so their records get an end."""
+        self._awaited.clear()
         for record in list(self._in_flight):
             self._end(record)
 
@@ -249,30 +261,39 @@ class Recorder:
         patched = {name: getattr(dist, name) for name in self._originals}
         for name, original in self._originals.items():
             setattr(dist, name, original)
+        self._groups.remove()
         try:
             yield
         finally:
+            self._groups.install()
             for name, wrapper in patched.items():
                 setattr(dist, name, wrapper)
 
     @contextlib.contextmanager
     def patch(self):
-        """Route torch.distributed.<op> through this recorder, then restore."""
+        """Route torch.distributed.<op>, every process group's methods and c10d's ops through
+        this recorder, then restore."""
         global _ACTIVE
         _ACTIVE = self
         self._originals = {name: getattr(dist, name) for name in (*RECORDED, "batch_isend_irecv")
                            if hasattr(dist, name)}
-        for name in RECORDED:
-            if name in self._originals:
-                setattr(dist, name, _Recorded(name, self._originals[name], self))
-        @functools.wraps(self._originals["batch_isend_irecv"])
+        wrappers = [_Recorded(name, self._originals[name], self) for name in RECORDED if name in self._originals]
+        for wrapper in wrappers:
+            setattr(dist, wrapper._name, wrapper)
+
         def batch_isend_irecv(p2p_op_list):
             return self._batch_isend_irecv(p2p_op_list)
+        batch_isend_irecv.__doc__ = self._originals["batch_isend_irecv"].__doc__
         dist.batch_isend_irecv = batch_isend_irecv
+        self._groups = _group_recording.GroupPatch(self._group_call, self._functional_waited)
+        self._groups.install()
         try:
             yield self.log
         finally:
+            self._groups.remove()
             self.finish()
             _ACTIVE = None
             for name, original in self._originals.items():
                 setattr(dist, name, original)
+            for wrapper in wrappers:
+                _ORIGINAL_OF.pop(id(wrapper), None)

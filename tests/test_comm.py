@@ -196,7 +196,9 @@ def test_recording_patches_only_while_it_runs(one_rank_here):
         with pytest.raises(RuntimeError, match="invalid root rank: 5"):
             dist.broadcast(torch.ones(3), src=5)  # torch's own words, not the recorder's
     assert dist.all_reduce is original
-    assert [r.op for r in log] == ["all_reduce", "send"]  # the bad broadcast never ran
+    # The broadcast the recorder could not read (no rank 5) is recorded where it reached the group.
+    assert [r.op for r in log] == ["all_reduce", "send", "broadcast"]
+    assert (log[2].peer, log[2].algorithm) == (5, "unknown")
     assert all(r.end is not None for r in log)  # the failed send is closed too
 
 

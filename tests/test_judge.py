@@ -168,10 +168,11 @@ def test_a_huge_request_is_refused_without_reading_it_all(judge):
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root drops privileges")
 @pytest.mark.parametrize("started", STARTED)
 def test_the_judge_runs_unprivileged_and_with_a_memory_limit(started, request):
-    # As a grading run lays it out: the jail's folder in /tmp, open to the unprivileged judge.
+    # As a grading run lays it out: the jail's folder in /tmp, root's alone (0700), which the judge,
+    # once unprivileged, reads the running cell in through what it opened before.
     spawner = request.getfixturevalue("spawner") if started == "forked" else None
     with tempfile.TemporaryDirectory(prefix="grader-test-") as folder:
-        os.chmod(folder, 0o755)
+        assert os.stat(folder).st_mode & 0o777 == 0o700
         run_unprivileged(Path(folder), spawner)
 
 
@@ -189,6 +190,90 @@ def run_unprivileged(folder: Path, spawner=None) -> None:
         assert "unlimited" not in data_line, data_line
         announce(judge.cell_file, "test_n")
         assert request(judge, op="check", key="n", value=grading.encode(3)) == {"ok": True}
+
+
+JAIL_UID, JUDGE_UID, OTHER_UID = 61230, 61231, 61232  # unused uids (a grading run leases its from 61000)
+
+
+def request_as(uid: int, folder: Path, **fields) -> dict:
+    """One request to the judge whose socket is in folder, from a process of uid (a fork): its answer, {}
+    when the judge closed the connection unanswered, {"error": why} when the connection was refused."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: it reaches the socket by a relative path, as the jail by its own mount
+        try:
+            os.close(read)
+            os.chdir(folder)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                    connection.connect("judge.sock")
+                    connection.sendall(json.dumps({"lab": LAB, **fields}).encode() + b"\n")
+                    connection.shutdown(socket.SHUT_WR)
+                    said = connection.makefile("rb").readline().decode() or "{}"
+            except ConnectionError:  # closed with the request unread (reset, or a broken pipe)
+                said = "{}"
+            except OSError as error:
+                said = json.dumps({"error": error.strerror})
+            os.write(write, said.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        said = answer.read()
+    os.waitpid(pid, 0)
+    return json.loads(said)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root grades with a uid per jail and per judge")
+@pytest.mark.parametrize("started", STARTED)
+def test_the_judge_answers_the_jails_uid_alone(started, request):
+    """Its socket is the jail's group's alone; root, which passes any file's mode, is still refused by
+    the connection's credentials, and that refusal costs the student nothing."""
+    spawner = request.getfixturevalue("spawner") if started == "forked" else None
+    with tempfile.TemporaryDirectory(prefix="grader-test-") as folder:
+        folder = Path(folder)
+        values = folder / "values.json"
+        grading.write(values, LAB, {"n": 3})
+        sockets = folder / "socket"
+        sockets.mkdir()
+        os.chown(sockets, 0, JAIL_UID)  # as grader.jail.bwrap.prepare makes the judge's folder
+        os.chmod(sockets, 0o750)
+        with Judge(LAB, values, 1, {"test_n": ["n"]}, sockets, folder, JUDGE_UID, spawner=spawner,
+                   peer_uid=JAIL_UID) as judge:
+            made = judge.socket_path.stat()
+            assert (made.st_mode & 0o777, made.st_uid, made.st_gid) == (0o660, 0, JAIL_UID)
+            announce(judge.cell_file, "test_n")
+            for path, mode in ((judge.cell_file.parent, 0o750), (judge.cell_file, 0o640)):
+                info = path.stat()
+                assert (info.st_mode & 0o777, info.st_uid, info.st_gid) == (mode, 0, JUDGE_UID), path
+            as_root = {"lab": LAB, "op": "check", "key": "n", "value": grading.encode(4)}
+            try:
+                answer = raw(judge, json.dumps(as_root).encode() + b"\n")
+            except ConnectionError:  # closed with the request unread (reset, or a broken pipe)
+                answer = {}
+            assert answer == {}, "root, not the jail's uid, was answered"
+            assert request_as(OTHER_UID, sockets, op="check", key="n", value=grading.encode(4)) == \
+                {"error": "Permission denied"}
+            assert request_as(JAIL_UID, sockets, op="check", key="n", value=grading.encode(3)) == {"ok": True}
+        entries = judge.entries()
+        assert {"op": "stranger", "uid": 0} in [{k: e[k] for k in ("op", "uid") if k in e} for e in entries], entries
+        assert judge.findings()["test_n"].passed, "a stranger's request cost the student their check"
+
+
+def test_the_judges_files_are_the_graders_alone(tmp_path, spawner):
+    """Without a uid drop (a grader not root, or these tests): socket, log, cell and required checks 0600."""
+    values = tmp_path / "values.json"
+    grading.write(values, LAB, {"n": 3})
+    (tmp_path / "socket").mkdir()
+    with Judge(LAB, values, 1, {"test_n": ["n"]}, tmp_path / "socket", tmp_path, spawner=spawner) as judge:
+        announce(judge.cell_file, "test_n")
+        assert request(judge, op="check", key="n", value=grading.encode(3)) == {"ok": True}
+        for path in (judge.socket_path, judge.log_path, judge.cell_file, tmp_path / "judge-required.json"):
+            assert path.stat().st_mode & 0o777 == 0o600, path
+        assert judge.cell_file.parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_a_forked_judge_is_a_session_of_its_own_holds_none_of_the_spawners_pipes_and_ends_with_it(

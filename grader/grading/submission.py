@@ -44,7 +44,6 @@ from grader.jail.kernel import SPEC_ENV
 from grader.judge import tampering
 from grader.judge.client import Judge
 from grader.judge.judged_execute import CELL_FILE_ENV
-from grader.judge.server import UNPRIVILEGED_UID
 from grader.judge.spawner import JudgeSpawner
 
 from . import collect, gradebook, verdict
@@ -157,7 +156,7 @@ class SubmissionGrader:
             with self.lock:
                 private = gradebook.private_copy(self.ws.gradebook, jail / "gradebook.db")
             env = {"MPLBACKEND": INLINE_BACKEND,
-                   grading.DIR_ENV: str(jail / "no-reference-here")}
+                   grading.DIR_ENV: bwrap.NO_REFERENCE_DIR}
             if self.sandboxed:
                 box = Jail(jail, self.limits)
                 spec = box.spec
@@ -170,9 +169,9 @@ class SubmissionGrader:
             # nbclient's 4 s can pass on a loaded grading machine while a flood's last prints are coming
             limits.append(f"--Execute.iopub_timeout={IOPUB_TIMEOUT_S}")
             values, seed = self.judged.get(lab.name, (None, 0))
-            with Judge(lab.name, values, seed, lab.required, judge_dir, jail,
-                       UNPRIVILEGED_UID if self.sandboxed else None,
-                       spawner=self.judges) if values else nullcontext() as judge:
+            # As root, the judge drops to a uid of the jail's own and answers the jail's uid alone.
+            with Judge(lab.name, values, seed, lab.required, judge_dir, jail, box.judge_uid if box else None,
+                       spawner=self.judges, peer_uid=box.uid if box else None) if values else nullcontext() as judge:
                 if judge:
                     env[grading.JUDGE_ENV] = str(judge.socket_path)
                     env[CELL_FILE_ENV] = str(judge.cell_file)

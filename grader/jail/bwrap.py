@@ -52,6 +52,8 @@ from .uids import start_time
 JAIL_HOME = "/home/student"           # the working folder is JAIL_HOME/<lab>
 JAIL_COURSE = "/course"               # holds the copy of the package: /course/course
 JAIL_JUDGE = "/run/grader"            # the judge's folder, read-only
+#: COURSE_REFERENCE_DIR while graded: no stored values in the kernel, and no host path in its environment.
+NO_REFERENCE_DIR = "/nonexistent/course-reference"
 WRITABLE_INSIDE = (JAIL_HOME, "/tmp", "/dev/shm")
 SANDBOX_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
 # c10d looks up its peers' names; with DNS in the list, every lookup waits for
@@ -137,7 +139,9 @@ class Spec:
     def spec_file(self) -> Path: return Path(self.root) / "sandbox.json"
 
     def save(self) -> Path:
-        self.spec_file.write_text(json.dumps(asdict(self), indent=1), encoding="utf-8")
+        fd = os.open(self.spec_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # read by the grader's kernel manager and launcher only
+            f.write(json.dumps(asdict(self), indent=1))
         return self.spec_file
 
     @classmethod
@@ -156,19 +160,28 @@ def python_paths() -> list[str]:
 
 
 def prepare(root: Path, uid: int | None, limits: Limits) -> Spec:
-    """Create the jail's folder: a copy of the course package, the judge's and kernel's folders."""
+    """Create the jail's folder: a copy of the course package, the judge's and kernel's folders.
+
+    The folder is the grader's alone (0700): bwrap, run by the grader, binds what the jail needs, so
+    the jail's uid never walks the host path, and no other user of the machine reaches anything in it
+    (the judge's socket, its log, the running cell, the gradebook's copy, the kernel's sockets)."""
     spec = Spec(str(root), uid, asdict(limits), python_paths())
-    os.chmod(root, 0o755)
+    os.chmod(root, 0o700)
     shutil.copytree(tree_home() / "course", spec.tree / "course",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (Path(root) / "hosts").write_text(SANDBOX_HOSTS, encoding="utf-8")
     (Path(root) / "nsswitch.conf").write_text(SANDBOX_NSSWITCH, encoding="utf-8")
     for folder in (spec.kernel_dir, spec.judge_dir):
         folder.mkdir()
-    for path in [spec.tree, *spec.tree.rglob("*"), Path(root) / "hosts", Path(root) / "nsswitch.conf",
-                 spec.judge_dir]:
+    # Read by the jail's uid through their mounts; public text, behind the 0700 folder.
+    for path in [spec.tree, *spec.tree.rglob("*"), Path(root) / "hosts", Path(root) / "nsswitch.conf"]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    os.chmod(spec.judge_dir, 0o700)
     if uid is not None:
+        # The jail's uid (its group: setpriv --regid) may search the judge's folder, to connect to the
+        # socket there (grader.judge.server gives the socket the same group), and nothing more.
+        os.chown(spec.judge_dir, 0, uid)
+        os.chmod(spec.judge_dir, 0o750)
         # The kernel creates its sockets here while it starts; then grader.jail.kernel seals it.
         os.chown(spec.kernel_dir, 0, uid)
         os.chmod(spec.kernel_dir, 0o770)
@@ -294,7 +307,7 @@ def _seccomp_fd() -> int:
 
 def _record_launcher(spec: Spec) -> None:
     """Write LAUNCHER_FILE: this process's pid and start time (for grader.jail.host's memory watchdog)."""
-    fd = os.open(Path(spec.root) / LAUNCHER_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    fd = os.open(Path(spec.root) / LAUNCHER_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(f"{os.getpid()} {start_time(os.getpid())}\n")
 
@@ -309,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"grader.jail.bwrap: {lab!r} is not a lab's name")
     # The kernel's own stdout/stderr (not what cells print: that goes over zmq) into a
     # file of the jail, whose size RLIMIT_FSIZE bounds.
-    console = os.open(spec.console, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    console = os.open(spec.console, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     os.dup2(console, 1)
     os.dup2(console, 2)
     limits = Limits(**spec.limits)

@@ -49,7 +49,8 @@ class JailUsage:
 
 
 class Jail:
-    """One submission's jail on the host: its folder and Spec, its cgroup, its uid (as root).
+    """One submission's jail on the host: its folder and Spec, its cgroup, its uid (as root), and
+    the uid its judge drops to (as root; grader.judge.server), each leased for this jail alone.
 
     ``Jail(root, limits)`` prepares it; the kernel manager starts the kernel in it;
     `stop` kills what is left, `usage` says what it used, `close` gives everything back.
@@ -61,6 +62,8 @@ class Jail:
         self.limits = limits
         self.lease = UidLease() if os.geteuid() == 0 else None
         self.uid = self.lease.uid if self.lease else None
+        self.judge_lease: UidLease | None = None
+        self.judge_uid: int | None = None
         self.cgroup: cgroups.Cgroup | None = None
         self.thrashed = False  # the watchdog ended the jail at its memory limit
         self.killed_for_memory = 0  # processes `_watch_total` killed
@@ -68,6 +71,9 @@ class Jail:
         self.watch_failed = False  # `_watch_total` stopped: the jail's total is not enforced
         self._watching = threading.Event()
         try:
+            if self.lease:  # a uid that nothing else on the machine runs as: no one else may signal the judge
+                self.judge_lease = UidLease()
+                self.judge_uid = self.judge_lease.uid
             self.spec = prepare(Path(root), self.uid, limits)
             problem = "not asked for"
             if use_cgroup:
@@ -154,9 +160,11 @@ class Jail:
             self.cgroup.remove()
             self.cgroup = None
         kill_uid(self.uid)
-        if self.lease:
-            self.lease.release()
-            self.lease = None
+        kill_uid(self.judge_uid)
+        for lease in (self.lease, self.judge_lease):
+            if lease:
+                lease.release()
+        self.lease = self.judge_lease = None
 
 
 def memory_of(pid: int) -> int:

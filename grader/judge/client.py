@@ -35,24 +35,29 @@ class Judge:
     """The judge of one submission, in its own process; a context manager.
 
     socket_dir is what the jail sees (read-only); private_dir is the grader's
-    own (the log and the running cell's file), never mounted into the jail.
+    own (the log and the running cell's file), never mounted into the jail: both
+    private to the grader (0700), the socket's folder searchable by the jail's group.
     """
 
     def __init__(self, lab: str, values: Path, seed: int, required: dict[str, list[str]],
-                 socket_dir: Path, private_dir: Path, uid: int | None = None, spawner=None):
-        """spawner: a grader.judge.spawner.JudgeSpawner to fork the judge from (a grading run's);
-        None: the judge is a process started with ``python -m`` (its imports paid again)."""
+                 socket_dir: Path, private_dir: Path, uid: int | None = None, spawner=None,
+                 peer_uid: int | None = None):
+        """uid: the judge drops to it once its socket is bound (when root); peer_uid: the one uid it
+        answers, the jail's (default: its own before the drop). spawner: a grader.judge.spawner.JudgeSpawner
+        to fork the judge from (a grading run's); None: the judge is a process started with ``python -m``
+        (its imports paid again)."""
         self.lab, self.required = lab, required
         self.expected = grading.read_checks(values)   # the ranks the solution checked each key on, this run
         self.socket_path = Path(socket_dir) / "judge.sock"
-        self.cell_file = Path(private_dir) / "judge-cell"
+        self.cell_file = _cell_folder(Path(private_dir) / "running-cell", uid) / "judge-cell"
         self.log_path = Path(private_dir) / "judge.log"
         required_file = Path(private_dir) / "judge-required.json"
-        required_file.write_text(json.dumps(required), encoding="utf-8")
+        _write_private(required_file, json.dumps(required))   # read before the judge drops root
         self._argv = [sys.executable, "-m", "grader.judge.server", "--lab", lab, "--values", str(values),
                       "--seed", str(seed), "--required", str(required_file), "--socket", str(self.socket_path),
                       "--cell-file", str(self.cell_file), "--log", str(self.log_path),
-                      *(["--uid", str(uid)] if uid is not None else [])]
+                      *(["--uid", str(uid)] if uid is not None else []),
+                      *(["--peer-uid", str(peer_uid)] if peer_uid is not None else [])]
         self._proc: subprocess.Popen | None = None
         self._spawner, self._out = spawner, Path(private_dir) / "judge.out"
         self._spawned: tuple[int, int] | None = None   # a forked judge's (pid, start time)
@@ -165,9 +170,33 @@ def findings(entries: list[dict], required: dict[str, list[str]],
     return out
 
 
+def _write_private(path: Path, text: str, group: int | None = None) -> None:
+    """path, new, with text, readable by its owner alone, or by group too (never through a link planted there)."""
+    path.unlink(missing_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w",
+                   encoding="utf-8") as f:
+        if group is not None:
+            os.fchown(f.fileno(), -1, group)
+            os.fchmod(f.fileno(), 0o640)
+        f.write(text)
+
+
+def _cell_folder(folder: Path, uid: int | None) -> Path:
+    """The folder of the running cell's file: the grader's (0700), or, where the judge drops to uid,
+    root's with uid's group (0750): the judge reads it through a descriptor it opened before the drop,
+    since the jail's folder above is root's alone, and may write nothing in it."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if uid is not None and os.geteuid() == 0:
+        os.chown(folder, 0, uid)
+        os.chmod(folder, 0o750)
+    return folder
+
+
 def announce(cell_file: Path, grade_id: str | None) -> None:
-    """Tell the judge which graded test cell runs now (None: none)."""
+    """Tell the judge which graded test cell runs now (None: none): the file replaced at once, readable
+    by the grader, and by the judge's group where its folder has one (the judge dropped root)."""
+    cell_file = Path(cell_file)
+    group = os.stat(cell_file.parent).st_gid
     tmp = Path(f"{cell_file}.tmp")
-    tmp.write_text(grade_id or "", encoding="utf-8")
-    os.chmod(tmp, 0o644)
+    _write_private(tmp, grade_id or "", None if group == os.getegid() else group)
     tmp.replace(cell_file)

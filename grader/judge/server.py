@@ -16,7 +16,13 @@ The judge is authoritative:
 - each key is checked a bounded number of times, each request is bounded in
   size, a connection that stalls is dropped;
 - it runs in its own process, with its own memory limit and, where the grader
-  is root, as an unprivileged user.
+  is root, as an unprivileged uid leased for this judge alone (grader.jail.host);
+- it answers one uid alone, the jail's (the peer's credentials, SO_PEERCRED, of each
+  connection): its socket is the jail's group's alone (0660) in a folder only that
+  group may search, and a connection from any other uid is closed unanswered, logged
+  as a stranger's, which costs the student nothing. Everything else it reads after
+  dropping root it reads through descriptors opened before: the running cell's
+  folder, which no other uid can reach.
 
 A test cell earns its points only if every key its source checks reached the
 judge while it ran, on the same ranks and as many times as the solution's did
@@ -33,7 +39,9 @@ checks that follow never reached the grader and earn nothing.
 
 Protocol, one request per connection: a JSON line {"op": "check", "lab", "key",
 "value" (course.grading.encode), "name", "rank"} answered {"ok": true|false}, or
-{"op": "seed", "lab"} answered {"seed": n}; a refusal is {"refused": why}.
+{"op": "seed", "lab"} answered {"seed": n}, or, in any cell, a launch's records
+{"op": "records", "bytes", "records", "slots", "ranks"} (course._wire_records) logged and
+answered {"ok": true}; a refusal is {"refused": why}.
 """
 from __future__ import annotations
 
@@ -42,13 +50,16 @@ import ast
 import json
 import os
 import resource
+import socket
 import socketserver
+import struct
 from pathlib import Path
 
 from course import check, grading
 from grader.common.labs import source_text
 from grader.common.nbgrader_cli import die_with_grader
 from grader.common.quoting import quoted
+from grader.judge import wire
 
 MAX_REQUEST_BYTES = grading.MAX_JUDGED_BYTES  # a lab's largest answer is tens of kB of JSON
 MAX_CHECKS_PER_KEY = 64           # the tests check a key once per rank or per case, not more
@@ -57,7 +68,8 @@ MAX_MESSAGE = 600                 # characters of a comparison kept for the verd
 MAX_LOG_BYTES = 4 << 20           # the judge's log: MAX_REQUESTS checks of a few hundred bytes fit
 CONNECTION_TIMEOUT_S = 30         # a client that sends nothing for this long is dropped
 MEMORY_BYTES = 2 << 30            # the judge process's own limit (RLIMIT_DATA)
-UNPRIVILEGED_UID = 65534          # nobody: the judge, started by root, drops to it
+UNPRIVILEGED_UID = 65534          # nobody: what a judge started by root without a uid of its own drops to
+MAX_STRANGERS_LOGGED = 20         # connections from another uid, logged (then only counted)
 
 
 def required_checks(notebook: dict) -> dict[str, list[str]]:
@@ -90,15 +102,28 @@ class Referee:
                  required: dict[str, list[str]], cell_file: Path, log):
         self.lab, self.values, self.tolerances, self.seed = lab, values, tolerances, seed
         self.required, self.cell_file, self.log = required, Path(cell_file), log
+        # Opened now, while the judge may still walk the grader's private folders: after the uid drop
+        # it reads the running cell through this, in a folder its group may search and no one else can reach.
+        self._cell_dir = os.open(self.cell_file.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.counts: dict[str, int] = {}
         self.requests = 0
+        self.strangers = 0                 # connections refused for their uid
         self.logged = 0                    # bytes written to the log
 
     def running_cell(self) -> str | None:
         try:
-            return self.cell_file.read_text(encoding="utf-8").strip() or None
-        except OSError:  # no cell file, or one the judge cannot read: no test cell it can vouch for
+            fd = os.open(self.cell_file.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._cell_dir)
+            with os.fdopen(fd, "rb") as f:
+                return f.read(4096).decode("utf-8").strip() or None
+        except (OSError, UnicodeDecodeError):  # none, or one the judge cannot read: no test cell it can vouch for
             return None
+
+    def stranger(self, uid: int, pid: int) -> None:
+        """A connection from a uid other than the jail's, closed unanswered: logged apart from any
+        cell (it fails no check of the student's), the first MAX_STRANGERS_LOGGED of them."""
+        self.strangers += 1
+        if self.strangers <= MAX_STRANGERS_LOGGED:
+            self._record(op="stranger", uid=uid, pid=pid)
 
     def _record(self, **entry) -> None:
         if self.logged >= MAX_LOG_BYTES:
@@ -122,6 +147,12 @@ class Referee:
             return self._refuse(cell, None, "it could not read the request")
         if self.requests > MAX_REQUESTS:
             return self._refuse(cell, key, f"more than {MAX_REQUESTS} requests from one notebook")
+        if op == "records":  # a launch's, in any cell: grader.judge.wire compares them with the wire
+            entry = wire.records_entry(request)
+            if entry is None:
+                return self._refuse(cell, None, "a launch's records are whole, finite numbers of bytes")
+            self._record(cell=cell, **entry)
+            return {"ok": True}
         if request.get("lab") != self.lab:
             return self._refuse(cell, key, f"this is lab {self.lab}, not {quoted(request.get('lab'), 80)}")
         if cell not in self.required:
@@ -158,8 +189,20 @@ class Referee:
         return {"refused": why}
 
 
-def serve(referee: Referee, socket_path: Path, uid: int | None, parent: int) -> None:
-    """Answer requests one at a time until killed (one client: the submission's kernel)."""
+def peer_credentials(connection: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a unix socket when it connected, as the kernel
+    says (SO_PEERCRED): nothing the peer sends can change them."""
+    pid, uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                               struct.calcsize("3i")))
+    return pid, uid
+
+
+def serve(referee: Referee, socket_path: Path, uid: int | None, parent: int, peer: int | None = None) -> None:
+    """Answer requests one at a time until killed (one client: the submission's kernel).
+
+    uid: drop to it once the socket is bound (when root). peer: the one uid that may connect (the jail's;
+    default: the judge's own before the drop, the grader's: a grader not root runs its jails as itself)."""
+    allowed = os.geteuid() if peer is None else peer
 
     class Handler(socketserver.StreamRequestHandler):
         timeout = CONNECTION_TIMEOUT_S
@@ -179,8 +222,20 @@ def serve(referee: Referee, socket_path: Path, uid: int | None, parent: int) -> 
             except OSError:
                 pass
 
-    server = socketserver.UnixStreamServer(str(socket_path), Handler)
-    os.chmod(socket_path, 0o666)  # the jail's uid connects to it
+    class Server(socketserver.UnixStreamServer):
+        def verify_request(self, request, client_address) -> bool:
+            pid, who = peer_credentials(request)
+            if who == allowed:
+                return True
+            referee.stranger(who, pid)   # closed unanswered: a stranger learns nothing and stalls nobody
+            return False
+
+    server = Server(str(socket_path), Handler)
+    if peer is not None and os.geteuid() == 0:
+        os.chown(socket_path, 0, peer)  # connecting takes write permission: the jail's group has it
+        os.chmod(socket_path, 0o660)
+    else:
+        os.chmod(socket_path, 0o600)
     if uid is not None and os.geteuid() == 0:
         os.setgroups([])
         os.setgid(uid)
@@ -204,13 +259,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cell-file", type=Path, required=True)
     p.add_argument("--log", type=Path, required=True)
     p.add_argument("--uid", type=int, help="drop to this uid once the socket is open (when root)")
+    p.add_argument("--peer-uid", type=int, help="the one uid that may connect (default: the judge's own)")
     parent = os.getppid()   # whoever started this judge, before anything can end it
     args = p.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_BYTES, MEMORY_BYTES))
-    log = args.log.open("a", encoding="utf-8")
+    log = os.fdopen(os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600),
+                    "a", encoding="utf-8")
     referee = Referee(args.lab, grading.read(args.values), grading.read_tolerances(args.values), args.seed,
                       json.loads(args.required.read_text(encoding="utf-8")), args.cell_file, log)
-    serve(referee, args.socket, args.uid, parent)
+    serve(referee, args.socket, args.uid, parent, args.peer_uid)
 
 
 if __name__ == "__main__":

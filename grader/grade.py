@@ -19,7 +19,8 @@ class goes on (grader.grading.collect, grader.grading.submission, grader.grading
 concerns the whole run stops it (no sandbox, a lab whose recording failed, a
 folder of submissions that cannot be read).
 
-Everything goes under the work folder (default grader/work/, git-ignored).
+Everything goes under the work folder (default grader/work/, git-ignored), which is the
+grading account's alone: 0700 folders, 0600 files (grader.grading.workspace.privately).
 Finished submissions are recorded one by one in status.json with a
 fingerprint of the notebook and of the lab: a second run grades only what
 changed, and an interrupted run picks up where it stopped.
@@ -27,6 +28,7 @@ changed, and an interrupted run picks up where it stopped.
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import threading
 import time
@@ -40,7 +42,7 @@ from .feedback.worker import FeedbackWorker
 from .grading import collect, export, receipts, shards, verdict
 from .grading.autograde_worker import AutogradeWorker
 from .grading.submission import SubmissionGrader, log_failure, not_graded
-from .grading.workspace import Workspace, fingerprint, lab_infos, prepare_gradebook
+from .grading.workspace import Workspace, fingerprint, lab_infos, prepare_gradebook, privately
 from .jail import bwrap
 from .jail.host import unavailable as jail_unavailable
 from .judge.spawner import JudgeSpawner
@@ -51,6 +53,7 @@ FEEDBACK_TIMEOUT_S = 600
 DEFAULT_LIMITS = bwrap.Limits()  # frozen: one instance serves every call
 
 
+@privately
 def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFAULT_WORK,
           root: Path = COURSE_ROOT, csv_path: Path | None = None, limits: bwrap.Limits = DEFAULT_LIMITS,
           cell_timeout: float | None = None, jobs: int = 1, unsafe: bool = False, regrade: bool = False,
@@ -65,7 +68,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         raise GraderError(f"--judge-values {judge_values}: no such folder; give an earlier run's "
                           "WORK/judge folder, or leave the option out to record the values for this run")
     ws = Workspace(Path(work).resolve())
-    ws.root.mkdir(parents=True, exist_ok=True)
+    ws.make_private(say)
     infos = lab_infos(root, labs)
     # nbgrader learns each lab's test cells (seconds a lab) while the jail is probed and the
     # judge's values are recorded: a student's grading waits for it, the export too.
@@ -159,6 +162,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         target = Path(csv_path) if csv_path else ws.root / "grades.csv"
         shards.write_run(ws, list(infos), shard, uncollected)
         export.write_class(target, ws.gradebook, root, infos, status, uncollected, {s.student for s in found})
+        os.chmod(target, 0o600)  # a --csv outside the work folder too, and one an earlier run left open
         say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
         return target
 

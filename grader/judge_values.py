@@ -12,6 +12,10 @@ as one run would grade them. A recording is reused only while what made it is
 unchanged: the lab's solution, its stored reference values, the `course`
 package and torch's version (`recording_stamp`); otherwise it is recorded again,
 and the run says why.
+
+The values and seeds are the grading account's alone (0600 in a 0700 folder): the
+judge reads its values before it drops root, and no other user of the machine, or
+of a shared file system, may read the answers.
 """
 from __future__ import annotations
 
@@ -19,14 +23,17 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import time
 from importlib import metadata
 from pathlib import Path
 
 from . import GraderError, reference
 from .common.labs import Lab
-from .grading.workspace import Workspace
+from .grading.workspace import Workspace, write_private
+
+
+def _copy_private(source: Path, target: Path) -> None:
+    write_private(target, source.read_text(encoding="utf-8"))
 
 
 def recording_stamp(root: Path, lab: Lab) -> str:
@@ -69,28 +76,30 @@ def record_judged_values(ws: Workspace, root: Path, lab: Lab, say=print,
     the work area that no jail sees: reused from `reuse` (an earlier run's judge/ folder) where
     `reusable` allows, else recorded from the solution on a seed drawn now."""
     folder = ws.root / "judge"
-    folder.mkdir(mode=0o755, exist_ok=True)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
     target = folder / f"{lab.name}.json"
     found = reusable(Path(reuse), root, lab) if reuse is not None else None
     if isinstance(found, tuple):
         source, seed = found
         if source.resolve() != target.resolve():
-            shutil.copyfile(source, target)
-            shutil.copyfile(_about(Path(reuse), lab.name), _about(folder, lab.name))
-        os.chmod(target, 0o644)  # the judge reads it after dropping root
+            _copy_private(source, target)
+            _copy_private(_about(Path(reuse), lab.name), _about(folder, lab.name))
+        for path in (target, _about(folder, lab.name)):
+            os.chmod(path, 0o600)   # also where an earlier run left them open
         say(f"reused {lab.name}'s reference values and seed from {source}")
         return target, seed
     if found:
         say(f"recording {lab.name}'s reference values again: {found}")
     seed = 1 + secrets.randbelow(2**31 - 1)
     started = time.perf_counter()
+    (folder / "recording").mkdir(mode=0o700, exist_ok=True)
     path = reference.record(lab, folder / "recording", root, seed=seed, as_graded=True)
     if path is None:
         raise GraderError(f"{lab.name}: its solution recorded no reference values, yet its tests check some")
+    os.chmod(path, 0o600)  # the judge reads it before it drops root; the jail never sees this folder
     path.replace(target)
-    os.chmod(target, 0o644)  # the judge reads it after dropping root; the jail never sees this folder
-    _about(folder, lab.name).write_text(json.dumps({"lab": lab.name, "seed": seed,
-                                                    "stamp": recording_stamp(root, lab)}) + "\n",
-                                        encoding="utf-8")
+    write_private(_about(folder, lab.name), json.dumps({"lab": lab.name, "seed": seed,
+                                                         "stamp": recording_stamp(root, lab)}) + "\n")
     say(f"recorded {lab.name}'s reference values for this run's seed ({time.perf_counter() - started:.0f} s)")
     return target, seed

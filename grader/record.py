@@ -4,7 +4,8 @@ Each lab's solution runs as a grading run runs it (grader.judge_values), on a se
 into FOLDER/judge. Grading a class in shards on many machines, give every shard that folder
 (``python -m grader grade --shard K/N --judge-values FOLDER/judge``): the shards' hidden tests then
 draw the same inputs and are judged against the same values, as one machine's run would be
-(grader.grading.shards).
+(grader.grading.shards). FOLDER and what is recorded in it are this account's alone (0700, 0600): on a
+file system the shards' nodes share, keep FOLDER where only the grading account may read.
 """
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from pathlib import Path
 
 from . import COURSE_ROOT
 from .common.labs import find_labs
-from .grading.workspace import Workspace, lab_infos
+from .grading.workspace import Workspace, lab_infos, privately
 from .judge_values import record_judged_values
 
 
+@privately
 def record(work: Path, labs: list[str] | None = None, root: Path = COURSE_ROOT, say=print) -> Path:
     """Record the judge's values of `labs` (default: every lab whose tests check some) into work/judge."""
     root = Path(root).resolve()
     chosen = [lab for lab, info in lab_infos(root, labs).items() if info.required]
     ws = Workspace(Path(work).resolve())
-    ws.root.mkdir(parents=True, exist_ok=True)
+    ws.make_private(say)
     solutions = {lab.name: lab for lab in find_labs(root)}
     for lab in chosen:
         record_judged_values(ws, root, solutions[lab], say)

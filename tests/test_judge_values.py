@@ -45,7 +45,9 @@ def test_a_run_records_on_a_seed_of_its_own_and_keeps_it_beside_the_values(tmp_p
     _, other, _ = _run(tmp_path, "second")
     assert recordings == [seed, other] and seed != other and seed > 0
     assert json.loads(values.read_text()) == {"seed": seed}
-    assert stat.S_IMODE(values.stat().st_mode) == 0o644     # the judge reads it after dropping root
+    assert stat.S_IMODE(values.stat().st_mode) == 0o600     # the judge reads it before it drops root
+    assert stat.S_IMODE(values.parent.stat().st_mode) == 0o700 and stat.S_IMODE(
+        (values.parent / f"{LAB.name}.seed.json").stat().st_mode) == 0o600
     about = json.loads((values.parent / f"{LAB.name}.seed.json").read_text())
     assert about == {"lab": LAB.name, "seed": seed, "stamp": judge_values.recording_stamp(REPO, LAB)}
     assert said and said[0].startswith(f"recorded {LAB.name}'s reference values")

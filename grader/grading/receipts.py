@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .collect import Submission
 from .exchange import manifest_path, read_manifest, read_regular
+from .workspace import write_private
 
 #: nbgrader's receipts beside a notebook that formgrader collected (<student>/<lab>/<lab>.ipynb): when it was
 #: handed in, and the secret that nbgrader's release_feedback files its feedback under and the student's
@@ -52,7 +53,7 @@ def keep(submission: Submission, feedback_dir: Path) -> list[str]:
             kept.append(name)
         else:
             text = STAND_INS[name]()
-        (feedback_dir / name).write_text(text, encoding="utf-8")
+        write_private(feedback_dir / name, text)  # the grading account's alone: release_feedback runs as it
     return kept
 
 

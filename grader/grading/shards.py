@@ -15,11 +15,13 @@ same values: record them once (`python -m grader record`) and give every shard t
 (`--judge-values`). `merge` refuses shards graded otherwise, shards of different labs or splits, a
 shard missing or given twice, a student graded in two shards; it copies each submission's scores from
 its shard's gradebook into the class's, its autograded notebook and feedback page, and writes the CSV
-from the merged gradebook, as `grade` writes it.
+from the merged gradebook, as `grade` writes it. The merged folder is the grading account's alone, as a
+grading run's is (grader.grading.workspace.privately), whatever modes the shards' folders had.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -28,7 +30,7 @@ from grader import GraderError
 from grader.common.labs import course_config
 
 from . import export, gradebook
-from .workspace import Workspace, lab_infos, prepare_gradebook
+from .workspace import Workspace, lab_infos, prepare_gradebook, privately, write_private
 
 RUN_FILE = "run.json"
 #: The folders of a work folder that hold one student's lab each, under <folder>/<student>/<lab>.
@@ -55,7 +57,7 @@ def students_of(shard: tuple[int, int], students) -> set[str]:
 def write_run(ws: Workspace, labs: list[str], shard: tuple[int, int] | None, uncollected: dict) -> None:
     """What a grading run was: its labs, its shard (K, N) or none, and what it could not collect."""
     about = {"labs": sorted(labs), "shard": list(shard) if shard else None, "uncollected": uncollected}
-    (ws.root / RUN_FILE).write_text(json.dumps(about, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    write_private(ws.root / RUN_FILE, json.dumps(about, indent=1, sort_keys=True) + "\n")
 
 
 def _read_run(folder: Path) -> dict:
@@ -118,6 +120,7 @@ def _check_shards(folders: list[Path]) -> tuple[list[str], dict[str, dict], dict
     return labs, uncollected, statuses
 
 
+@privately
 def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=print) -> Path:
     """The class's work folder from its shards' (`grade --shard` runs): gradebook, status, autograded
     notebooks, feedback pages, judge values, and the CSV; returns the CSV's path."""
@@ -133,7 +136,7 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
     ws = Workspace(Path(work).resolve())
     if ws.root in folders or ws.status_file.is_file():
         raise GraderError(f"{ws.root} is a shard or an earlier grading's work folder: merge into a new folder")
-    ws.root.mkdir(parents=True, exist_ok=True)
+    ws.make_private(say)
     for known in ("gradebook.db", "labs.json"):       # the first shard's gradebook knows the labs' cells already
         if (folders[0] / known).is_file():
             shutil.copyfile(folders[0] / known, ws.root / known)
@@ -154,12 +157,14 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
         for recorded in sorted((folder / "judge").glob("*.json")):
             target = ws.root / "judge" / recorded.name
             if not target.exists():
-                target.parent.mkdir(mode=0o755, exist_ok=True)
+                target.parent.mkdir(mode=0o700, exist_ok=True)
                 shutil.copyfile(recorded, target)
     ws.save_status(status)
     write_run(ws, labs, None, uncollected)
     target = Path(csv_path) if csv_path else ws.root / "grades.csv"
     export.write_class(target, ws.gradebook, root, infos, status, uncollected, students=set(status))
+    os.chmod(target, 0o600)
+    ws.make_private(say)  # what was copied keeps its shard's modes: any a shard left open, closed now
     merged = sum(len(entries) for entries in status.values())
     say(f"merged {len(folders)} shards, {merged} submissions: wrote {target}; feedback in {ws.feedback}/")
     return target

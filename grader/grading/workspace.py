@@ -4,11 +4,21 @@ The gradebook must know a lab's test cells before nbgrader can autograde it;
 `prepare_gradebook` tells it, again only for labs that changed. A submission's
 `fingerprint` names the notebook and the lab's version, so a later run knows
 what it has graded already.
+
+A work folder is the grading account's alone: the reference values and seeds,
+the gradebook, grades, status, logs, feedback and receipts. `private_files`
+makes whatever a grading command and the processes it starts create readable by
+its owner alone (umask 0o077), and `Workspace.make_private` makes the folder so,
+tightening one that an earlier run, or a copy, left open to others.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
+import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +30,69 @@ from grader.feedback.safety import HIDDEN_BEGIN, hidden_lines
 from grader.judge.server import required_checks
 
 from . import collect, gradebook
+
+#: What a grading command creates may be read and written by its owner alone.
+PRIVATE_UMASK = 0o077
+#: A work folder's entries that are not the grader's to tighten: nbgrader's exchange for one machine
+#: (nbgrader_config.py puts it here when no other is configured), whose modes nbgrader sets itself.
+NOT_THE_GRADERS = ("exchange",)
+
+
+def privately(command):
+    """A grading command (grade, record, merge) run within `private_files`."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        with private_files():
+            return command(*args, **kwargs)
+    return run
+
+
+@contextlib.contextmanager
+def private_files():
+    """Within it, every file and folder this process or a process it starts creates is its owner's
+    alone (0600, 0700), whatever the code that creates it asks for, unless that code sets a mode itself."""
+    before = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
+def write_private(path: Path, text: str) -> None:
+    """path, with text, readable by its owner alone, never written through a link planted there: made
+    beside it, then put in its place."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w",
+                   encoding="utf-8") as f:
+        f.write(text)
+    tmp.replace(path)
+
+
+def tighten(folder: Path, skip: tuple[str, ...] = ()) -> int:
+    """Take every permission of group and others from folder and from each folder and file below it
+    (never through a link: links are left alone), but the entries of folder named in skip; how many
+    it changed."""
+    changed = _tighten_at(None, str(folder))
+    for seen, (_, dirs, files, at) in enumerate(os.fwalk(folder, follow_symlinks=False)):
+        if seen == 0:  # folder itself comes first
+            dirs[:] = [d for d in dirs if d not in skip]
+            files = [f for f in files if f not in skip]
+        changed += sum(_tighten_at(at, name) for name in [*dirs, *files])
+    return changed
+
+
+def _tighten_at(folder_fd: int | None, name: str) -> int:
+    # An O_PATH descriptor of the entry itself (not what a link there names), changed through /proc.
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+    try:
+        info = os.fstat(fd)
+        if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)) or not info.st_mode & 0o077:
+            return 0
+        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(info.st_mode) & 0o700)
+        return 1
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -38,6 +111,15 @@ class Workspace:
     @property
     def status_file(self) -> Path: return self.root / "status.json"
 
+    def make_private(self, say=print) -> None:
+        """The work folder, made its owner's alone (0700), or tightened with everything the grader keeps
+        in it where an earlier run, a copy or an unzip left it open to others (said once)."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        changed = tighten(self.root, skip=NOT_THE_GRADERS)
+        if changed:
+            say(f"made {changed} files and folders of {self.root} private to this account (0700 folders, "
+                "0600 files): other users of this machine could read them")
+
     def flags(self, db: Path | None = None) -> list[str]:
         return [f"--CourseDirectory.submitted_directory={self.submitted}",
                 f"--CourseDirectory.autograded_directory={self.autograded}",
@@ -50,9 +132,7 @@ class Workspace:
         return {}
 
     def save_status(self, status: dict) -> None:
-        tmp = self.status_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(status, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(self.status_file)
+        write_private(self.status_file, json.dumps(status, indent=1, sort_keys=True) + "\n")
 
 
 @dataclass(frozen=True)

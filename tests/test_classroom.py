@@ -19,10 +19,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from nbgrader.auth import Authenticator
+from nbgrader.coursedir import CourseDirectory
 from traitlets.config import Config
 
 from grader.common.nbgrader_cli import GRADER_PARENT, environment
-from grader.grading import collect, receipts
+from grader.grading import collect, exchange, receipts
 from helpers import REPO
 
 sys.path.insert(0, str(REPO / "deploy" / "hub"))
@@ -33,13 +35,32 @@ SECRET = "ab12" * 32  # as nbgrader's submit writes it: secrets.token_hex(64)
 TIMESTAMP = "2026-11-28 21:20:45.025057 UTC"
 
 
+class _OursCollect(exchange.StrictCollect):
+    """The course's collect, each student id naming the user who runs the test (no Unix users needed)."""
+
+    def uid_of(self, student):
+        return os.getuid()
+
+
 def _collected(tmp_path: Path, receipts: dict[str, str]) -> collect.Submission:
-    """A submission as formgrader collects it: <student>/<lab>/<lab>.ipynb and nbgrader's receipts beside it."""
-    folder = tmp_path / "collected" / "ada" / LAB
-    folder.mkdir(parents=True)
-    (folder / f"{LAB}.ipynb").write_text("{}")
+    """A submission as formgrader collects it, through the course's collect: <student>/<lab>/<lab>.ipynb and
+    nbgrader's receipts beside it, and the collect's manifest beside that folder."""
+    inbound = tmp_path / "exchange" / "course101" / "inbound"
+    handed_in = inbound / f"ada+{LAB}+{TIMESTAMP}+r4nd0m"
+    handed_in.mkdir(parents=True)
+    (handed_in / f"{LAB}.ipynb").write_text("{}")
     for name, text in receipts.items():
-        (folder / name).write_text(text)
+        (handed_in / name).write_text(text)
+    course = tmp_path / "course"
+    coursedir = CourseDirectory(root=str(course), course_id="course101", assignment_id=LAB,
+                                submitted_directory="collected", db_url=f"sqlite:///{tmp_path / 'gradebook.db'}")
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"  # nbgrader's alembic, for a gradebook
+    try:
+        _OursCollect(coursedir=coursedir, authenticator=Authenticator(), root=str(tmp_path / "exchange")).start()
+    finally:
+        os.environ["PATH"] = path
+    folder = course / "collected" / "ada" / LAB
     return collect.Submission("ada", LAB, folder / f"{LAB}.ipynb")
 
 
@@ -67,6 +88,33 @@ def test_a_receipt_that_is_not_nbgrader_s_gets_a_stand_in(tmp_path, name, text):
     written = {n: (page_dir / n).read_text() for n in good}
     assert written[name] != text and receipts.RECEIPTS[name].fullmatch(written[name])
     assert all(written[n] == good[n] for n in good if n != name)
+
+
+def _no_manifest(submission):  # collected by nbgrader's own collect, or put together by hand
+    exchange.manifest_path(submission.path.parent.parent, LAB).unlink()
+    return submission
+
+
+def _another_s_manifest(submission):  # ada's collected folder and manifest, renamed bo's
+    bo = submission.path.parent.parent.parent / "bo"
+    submission.path.parent.parent.rename(bo)
+    return collect.Submission("bo", LAB, bo / LAB / f"{LAB}.ipynb")
+
+
+def _secret_changed(submission):  # not what the collect copied
+    (submission.path.parent / "submission_secret.txt").write_text("cd34" * 32)
+    return submission
+
+
+@pytest.mark.parametrize("change", [_no_manifest, _another_s_manifest, _secret_changed],
+                         ids=["no manifest", "another student's manifest", "a secret changed since"])
+def test_a_receipt_the_course_s_collect_does_not_vouch_for_gets_a_stand_in(tmp_path, change):
+    submission = change(_collected(tmp_path, {"timestamp.txt": TIMESTAMP, "submission_secret.txt": SECRET}))
+    page_dir = tmp_path / "feedback"
+    page_dir.mkdir()
+    kept = receipts.keep(submission, page_dir)
+    assert "submission_secret.txt" not in kept
+    assert (page_dir / "submission_secret.txt").read_text() not in (SECRET, "cd34" * 32)
 
 
 def test_a_receipt_that_is_a_link_gets_a_stand_in(tmp_path):

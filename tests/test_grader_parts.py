@@ -90,6 +90,42 @@ def test_a_readable_notebook_is_readable(tmp_path):
     assert collect.unreadable(_notebook(tmp_path / "x.ipynb", [new_code_cell("1")])) is None
 
 
+def test_find_never_goes_through_a_link_and_says_so_in_the_student_s_verdict(tmp_path):
+    """The grader reads submissions as root: a notebook, a lab folder or a student folder that is a link
+    (to the instructor's solution, say) is refused with a verdict, never read."""
+    elsewhere = tmp_path / "instructor"
+    solution = _notebook(elsewhere / "02_data_parallel" / "02_data_parallel.ipynb")
+    _notebook(elsewhere / "01_single_gpu.ipynb")
+    folder = tmp_path / "submissions"
+    (folder / "alice").mkdir(parents=True)
+    (folder / "alice" / "01_single_gpu.ipynb").symlink_to(solution)
+    (folder / "bob").mkdir()
+    (folder / "bob" / "02_data_parallel").symlink_to(solution.parent, target_is_directory=True)
+    (folder / "carol").symlink_to(elsewhere, target_is_directory=True)
+    (folder / "dave").mkdir()
+    os.mkfifo(folder / "dave" / "01_single_gpu.ipynb")
+    _notebook(folder / "erin" / "01_single_gpu.ipynb")
+    found, problems = collect.find(folder, LABS)
+    assert [(s.student, s.lab) for s in found] == [("erin", "01_single_gpu")]
+    verdicts = {(p.student, p.lab): p.why for p in problems if isinstance(p, collect.Problem) and p.student}
+    assert "is a symbolic link" in verdicts[("alice", "01_single_gpu")]
+    assert "02_data_parallel/ handed in is a link" in verdicts[("bob", "02_data_parallel")]
+    assert "not a regular file" in verdicts[("dave", "01_single_gpu")]
+    assert any(p.startswith("carol/: a link, not a student's folder") for p in problems), problems
+
+
+def test_a_submitted_notebook_is_never_read_through_a_link(tmp_path):
+    target = _notebook(tmp_path / "solution.ipynb", [new_code_cell("1")])
+    link = tmp_path / "x.ipynb"
+    link.symlink_to(target)
+    assert "a symbolic link, which the grader never reads through" in collect.unreadable(link)
+    with pytest.raises(collect.NotebookError, match="symbolic link"):
+        collect.parse_notebook(link)
+    os.mkfifo(tmp_path / "pipe.ipynb")  # opened without blocking, and refused
+    assert "not a regular file" in collect.unreadable(tmp_path / "pipe.ipynb")
+    assert collect.parse_notebook(target)["nbformat"] == 4
+
+
 # --------------------------------------------------------------------------
 # Feedback and status
 # --------------------------------------------------------------------------

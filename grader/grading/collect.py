@@ -18,7 +18,9 @@ zip, too big) is a `Problem` that names its student and lab, for their verdict.
 from __future__ import annotations
 
 import copy
+import errno
 import json
+import os
 import re
 import shutil
 import stat
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grader import GraderError
-from grader.common.labs import NotebookError, parse_notebook, source_text, validate_notebook
+from grader.common.labs import NotebookError, source_text, validate_notebook
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 SKIPPED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
@@ -107,6 +109,9 @@ def find(folder: Path, labs: list[str]) -> tuple[list[Submission], list[str]]:
                                       for lab in labs):
                 problems.append(student_id_problem(entry.name, labs))
             continue
+        if entry.is_symlink():  # its notebooks would be read through it, wherever it points
+            problems.append(f"{_shown(entry.name)}/: a link, not a student's folder; never followed, not graded")
+            continue
         if not entry.is_dir():
             problems.append(f"{entry.name!r}: not in a student folder; expected "
                             f"{folder.name}/<student>/<lab>.ipynb")
@@ -115,6 +120,11 @@ def find(folder: Path, labs: list[str]) -> tuple[list[Submission], list[str]]:
         if why:
             problems.append(why)
             continue
+        for lab in labs:  # rglob does not descend through a link: say so rather than find nothing
+            if (entry / lab).is_symlink():
+                problems.append(_problem(f"{entry.name}/{lab}/: a link, not a folder; never followed, not graded",
+                                         entry.name, lab, f"the folder {lab}/ handed in is a link, which the "
+                                         "grader never follows: hand in the folder itself"))
         try:
             notebooks = sorted(entry.rglob("*.ipynb"))
         except OSError as e:  # this student's folder alone
@@ -130,6 +140,12 @@ def find(folder: Path, labs: list[str]) -> tuple[list[Submission], list[str]]:
                 strays.append(_shown(str(relative)))
                 continue
             key = (entry.name, lab)
+            kind = _not_plain(notebook)
+            if kind:
+                problems.append(_problem(f"{relative}: {kind}, not a notebook file; never read, not graded",
+                                         entry.name, lab, f"the notebook handed in is {kind}, which the grader "
+                                         "never reads through: hand in the notebook file itself"))
+                continue
             if key in found:
                 problems.append(f"{relative}: a second copy of {lab} for {entry.name}; "
                                 f"grading {found[key].path.relative_to(folder)}")
@@ -137,6 +153,53 @@ def find(folder: Path, labs: list[str]) -> tuple[list[Submission], list[str]]:
             found[key] = Submission(entry.name, lab, notebook)
         problems += _strays(entry.name, strays, labs)
     return [found[k] for k in sorted(found)], problems
+
+
+def _not_plain(path: Path) -> str | None:
+    """What path is where it is not a regular file ("a symbolic link", ...), without following it; None if it is."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def read_submitted(path: Path) -> bytes:
+    """A submitted notebook's bytes, opened without following a link, checked to be a regular file of at
+    most MAX_NOTEBOOK_BYTES on the descriptor it is read from; NotebookError says why not. The grader
+    reads as root: a link would read whatever it points to."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise NotebookError("a symbolic link, which the grader never reads through" if e.errno == errno.ELOOP
+                            else f"unreadable ({e.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotebookError("not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise NotebookError(f"over {MAX_NOTEBOOK_BYTES >> 20} MB, more than is graded")
+    return data
+
+
+def parse_notebook(path: Path) -> dict:
+    """A submitted notebook's JSON, read by read_submitted and checked as grader.common.labs.parse_notebook
+    checks the instructor's (text, JSON, nbformat 4); NotebookError says why not."""
+    try:
+        data = json.loads(read_submitted(path).decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise NotebookError(f"not UTF-8 text ({e})") from None
+    except json.JSONDecodeError as e:
+        raise NotebookError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list) or data.get("nbformat") != 4:
+        raise NotebookError("not a Jupyter notebook in nbformat 4")
+    return data
 
 
 def unreadable(path: Path) -> str | None:

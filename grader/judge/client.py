@@ -124,6 +124,11 @@ class Judge:
         """{grade_id: Finding} for every test cell with hidden checks."""
         return findings(self.entries(), self.required, self.expected)
 
+    def strangers(self) -> list[int]:
+        """The uids of connections the judge refused as not the jail's (the first of them: its log is
+        bounded): another user of the machine, or a process of the grader's, reaching for the socket."""
+        return [e["uid"] for e in self.entries() if e.get("op") == "stranger" and isinstance(e.get("uid"), int)]
+
 
 def _ranks(ranks) -> str:
     """[0, 1, 2] as 'for ranks 0, 1, 2'; [None] as 'once'; [None, None] as '2 times'."""

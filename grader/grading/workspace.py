@@ -125,7 +125,7 @@ class Workspace:
                 f"--CourseDirectory.autograded_directory={self.autograded}",
                 f"--CourseDirectory.feedback_directory={self.feedback}",
                 f"--CourseDirectory.db_url={gradebook.db_url(db or self.gradebook)}",
-                # nbgrader sets what autograde writes to 444 (read by all) unless told; octal digits, as nbgrader reads them
+                # what autograde writes is 444, read by all, unless told (octal digits, as nbgrader reads them)
                 "--Autograde.permissions=600"]
 
     def load_status(self) -> dict:

@@ -118,8 +118,8 @@ def test_a_folder_in_another_student_s_name_is_refused_and_the_real_one_collecte
     assert (_collected(course, "ada") / f"{LAB}.ipynb").read_text() == '{"honest": 1}'
     assert (_collected(course, "ada") / "submission_secret.txt").read_text() == SECRET
     for folder in (forged, forged_later):  # each named, with whom it claims and who made it, and what to do
-        line = next(line for line in log.splitlines() if repr(folder.name) in line)
-        assert line.startswith("[ERROR] Refused") and "it claims to be ada's, but its owner is uid 47002" in line
+        line = next(line for line in log.splitlines() if line.startswith(f"[ERROR] Refused {folder.name!r}"))
+        assert "it claims to be ada's, but its owner is uid 47002" in line
         assert "Ask the student it names to submit again" in line
     manifest = json.loads(exchange.manifest_path(course / "collected" / "ada", LAB).read_text())
     assert manifest["owner_uid"] == UIDS["ada"] and manifest["student"] == "ada" and manifest["lab"] == LAB
@@ -139,6 +139,9 @@ def test_a_timestamp_from_the_future_is_refused_beyond_the_clock_allowance(tmp_p
     assert (_collected(course, "bo") / f"{LAB}.ipynb").read_text() == '{"skewed": 1}'
     assert f"Refused {future.name!r}" in log and "2099-01-01 00:00:00 UTC, is past this machine's clock" in log
     assert "by more than 5 minutes" in log
+    # ada's first, dated two hours before its folder was made: collected, and flagged as a claim
+    assert "[WARNING] 'ada+08_experts+" in log and "its date is the student's claim" in log
+    assert not any("'bo+" in line and "claim" in line for line in log.splitlines())
 
 
 @pytest.mark.parametrize("plant, words", [
@@ -164,8 +167,8 @@ def test_a_submission_holding_anything_but_its_owner_s_plain_files_is_refused(tm
             os.chown(path, UIDS["bo"], UIDS["bo"], follow_symlinks=False)
     result, log = _collect(tmp_path, course)
     assert result["success"], result.get("error")
-    line = next(line for line in log.splitlines() if repr(attack.name) in line)
-    assert line.startswith("[ERROR] Refused") and words in line, line
+    line = next(line for line in log.splitlines() if line.startswith(f"[ERROR] Refused {attack.name!r}"))
+    assert words in line, line
     collected = _collected(course, "bo")
     assert (collected / f"{LAB}.ipynb").read_text() == '{"bo": "blank"}'  # bo's earlier, honest one
     assert not any("solution" in p.read_text() for p in collected.rglob("*") if p.is_file())

@@ -12,7 +12,8 @@ formgrader's Collect dialog shows, any inbound folder:
 
 - whose name is not nbgrader's (student+lab+timestamp[+random]), or names no Unix user;
 - that is not a folder owned by the Unix user it names;
-- dated more than CLOCK_ALLOWANCE past this machine's clock;
+- dated more than CLOCK_ALLOWANCE past this machine's clock (one dated more than that before its folder
+  was last changed is collected, with a warning: a date is the student's claim);
 - holding anything but plain files and folders (a link, a device, a fifo, a socket), a file with
   more than one hard link, or a file or folder of another owner;
 - past nbgrader's max_dir_size (kB, whole submission), or MAX_ENTRIES entries, or MAX_DEPTH deep.
@@ -186,6 +187,12 @@ class StrictCollect(ExchangeCollect):
             raise Refused(f"its timestamp, {timestamp:%Y-%m-%d %H:%M:%S} UTC, is past this machine's clock "
                           f"({self.now:%Y-%m-%d %H:%M:%S} UTC) by more than "
                           f"{CLOCK_ALLOWANCE.total_seconds() / 60:g} minutes")
+        written = datetime.datetime.fromtimestamp(info.st_ctime, datetime.UTC).replace(tzinfo=None)
+        if timestamp < written - CLOCK_ALLOWANCE:  # nbgrader's Submit names the folder as it makes it
+            self.log.warning("%s in %s is dated %s UTC, but its folder was last changed at %s UTC: its date is "
+                             "the student's claim (nbgrader's late penalty and --before-duedate read it); check it "
+                             "before trusting it", _shown(name), self.inbound_path,
+                             f"{timestamp:%Y-%m-%d %H:%M:%S}", f"{written:%Y-%m-%d %H:%M:%S}")
         return Candidate(name, student, timestamp, uid)
 
     def _inbound_fd(self) -> int:

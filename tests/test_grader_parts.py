@@ -447,7 +447,7 @@ def test_placing_a_submission_puts_the_labs_grading_metadata_back(tmp_path):
         [released.cells[0].metadata["nbgrader"], released.cells[1].metadata["nbgrader"], None, None]
     assert notes == ["cell answer's grading metadata was changed; the lab's was put back",
                      "cell test_answer's grading metadata was changed; the lab's was put back",
-                     "cell 3 claimed grading metadata (grade_id 'bogus') that is no cell of the lab; "
+                     "cell 3 claimed grading metadata (grade_id «bogus») that is no cell of the lab; "
                      "it ran as an ordinary cell",
                      "cell 4 claimed grading metadata (no grade_id) that is no cell of the lab; "
                      "it ran as an ordinary cell"]

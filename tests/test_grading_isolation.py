@@ -228,7 +228,12 @@ def test_a_step_that_fails_for_one_notebook_is_that_student_s_verdict_and_the_cl
     assert said["s_export"] == ("no", "not graded: the grader could not export this student's grades: "
                                       "RuntimeError")
     # What only reports on a grade says it failed, on a verdict that is never a clean one
-    assert said["s_scan"] == ("yes", "graded: 1 of 1 points; the grader could not scan this notebook for "
+    # A scan that could not run vouches for nothing: every test cell's points are withheld pending review
+    # (this stand-in gradebook's score does not see the cell zeroed; the real one does).
+    assert said["s_scan"] == ("yes", "graded: 1 of 1 points; 1 point withheld pending the instructor's review: the "
+                                     "grader could not scan this notebook for tampering: RecursionError; test cells "
+                                     "test_answer score 0 until the instructor empties their score boxes in "
+                                     "formgrader's Manual Grading; the grader could not scan this notebook for "
                                      "tampering: RecursionError; flagged for the instructor to read by hand")
     assert said["s_compare"] == ("yes", "graded: 1 of 1 points; the grader could not compare this notebook's "
                                         "test cells with the lab's: ValueError; flagged for the instructor to "

@@ -104,7 +104,7 @@ def _class() -> dict:
         "floods_the_judge": (_with_cells(FLOOD_THE_JUDGE), FULL, [f"graded: {FULL:g}"]),
         # nbgrader trusts a cell's metadata, and failed on the whole notebook for these two.
         "claims_a_test_cell": (_claims_a_test_cell(), FULL,
-                               [f"graded: {FULL:g}", "(grade_id 'bogus') that is no cell of the lab"]),
+                               [f"graded: {FULL:g}", "(grade_id «bogus») that is no cell of the lab"]),
         "answer_claims_points": (_answer_claims_points(), FULL,
                                  [f"graded: {FULL:g}", "cell momentum_sgd's grading metadata was changed"]),
     }

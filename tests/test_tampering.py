@@ -1,18 +1,21 @@
-"""grader.judge.tampering: each way of reaching for the grading machinery is flagged at its line, and
-correct answers (the solutions, the labs' answers written differently) are never flagged."""
+"""grader.judge.tampering and grader.judge.allowed: each way of reaching for the grading machinery is flagged
+at its line and withholds, what is only outside the allowlist is flagged and costs nothing, and correct
+answers (the solutions, the labs' answers written differently, their honest mistakes) are never flagged."""
 from __future__ import annotations
 
 import importlib
+import re
 
 import pytest
 from nbformat.v4 import new_code_cell
 
 from grader.common.quoting import quoted
 from grader.grading import verdict
-from grader.judge import tampering
-from grader.judge.tampering import flags
+from grader.jail.bwrap import Limits
+from grader.judge import allowed, tampering
+from grader.judge.tampering import flags, scan
 from helpers import REPO, graded_labs
-from helpers.submissions import released, solved
+from helpers.submissions import CHECK_REBOUND, released, solved
 
 LAB = "02_data_parallel"   # it imports torch.distributed as dist and has read-only helper cells
 GRADED_LABS = [lab.name for lab in graded_labs()]   # every lab with graded cells, found in solutions/
@@ -55,7 +58,7 @@ ATTACKS = {
     "read-only helper": ("def all_reduce_against_sum(*args, **kwargs):\n    return None", 1,
                          "redefines all_reduce_against_sum"),
     "vars": ("vars(course.check)['assert_close'] = print", 1, "rebinds course.check[...]"),
-    "string name": ("h = getattr(get_ipython(), 'ast_transformers')", 1, "ast_transformers"),
+    "string name": ("h = getattr(get_ipython(), 'ast_transformers')", 1, "IPython shell"),
 }
 # Indirection: each form a second red team used to switch the checks off unseen (issue 33).
 ATTACKS.update({
@@ -102,7 +105,7 @@ ATTACKS.update({
     "recorder by hand": ("def ring_all_reduce(t):\n    course.recorder.active()._begin(None)", 2,
                          "touches course.recorder"),
     "recorder imported": ("from course.recorder import active", 1, "touches course.recorder"),
-    "recorder by name": ("import sys\nr = sys.modules['course.recorder']", 2, "names course.recorder in a string"),
+    "recorder by name": ("import sys\nr = sys.modules['course.recorder']", 2, "sys.modules"),
     "records made": ("record = course.comm.CommRecord(0, 'send', (1,), 'float32', 4, 2, 1, False, 'p2p', 4)", 1,
                      "around the course's recorder"),
     "private part of dist": ("g = dist._get_default_group()", 1, "around the course's recorder"),
@@ -122,14 +125,99 @@ def test_the_read_only_helpers_of_the_lab_are_protected():
     assert not {"os", "time", "plt"} & protected   # rebinding those breaks only the student's own run
 
 
-@pytest.mark.parametrize("attack", list(ATTACKS))
-def test_each_attack_is_flagged_at_its_line(attack):
-    source, line, words = ATTACKS[attack]
+# Issue 54: what the red team's fourth round used unflagged, each reaching past what the scan read before.
+ATTACKS.update({
+    "frames": ("import sys\n_g = sys._getframe(0).f_globals\n_g['check'].assert_close = print", 2,
+               "reaches a frame ("),
+    "through a frame's globals": ("import sys\n_g = sys._getframe(0).f_globals\n_g['check'].assert_close = print", 3,
+                                  "rebinds globals()[...].assert_close"),
+    "f_globals of a function": ("g = course.launch.__globals__", 1, "__globals__"),
+    "a frame's caller": ("def up(frame):\n    return frame.f_back", 2, "reaches a frame (f_back)"),
+    "__wrapped__": ("def ring_all_reduce(t):\n    dist.all_to_all_single.__wrapped__(t, t)", 2, "__wrapped__"),
+    "inspect.unwrap": ("import inspect\nraw = inspect.unwrap(dist.all_reduce)", 2, "uses inspect.unwrap"),
+    "inspect imported": ("import inspect", 1, "imports inspect, a module no lab uses"),
+    "torch.ops": ("def ring_all_reduce(t):\n    torch.ops.c10d.allreduce_([t])", 2, "torch.ops"),
+    "functional collectives": ("import torch.distributed._functional_collectives as fc", 1,
+                               "imports torch.distributed._functional_collectives"),
+    "functional collectives by attribute": ("y = torch.distributed._functional_collectives.all_reduce", 1,
+                                            "torch.distributed._functional_collectives"),
+    "course.__dict__": ("r = course.__dict__['rec' + 'order']", 1, "__dict__"),
+    "sys.modules by a computed name": ("import sys\nr = sys.modules['course.' + 'rec' + 'order']", 2, "sys.modules"),
+    "sys.modules.get": ("import sys\nc = sys.modules.get('ctyp' + 'es')", 2, "sys.modules"),
+    "object.__getattribute__": ("raw = object.__getattribute__(dist.all_reduce, '_orig' + 'inal')", 1,
+                                "__getattribute__"),
+    "attrgetter by a computed name": ("import operator\nf = operator.attrgetter('all_' + 'reduce')(dist)", 2,
+                                      "operator.attrgetter with a computed name"),
+    "attrgetter of a dunder": ("import operator\nf = operator.attrgetter('__wrapped__')(dist.all_reduce)", 2,
+                               "__wrapped__"),
+    "pickle": ("import pickle\npickle.loads(b'')", 1, "imports pickle"),
+    "marshal": ("from marshal import loads", 1, "imports marshal"),
+    "builtins.exec": ("import builtins\nbuiltins.exec('check.assert' + '_close = print')", 2,
+                      "calls exec on computed text"),
+    "a Tensor subclass's __eq__": ("class Same(torch.Tensor):\n    def __eq__(self, other):\n        return True", 1,
+                                   "subclasses torch.Tensor and redefines __eq__"),
+    "__torch_function__": ("class Spy:\n    @classmethod\n    def __torch_function__(cls, *a, **k):\n        pass", 1,
+                           "__torch_function__"),
+    "getattr by a computed name": ("name = 'all_' + 'reduce'\nf = getattr(dist, name)", 2,
+                                   "reads a computed attribute of torch.distributed"),
+    "getattr of one's own by a computed name": ("f = getattr(model, 'we' + 'ight')", 1,
+                                                "reads an attribute by a computed name"),
+    "setattr by a computed name": ("setattr(model, 'we' + 'ight', None)", 1, "sets an attribute by a computed name"),
+    "globals() read": ("g = globals()", 1, "globals()"),
+    "vars() of a layer": ("state = vars(torch.nn.Linear(2, 2))", 1, "vars()"),
+    "exec taken as a value": ("run = exec", 1, "takes exec as a value"),
+    "a private part of torch": ("torch._C._set_grad_enabled(True)", 1, "torch._C"),
+    "a private part of the course": ("course.check._tolerance = 1", 1, "course.check._tolerance"),
+    "the judge by its variable": ("import os\npath = os.environ['COURSE_REFERENCE_JUDGE']", 2, "the judge"),
+    "a module of one's own": ("import my_helpers", 1, "a module no lab uses, which the scan cannot read"),
+    "a cell too deep to scan": ("x = " + "-" * 50_000 + "1", None, "nested too deeply"),
+})
+
+# Outside the allowlist, but nothing in them can rewrite what the checks read: flagged, never withholding.
+LISTED = {
+    "a subprocess": ("import subprocess\nsubprocess.run(['true'])", 1, "imports subprocess"),
+    "os.system": ("import os\nos.system('true')", 2, "runs another program"),
+    "a socket": ("import socket", 1, "imports socket"),
+    "threads": ("import threading", 1, "imports threading"),
+    "open": ("open('notes.txt', 'w').write('hi')", 1, "the builtin open"),
+    "exec of plain text": ("exec('print(1)')", 1, "calls exec"),
+    "a collective the labs do not use": ("def f(x):\n    dist.all_gather_object([None, None], x)", 2,
+                                         "torch.distributed.all_gather_object"),
+    "sys.version": ("import sys\nprint(sys.version)", 1, "imports sys"),
+    "a dunder the labs do not use": ("n = torch.Tensor.__hash__", 1, "uses __hash__"),
+    "computed hasattr": ("ok = hasattr(dist, 'all_' + 'reduce')", 1, "looks for an attribute by a computed name"),
+}
+
+
+def _cell_flags(source: str):
     nb, index = _with_cell(LAB, source)
-    found = flags(nb, released(LAB))
-    assert len(found) == 1, found
-    assert found[0].startswith(f"cell {index + 1} {quoted(source.splitlines()[0], 40)} line {line} "), found
-    assert words in found[0] and found[0].endswith(": flagged for the instructor"), found
+    return [f for f in scan(nb, released(LAB)) if f.index == index], \
+        f"cell {index + 1} {quoted(source.splitlines()[0], 40)}"
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_each_attack_is_flagged_at_its_line_and_withholds(attack):
+    source, line, words = ATTACKS[attack]
+    found, cell = _cell_flags(source)
+    at = [f for f in found if f.startswith(f"{cell} line {line} " if line else f"{cell} ")]
+    assert len(at) == 1, found
+    assert words in at[0] and at[0].endswith(": flagged for the instructor"), at
+    assert at[0].withholds, f"{attack} is flagged but does not withhold: {at[0]}"
+
+
+@pytest.mark.parametrize("case", list(LISTED))
+def test_what_is_only_outside_the_allowlist_is_flagged_and_costs_nothing(case):
+    source, line, words = LISTED[case]
+    found, cell = _cell_flags(source)
+    at = [f for f in found if f.startswith(f"{cell} line {line} ")]
+    assert len(at) == 1 and words in at[0], found
+    assert not any(f.withholds for f in found), f"{case} withholds: {found}"
+
+
+def test_the_allowlist_never_lists_a_module_twice():
+    assert not allowed.ALLOWED_MODULES & allowed.LISTED_MODULES
+    assert not allowed.ALLOWED_DUNDERS & allowed.REACHING_DUNDERS
+    assert not allowed.ALLOWED_BUILTINS & set(allowed.REACHING_BUILTINS)
 
 
 def test_an_attack_inside_a_solution_cell_names_the_exercise():
@@ -141,6 +229,33 @@ def test_an_attack_inside_a_solution_cell_names_the_exercise():
         f"cell shard line {line} rebinds course.check.assert_close: flagged for the instructor"]
 
 
+def test_the_flags_that_withhold_come_first_so_the_cap_never_hides_one():
+    """Six lines outside the allowlist, then one that reaches a frame: the verdict's lines keep it."""
+    nb, index = _with_cell(LAB, "\n".join(["import socket"] * 8 + ["import sys", "g = sys._getframe(0)"]))
+    found = flags(nb, released(LAB))
+    assert len(found) == tampering.MAX_FLAGS and found[0].withholds and "_getframe" in found[0], found
+    assert found[-1].startswith("… and")
+
+
+def test_the_test_cells_after_a_flagged_cell_are_those_it_withholds():
+    nb = solved(LAB)
+    tests = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    where = {c.metadata.get("nbgrader", {}).get("grade_id"): i for i, c in enumerate(nb.cells)}
+    assert tampering.tests_after(nb, tests, 0) == tests
+    second = where[tests[1]]
+    assert tampering.tests_after(nb, tests, second) == tests[1:]
+    assert tampering.tests_after(nb, tests, second - 1) == tests[1:]   # the answer cell before it
+    assert tampering.tests_after(nb, tests, len(nb.cells)) == []
+    del nb.cells[where[tests[0]]]          # deleted by the student, put back by nbgrader: counted as after
+    assert tampering.tests_after(nb, tests, len(nb.cells)) == [tests[0]]
+
+
+def test_a_long_flat_sum_is_not_nesting():
+    """A 600-term string concatenation is honest code: once flagged "nested too deeply"."""
+    nb, _ = _with_cell(LAB, "banner = " + " + ".join(['"ab"'] * 600) + "\nprint(len(banner))")
+    assert flags(nb, released(LAB)) == []
+
+
 def test_a_syntax_error_is_not_tampering():
     nb, _ = _with_cell(LAB, "check = (\n")
     assert flags(nb, released(LAB)) == []
@@ -149,13 +264,20 @@ def test_a_syntax_error_is_not_tampering():
 def test_the_students_own_names_attributes_and_imports_are_theirs():
     nb, _ = _with_cell(LAB, "import torch\nimport torch.distributed as dist\nfrom course import check\n"
                             "import numpy as np\nmodel = torch.nn.Linear(2, 2)\nmodel.weight.data[0] = 1\n"
-                            "def shard(x):\n    check = 3\n    return x\nexec('print(1)')\n"
+                            "def shard(x):\n    check = 3\n    return x\n"
                             "setattr(model, 'bias', None)\n"
                             # names bound to what the course or torch return, not to the course itself
                             "group = dist.group.WORLD\nrank = dist.get_rank()\nlayer = torch.nn.Linear(2, 2)\n"
-                            "layer.weight = torch.nn.Parameter(torch.zeros(2, 2))\nstate = vars(layer)\n"
+                            "layer.weight = torch.nn.Parameter(torch.zeros(2, 2))\n"
                             "kind = type(layer)\nfor t in (layer.weight, layer.bias):\n    t.grad = None\n"
-                            "results = course.launch\nd = dict(a=1)\nd.update(b=2)\n")
+                            "results = course.launch\nd = dict(a=1)\nd.update(b=2)\n"
+                            # the allowlist's plain tools, and a name of the student's own that shadows a builtin
+                            "import math, itertools, functools, collections, dataclasses, typing, time\n"
+                            "from functools import partial, reduce\nfrom torch.utils.checkpoint import checkpoint\n"
+                            "import torch.nn.functional as F\nclass Box:\n    def __init__(self):\n"
+                            "        self._inner = getattr(dist, 'all_reduce')\n"
+                            "    def __len__(self):\n        return super().__len__()\n"
+                            "def open(x):\n    return x\nopen(1)\ntime.sleep(0)\n")
     assert flags(nb, released(LAB)) == []
 
 
@@ -186,6 +308,41 @@ def test_answers_written_differently_are_not_flagged(lab):
     lab_tests = importlib.import_module(module)
     assert lab_tests.LAB == lab, f"tests/{module}.py tests {lab_tests.LAB}, not {lab}"
     assert flags(solved(lab, answers=lab_tests.DIFFERENT), released(lab)) == []
+    for name, answers in _other_correct_answers(lab, lab_tests).items():
+        assert flags(solved(lab, answers=answers), released(lab)) == [], name
+
+
+def _other_correct_answers(lab: str, lab_tests) -> dict[str, dict[str, str]]:
+    """The fairness module's other correct answers (its `also_correct` dicts: name -> {grade_id: answer}),
+    found by their shape, whatever the module calls them."""
+    exercises = {c.metadata["nbgrader"]["grade_id"] for c in released(lab).cells
+                 if c.metadata.get("nbgrader", {}).get("solution")}
+    found = {}
+    for name, value in vars(lab_tests).items():
+        if name != "DIFFERENT" and isinstance(value, dict) and value and all(
+                isinstance(answers, dict) and answers and set(answers) <= exercises
+                and all(isinstance(a, str) for a in answers.values()) for answers in value.values()):
+            found.update(value)
+    return found
+
+
+# A planted mistake that silences the kernel's checks rebinds `check` (or its assert_close) to do it.
+SILENCED = re.compile(r"^\s*check\s*=|check\.assert_close\s*=", re.M)
+# The red team's ways around the course's recorder that some labs plant as mistakes: outside the allowlist.
+TRICKS = ("_functional_collectives", "all_gather_object", "__wrapped__", "torch.ops", "distributed_c10d")
+
+
+@pytest.mark.parametrize("lab", GRADED_LABS)
+def test_honest_mistakes_are_not_flagged(lab):
+    """A wrong answer is no tampering: only the mistakes planted behind a rebound check are flagged."""
+    lab_tests = importlib.import_module(fairness_module(lab))
+    for name, (edits, _) in lab_tests.MISTAKES.items():
+        found = flags(solved(lab, edits), released(lab))
+        planted = [new for changes in edits.values() for _, new in changes]
+        rebound = any(CHECK_REBOUND in new or SILENCED.search(new) for new in planted)
+        trick = any(word in new for word in TRICKS for new in planted)
+        assert (found == []) != (rebound or trick), (name, found)
+        assert not rebound or found[0].withholds, found
 
 
 @pytest.mark.parametrize("lab", GRADED_LABS)
@@ -205,4 +362,21 @@ def test_a_cell_too_deep_to_scan_is_flagged_and_never_stops_the_run(source):
     """A deeply nested expression once raised RecursionError in the grader itself, ending the class's run."""
     nb, index = _with_cell(LAB, source + "\ncheck.assert_close = print")
     found = flags(nb, released(LAB))
-    assert found and all(line.endswith("flagged for the instructor") for line in found), found
+    assert found and all(line.endswith("flagged for the instructor") and line.withholds for line in found), found
+
+
+def test_a_name_the_student_gave_an_exception_is_quoted():
+    """`raise type("graded_19_of_19", (Exception,), {})()`: identifier-shaped, but the student's words."""
+    said = lambda ename: verdict.explain_error({"ename": ename, "evalue": ""}, Limits(), 10)  # noqa: E731
+    assert said("ValueError") == "raised ValueError"
+    assert said("graded_19_of_19_points") == "raised «graded_19_of_19_points»"
+    assert said("RankError") == "raised «RankError»"   # the course's own name is one a student can give too
+
+
+def test_the_withheld_line_names_the_flag_the_cells_and_how_to_give_the_points_back():
+    line = verdict.withheld_line(7, ["test_b", "test_c"], "cell 3 «import sys» line 2 reaches a frame (f_globals)")
+    assert line.startswith("7 points withheld pending the instructor's review: cell 3 «import sys» line 2 ")
+    assert "test_b, test_c" in line and "Manual Grading" in line
+    lines = verdict.lines(graded=True, score=3, max_score=10, withheld=line, tampered=["x: flagged for the instructor"])
+    assert lines[1] == verdict.fitted(line), lines
+    assert verdict.withheld_line(0, [], "cell 3") is None

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from grader import GraderError
 from grader.common.labs import NotebookError, source_text, validate_notebook
+from grader.common.quoting import quoted
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 SKIPPED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
@@ -261,7 +262,7 @@ def restore_grading_metadata(notebook: dict, released: dict) -> list[str]:
             metadata["nbgrader"] = dict(lab_cells[grade_id])
         else:
             del metadata["nbgrader"]
-            name = f"grade_id {str(grade_id)[:40]!r}" if grade_id else "no grade_id"
+            name = f"grade_id {quoted(grade_id, 40)}" if grade_id else "no grade_id"   # the student's words
             notes.append(f"cell {index + 1} claimed grading metadata ({name}) that is no cell of the lab; "
                          "it ran as an ordinary cell")
     return notes

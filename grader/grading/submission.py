@@ -18,7 +18,8 @@ parser, a renderer or gradebook that fails), is this submission's verdict
 alone, never the run's: what it must not vouch for is not graded (a notebook
 that cannot be read, scores that cannot be read or merged), what it only
 reports on says so in the verdict (a tampering scan that could not run is
-flagged for the instructor). The traceback goes to logs/<student>/<lab>.errors.log.
+flagged for the instructor, and withholds every test cell's points pending
+review: it vouches for nothing). The traceback goes to logs/<student>/<lab>.errors.log.
 """
 from __future__ import annotations
 
@@ -198,11 +199,18 @@ class SubmissionGrader:
                 problem = (problem + "; " if problem else "") + f"{len(leftovers)} processes outlived the jail"
             if not graded:
                 return self._not_graded(submission, problem, started)
+            # Before the points: a line that can rewrite a check withholds the points of the test cells after it.
+            tampered = self._tampering(submission, submitted, lab)
             try:  # the points: what the grade rests on, so no grade without them
                 found = judge.findings() if judge else {}
                 scores = gradebook.cell_scores(private, self.course_id, lab.name, submission.student)
                 unverified = {gid: f.why for gid, f in found.items() if not f.passed and scores.get(gid, 0) > 0}
-                gradebook.zero_cells(private, self.course_id, lab.name, submission.student, list(unverified))
+                first = min((f for f in tampered if getattr(f, "withholds", False)), key=lambda f: f.index,
+                            default=None)
+                withheld = [gid for gid in tampering.tests_after(submitted, list(lab.points), first.index)
+                            if scores.get(gid, 0) > 0 and gid not in unverified] if first else []
+                held = verdict.withheld_line(sum(scores[gid] for gid in withheld), withheld, first and first.said)
+                gradebook.zero_cells(private, self.course_id, lab.name, submission.student, [*unverified, *withheld])
                 judged_failures = {gid: f.detail for gid, f in found.items() if f.detail}
                 score = gradebook.score(private, self.course_id, lab.name, submission.student)
                 written = gradebook.written_score(private, self.course_id, lab.name, submission.student, lab.written)
@@ -210,9 +218,9 @@ class SubmissionGrader:
             except Exception as error:
                 return self._not_graded(submission, self._failed(submission, "score this notebook", error), started)
             lines = verdict.lines(graded=True, score=score, max_score=lab.max_score,
-                                  tampered=self._tampering(submission, submitted, lab) + restored,
+                                  tampered=tampered + restored,
                                   ran=self._ran(submission, autograded, lab, usage),
-                                  unverified=unverified, judged=judged_failures)
+                                  unverified=unverified, judged=judged_failures, withheld=held)
             # The page is written now, the CSV later from the class gradebook (grader.grading.export): there the
             # written answers' line says what formgrader has given by then.
             said = verdict.written_line(written.given, written.pending, written.max_score, written.unanswered)
@@ -246,8 +254,9 @@ class SubmissionGrader:
             shutil.rmtree(jail, ignore_errors=True)
 
     def _tampering(self, submission: collect.Submission, submitted: dict, lab: LabInfo) -> list[str]:
-        """What the student did to the tests, and the lines the scan flags; a scan that could not
-        run is itself flagged: the grade is given, but not vouched for."""
+        """What the student did to the tests, and the lines the scan flags (grader.judge.tampering.Flag, each
+        saying whether it withholds); a scan that could not run is itself flagged, and withholds every
+        test cell's points: what it would have found is unknown."""
         try:
             edited = verdict.tampering(submitted, lab.released, list(lab.points))
         except Exception as error:
@@ -257,7 +266,7 @@ class SubmissionGrader:
             return edited + tampering.flags(submitted, lab.released)
         except Exception as error:  # e.g. RecursionError on an expression nested thousands deep
             why = self._failed(submission, "scan this notebook for tampering", error)
-            return [f"{why}; flagged for the instructor to read by hand", *edited]
+            return [tampering.Flag(why, 0, True, f"{why}; flagged for the instructor to read by hand"), *edited]
 
     def _ran(self, submission: collect.Submission, autograded: Path, lab: LabInfo, usage) -> list[str]:
         """What each cell raised or what cut it short, as verdict.execution says it."""

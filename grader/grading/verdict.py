@@ -6,6 +6,7 @@ the judge's findings, and says each thing once, naming the cell.
 """
 from __future__ import annotations
 
+import builtins
 import html
 import re
 from pathlib import Path
@@ -29,10 +30,15 @@ def _grade_id(cell) -> str | None:
     return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
+#: Exception names shown as they are: Python's own. Any other name is one the student's code could have
+#: made (`type("graded_19_of_19", (Exception,), {})`), so it is quoted like everything else it wrote.
+PYTHON_EXCEPTIONS = frozenset(name for name, value in vars(builtins).items()
+                              if isinstance(value, type) and issubclass(value, BaseException))
+
+
 def _exception_name(ename: str) -> str:
-    """A Python exception's name as it is; anything else a submission made up, quoted."""
-    python = all(part.isidentifier() for part in str(ename).split(".")) and len(ename) < 80
-    return ename if python else quoted(ename, 60)
+    """A Python exception's name as it is; anything else, which a submission could have named, quoted."""
+    return ename if ename in PYTHON_EXCEPTIONS else quoted(ename, 60)
 
 
 def could_not(step: str, error: BaseException) -> str:
@@ -184,17 +190,32 @@ def execution(autograded: dict, tests: list[str], limits: Limits, cell_timeout: 
 
 def lines(*, graded: bool, why_not: str = "", score: float | None = None, max_score: float = 0,
           tampered: list[str] = (), ran: list[str] = (), unverified: dict[str, str] | None = None,
-          judged: dict[str, str] | None = None) -> list[str]:
+          judged: dict[str, str] | None = None, withheld: str | None = None) -> list[str]:
     """The verdict: first line graded or not, then what happened, most important first.
 
-    judged: {grade_id: the judge's comparison that failed}: what the kernel was not told.
+    judged: {grade_id: the judge's comparison that failed}: what the kernel was not told;
+    withheld: withheld_line's words, if the scan withheld points.
     """
     head = f"graded: {score:g} of {max_score:g} points" if graded else f"not graded: {why_not}"
-    out = [head, *tampered]
+    out = [head, *([withheld] if withheld else []), *tampered]
     out += [f"test cell {gid} gets no points: {why}" for gid, why in (unverified or {}).items()]
     out += list(ran)
     out += [f"test cell {gid}, the grader's check: {detail}" for gid, detail in (judged or {}).items()]
     return [fitted(line) for line in _capped(out)]
+
+
+def withheld_line(points: float, cells: list[str], flag: str) -> str | None:
+    """The verdict's line on test cells whose points a flag of the tampering scan withholds (None: none).
+
+    flag: the flag's cell, line and what it found (grader.judge.tampering.Flag.said). The cells score 0 as
+    a manual score in the gradebook; formgrader's Manual Grading shows that 0 in each cell's score box
+    (its autograded score greyed behind it), and emptying the box gives the autograded points back.
+    """
+    if not cells:
+        return None
+    return (f"{points:g} point{'' if points == 1 else 's'} withheld pending the instructor's review: {flag}; "
+            f"test cells {', '.join(cells)} score 0 until the instructor empties their score boxes in formgrader's "
+            "Manual Grading")
 
 
 def fitted(line: str, limit: int = MAX_LINE) -> str:

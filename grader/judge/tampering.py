@@ -1,10 +1,15 @@
 """Code of the student's that reaches for the grading machinery: found with `ast`, flagged for the instructor.
 
-The judge decides the hidden tests' points outside the kernel, so rebinding a
-check inside it should not earn points; but a submission that tries is worth
-an instructor's look, and the attempt may work on something the judge does not
-hold. `flags` scans the student's cells (solution cells, cells the student
-added or changed; the lab's locked cells are put back by nbgrader) for:
+The judge decides the hidden tests' points outside the kernel, but what the
+kernel sends it (which ranks, how many times, the recorder's records) is the
+kernel's to forge. `scan` reads the student's cells (solution cells, cells the
+student added or changed; the lab's locked cells are put back by nbgrader) twice:
+against the allowlist of grader.judge.allowed (what distributed-training code
+needs), and for the ways of rewriting the checks found so far (this module).
+Each `Flag` says whether it withholds: one that can rewrite what a check reads
+withholds the points of every test cell from its cell on, pending the
+instructor's review (grader.grading.submission); one only outside the allowlist
+costs nothing. This module flags, each withholding:
 
 - assignments, deletes, setattr and delattr on what the course, torch, NumPy,
   builtins, ``sys.modules`` or ``get_ipython()`` hold (``course.check.assert_close = ...``);
@@ -26,19 +31,22 @@ added or changed; the lab's locked cells are put back by nbgrader) for:
   own parts (``course.recorder``, ``CommRecord``): the structure checks read its records.
 
 A cell that does not parse is a syntax error, not tampering: it is skipped. A cell
-nested too deeply to scan is flagged as such: the scan never fails a whole run.
+nested too deeply to scan is flagged as such, and withholds: the scan never fails
+a whole run. A long flat chain (600 strings added together) is no nesting: it is
+read in a loop.
 """
 from __future__ import annotations
 
 import ast
 
 from grader.common.labs import source_text
-from grader.common.quoting import quoted
+
+from . import allowed
+from .lab_cells import GUARDED_ROOTS, LabNames, _imports, _python, _students_cells, _where, tests_after  # noqa: F401
 
 MAX_FLAGS = 6
 RECORDER = "touches course.recorder, which records the ranks' messages for the tests"
 AROUND = "reaches torch.distributed around the course's recorder (distributed_c10d or a process group's own methods)"
-GUARDED_ROOTS = {"course", "torch", "dist", "check", "np", "numpy", "builtins", "__builtins__"}  # and aliases
 GUARDED_CALLS = ("sys.modules", "get_ipython()", "globals()")
 HOOKS = {"ast_transformers": "installs an IPython AST transformer",
          "input_transformers_post": "installs an IPython input transformer",
@@ -66,84 +74,50 @@ GROUP_METHODS = {"allreduce", "allgather", "alltoall", "alltoall_base", "allredu
 PYTHON_MAGICS = {"time", "timeit", "prun", "capture"}   # magics whose text is Python that runs
 
 
-def _grade_id(cell) -> str | None:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+class Flag(str):
+    """One verdict line of the scan: where it is (`index`, the cell's position in the submitted notebook;
+    `said`, the cell, line and what), and whether it `withholds` the points of the test cells from there on.
+    A str, so that a verdict's list of lines takes it as it is."""
+    index: int
+    said: str
+    withholds: bool
 
-
-def _python(source: str) -> ast.Module | None:
-    """The cell as the kernel runs it (magics turned into calls), parsed; None if it does not parse."""
-    try:
-        from IPython.core.inputtransformer2 import TransformerManager
-        return ast.parse(TransformerManager().transform_cell(source))
-    except (SyntaxError, ValueError, IndexError):
-        return None
-
-
-def _imports(tree: ast.AST) -> dict[str, str]:
-    """name -> the module or object an import binds it to ('F' -> 'torch.nn.functional')."""
-    bound = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                top = alias.name.split(".")[0]  # `import a.b` binds a
-                bound[alias.asname or top] = alias.name if alias.asname else top
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for alias in node.names:
-                if alias.name != "*":
-                    bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    return bound
-
-
-def _defined(tree: ast.Module) -> set[str]:
-    """The names a cell binds at its top level."""
-    names = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        for target in getattr(node, "targets", [getattr(node, "target", None)]):
-            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target else set()
-    return names
-
-
-class LabNames:
-    """What the released lab's own cells bind: protected from the student's rebinding."""
-
-    def __init__(self, released: dict):
-        self.imports: dict[str, str] = {}
-        self.protected: set[str] = set()
-        self.lines: set[str] = set()       # the lab's own code lines: copying one is no tampering
-        for cell in released.get("cells", []):
-            nbgrader = cell.get("metadata", {}).get("nbgrader", {})
-            if cell.get("cell_type") != "code" or nbgrader.get("solution"):
-                continue
-            source = source_text(cell)
-            self.lines |= {line.strip() for line in source.splitlines() if line.strip()}
-            tree = _python(source)
-            if tree is None:
-                continue
-            self.imports.update(_imports(tree))
-            if nbgrader.get("locked") and not nbgrader.get("grade"):   # a read-only helper cell
-                self.protected |= _defined(tree)
-            for node in tree.body:   # REFERENCE = course.grading.Reference(...) and the like
-                if isinstance(node, ast.Assign) and "grading" in ast.unparse(node.value):
-                    self.protected |= _defined(ast.Module(body=[node], type_ignores=[]))
-        # What the course and the libraries its checks use are bound to; `time` or `os` rebound is no tampering.
-        self.protected |= {name for name, bound in self.imports.items() if bound.split(".")[0] in GUARDED_ROOTS}
+    def __new__(cls, said: str, index: int, withholds: bool, text: str | None = None):
+        flag = super().__new__(cls, text or f"{said}: flagged for the instructor")
+        flag.said, flag.index, flag.withholds = said, index, withholds
+        return flag
 
 
 class _Scanner(ast.NodeVisitor):
-    def __init__(self, lab: LabNames, aliases: dict[str, str]):
-        self.lab, self.aliases = lab, aliases
-        self.found: dict[int, str] = {}    # line -> the first thing found on it
+    def __init__(self, lab: LabNames, aliases: dict[str, str], bound: frozenset[str] = frozenset()):
+        self.lab, self.aliases, self.bound = lab, aliases, bound   # bound: what the notebook binds anywhere
+        self.found: dict[int, tuple[str, bool]] = {}    # line -> (what, withholds): the first that withholds
         self.globals: set[str] = set()
 
-    def flag(self, node: ast.AST, what: str) -> None:
-        self.found.setdefault(node.lineno, what)
+    def flag(self, node: ast.AST, what: str, withholds: bool = True) -> None:
+        _keep(self.found, node.lineno, what, withholds)
+
+    def allowlist(self, tree: ast.AST) -> None:
+        """What in `tree` is outside grader.judge.allowed's allowlist, each at its line."""
+        for line, what, withholds in allowed.outside(tree, self.aliases, self.bound, self.lab.modules):
+            _keep(self.found, line, what, withholds)
+
+    def visit_BinOp(self, node):
+        # `"a" + "b" + ...` is left-deep: its length is no nesting, so its spine is walked in a loop
+        operands = []
+        while isinstance(node, ast.BinOp):
+            operands.append(node.right)
+            node = node.left
+        self.visit(node)
+        for operand in reversed(operands):
+            self.visit(operand)
 
     def dotted(self, node: ast.AST) -> str | None:
         """'course.check.assert_close' for an expression rooted at a name or a guarded call, aliases resolved."""
         if isinstance(node, ast.Name):
             return self.aliases.get(node.id, node.id)
+        if isinstance(node, ast.Attribute) and node.attr in ("f_globals", "f_locals", "__globals__"):
+            return "globals()"   # a frame's or a function's namespace: the kernel's, where the checks are
         if isinstance(node, ast.Attribute):
             base = self.dotted(node.value)
             return base and f"{base}.{node.attr}"
@@ -291,8 +265,8 @@ class _Scanner(ast.NodeVisitor):
         if isinstance(node.value, str):
             word = next((w for w in [*HOOKS, "course.grading", "course.recorder", *sorted(AROUND_THE_RECORDER),
                                      *sorted(m for m in GROUP_METHODS if m.startswith("_"))] if w in node.value), None)
-            if word:
-                self.flag(node, f"names {word} in a string")
+            if word:   # a name in a string reaches nothing by itself: what uses it is flagged apart
+                self.flag(node, f"names {word} in a string", withholds=False)
 
     def visit_Call(self, node):
         func = self.dotted(node.func) or ""
@@ -333,10 +307,11 @@ class _Scanner(ast.NodeVisitor):
         """Code run from a string (exec, eval, %time): scanned too, flagged at this line."""
         tree = _python(text)
         if tree is not None:
-            inner = _Scanner(self.lab, self.aliases)
+            inner = _Scanner(self.lab, self.aliases, self.bound)
             inner.visit(tree)
-            if inner.found:
-                self.flag(node, next(iter(inner.found.values())))
+            inner.allowlist(tree)
+            for what, withholds in sorted(inner.found.values(), key=lambda found: not found[1])[:1]:
+                self.flag(node, what, withholds)
 
     def magic(self, node: ast.Call) -> None:
         """%time and the like run their text as Python: scan it too, flagging this line."""
@@ -347,25 +322,10 @@ class _Scanner(ast.NodeVisitor):
             self.scan_text(node, text or "")
 
 
-def _where(cell: dict, index: int) -> str:
-    gid = _grade_id(cell)
-    if gid:
-        return f"cell {gid}"
-    first = next((line.strip() for line in source_text(cell).splitlines() if line.strip()), "")
-    return f"cell {index + 1} {quoted(first, 40)}"
-
-
-def _students_cells(submitted: dict, released: dict):
-    """(index, cell) of the code cells that are the student's: not locked, not the lab's own unchanged."""
-    locked = {_grade_id(c) for c in released.get("cells", [])
-              if c.get("metadata", {}).get("nbgrader", {}).get("locked")}
-    own = {source_text(c).strip() for c in released.get("cells", []) if c.get("cell_type") == "code"
-           and not c.get("metadata", {}).get("nbgrader", {}).get("solution")}
-    for index, cell in enumerate(submitted.get("cells", [])):
-        if cell.get("cell_type") != "code" or (_grade_id(cell) and _grade_id(cell) in locked):
-            continue
-        if source_text(cell).strip() not in own:
-            yield index, cell
+def _keep(found: dict[int, tuple[str, bool]], line: int, what: str, withholds: bool) -> None:
+    """One finding a line: the first, unless a later one withholds where it did not."""
+    if line not in found or (withholds and not found[line][1]):
+        found[line] = (what, withholds)
 
 
 def _aliases(lab: LabNames, trees: list[ast.Module]) -> dict[str, str]:
@@ -403,10 +363,15 @@ def _aliases(lab: LabNames, trees: list[ast.Module]) -> dict[str, str]:
     return aliases
 
 
-def flags(submitted: dict, released: dict) -> list[str]:
-    """One verdict line per line of the student's code that reaches for the grading machinery.
+TOO_DEEP = "is nested too deeply for the scan to read"
 
-    Never raises for what a submission wrote: a cell nested too deeply to read is flagged as such.
+
+def scan(submitted: dict, released: dict) -> list[Flag]:
+    """Every line of the student's code outside the allowlist or reaching for the grading machinery, in
+    the notebook's order, one `Flag` a line.
+
+    Never raises for what a submission wrote: a cell nested too deeply to read is flagged as such, and
+    withholds (what it does cannot be read).
     """
     lab = LabNames(released)
     cells, out = [], []
@@ -414,24 +379,34 @@ def flags(submitted: dict, released: dict) -> list[str]:
         try:
             cells.append((index, cell, _python(source_text(cell))))
         except (RecursionError, MemoryError):
-            out.append(f"{_where(cell, index)} is nested too deeply for the scan to read: flagged for the instructor")
+            out.append(Flag(f"{_where(cell, index)} {TOO_DEEP}", index, True))
+    trees = [tree for _, _, tree in cells if tree is not None]
     try:
-        aliases = _aliases(lab, [tree for _, _, tree in cells if tree is not None])
+        aliases = _aliases(lab, trees)
+        bound = frozenset(lab.bound | allowed.bound_names(trees))
     except (RecursionError, MemoryError):
-        aliases = dict(lab.imports)
+        aliases, bound = dict(lab.imports), frozenset(lab.bound)
     for index, cell, tree in cells:
         if tree is None:
             continue
-        scanner = _Scanner(lab, aliases)
+        scanner = _Scanner(lab, aliases, bound)
         try:
             scanner.visit(tree)
+            scanner.allowlist(tree)
         except (RecursionError, MemoryError):
-            out.append(f"{_where(cell, index)} is nested too deeply for the scan to read: flagged for the instructor")
+            out.append(Flag(f"{_where(cell, index)} {TOO_DEEP}", index, True))
         lines = source_text(cell).splitlines()
-        for number, what in sorted(scanner.found.items()):
-            text = lines[number - 1].strip() if number <= len(lines) else ""
+        for number, (what, withholds) in sorted(scanner.found.items()):
+            text = lines[number - 1].strip() if 0 < number <= len(lines) else ""
             if text not in lab.lines:
-                out.append(f"{_where(cell, index)} line {number} {what}: flagged for the instructor")
+                out.append(Flag(f"{_where(cell, index)} line {number} {what}", index, withholds))
+    return sorted(out, key=lambda flag: flag.index)
+
+
+def flags(submitted: dict, released: dict) -> list[str]:
+    """`scan`'s flags as verdict lines, at most MAX_FLAGS: those that withhold first, so that the cap never
+    drops the earliest of them."""
+    out = sorted(scan(submitted, released), key=lambda flag: not flag.withholds)
     if len(out) > MAX_FLAGS:
         out = out[: MAX_FLAGS - 1] + [f"… and {len(out) - MAX_FLAGS + 1} more lines flagged for the instructor"]
     return out

@@ -332,3 +332,18 @@ def test_within_a_grading_command_what_anything_creates_is_its_owners_alone(tmp_
     assert stat.S_IMODE((tmp_path / "made.txt").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "made").stat().st_mode) == 0o700
     assert _umask() == before, "the grading command's umask outlived it"
+
+
+def test_the_jails_uid_locks_are_where_no_other_user_can_make_their_folder_first(tmp_path):
+    """Another user who made the lock folder first (in a folder writable by all) would stop every grading
+    run, which refuses a lock folder that is not root's: it lives where only root may create it."""
+    from grader.jail import uids
+    parent = os.stat(uids.LOCK_DIR.parent)
+    assert parent.st_uid == 0 and not parent.st_mode & 0o022, f"{uids.LOCK_DIR.parent} is writable by others"
+    if os.geteuid() != 0:
+        pytest.skip("uids are leased only by a grader running as root")
+    made_by_another = tmp_path / "locks"
+    made_by_another.mkdir(mode=0o755)
+    os.chown(made_by_another, WATCHER_UID, WATCHER_UID)
+    with pytest.raises(PermissionError, match="must be a folder owned by root"):
+        uids.UidLease(made_by_another, first=62500, count=1)

@@ -19,7 +19,9 @@ from pathlib import Path
 
 BASE_UID = 61000   # far from real users' uids
 UID_COUNT = 1000
-LOCK_DIR = Path("/run/lock/course-grader")
+# In /run, which only root may write: in /run/lock (1777) any local user could make this folder first
+# and stop every grading run (it is refused unless root's).
+LOCK_DIR = Path("/run/course-grader")
 
 
 def processes_of(uid: int) -> list[int]:
@@ -124,9 +126,9 @@ def kill_uid(uid: int | None, wait_s: float = 10) -> list[int]:
 
 
 def _lock_dir(folder: Path) -> Path:
-    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(folder)
-    # /run/lock is world-writable: a folder someone else made there could hand us their files.
+    # A folder someone else made (a parent writable by others) could hand us their files.
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
         raise PermissionError(f"{folder} must be a folder owned by root, writable only by root; "
                               "remove it and grade again")

@@ -1,7 +1,8 @@
 """The classroom's parts, quickly (tests/test_hub.py runs the whole of it on a real hub, in a browser).
 
 - the grader keeps nbgrader's receipts beside a feedback page, so that formgrader's Release Feedback
-  returns it through the exchange, and only receipts that look like nbgrader's;
+  returns it through the exchange, and only receipts that look like nbgrader's and that the course's
+  collect vouches for (tests/test_exchange.py holds that collect);
 - the grader's own processes import this grader, also where nothing installed it (an instructor's copy);
 - deploy/hub/classroom.py refuses what would harm the machine before it installs anything, and its
   environment is the course's dependencies with torch as pinned;
@@ -19,49 +20,32 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from nbgrader.auth import Authenticator
-from nbgrader.coursedir import CourseDirectory
 from traitlets.config import Config
 
 from grader.common.nbgrader_cli import GRADER_PARENT, environment
 from grader.grading import collect, exchange, receipts
-from helpers import REPO
+from helpers import REPO, collecting
 
 sys.path.insert(0, str(REPO / "deploy" / "hub"))
 import classroom  # noqa: E402  (deploy/hub/classroom.py: a script, on the path above)
 
-LAB = "08_experts"
+LAB = collecting.LAB
 SECRET = "ab12" * 32  # as nbgrader's submit writes it: secrets.token_hex(64)
 TIMESTAMP = "2026-11-28 21:20:45.025057 UTC"
 
 
-class _OursCollect(exchange.StrictCollect):
-    """The course's collect, each student id naming the user who runs the test (no Unix users needed)."""
-
-    def uid_of(self, student):
-        return os.getuid()
-
-
 def _collected(tmp_path: Path, receipts: dict[str, str]) -> collect.Submission:
     """A submission as formgrader collects it, through the course's collect: <student>/<lab>/<lab>.ipynb and
-    nbgrader's receipts beside it, and the collect's manifest beside that folder."""
-    inbound = tmp_path / "exchange" / "course101" / "inbound"
-    handed_in = inbound / f"ada+{LAB}+{TIMESTAMP}+r4nd0m"
+    nbgrader's receipts beside it, and the collect's manifest beside that folder (ada: the test's own user)."""
+    handed_in = tmp_path / "exchange" / collecting.COURSE / "inbound" / f"ada+{LAB}+{TIMESTAMP}+r4nd0m"
     handed_in.mkdir(parents=True)
     (handed_in / f"{LAB}.ipynb").write_text("{}")
     for name, text in receipts.items():
         (handed_in / name).write_text(text)
-    course = tmp_path / "course"
-    coursedir = CourseDirectory(root=str(course), course_id="course101", assignment_id=LAB,
-                                submitted_directory="collected", db_url=f"sqlite:///{tmp_path / 'gradebook.db'}")
-    path = os.environ.get("PATH", "")
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"  # nbgrader's alembic, for a gradebook
-    try:
-        _OursCollect(coursedir=coursedir, authenticator=Authenticator(), root=str(tmp_path / "exchange")).start()
-    finally:
-        os.environ["PATH"] = path
-    folder = course / "collected" / "ada" / LAB
-    return collect.Submission("ada", LAB, folder / f"{LAB}.ipynb")
+    (tmp_path / "course").mkdir()
+    result, log = collecting.collect(tmp_path / "exchange", tmp_path / "course", {"ada": os.getuid()})
+    assert result["success"] and "Refused" not in log, log
+    return collect.Submission("ada", LAB, tmp_path / "course" / "collected" / "ada" / LAB / f"{LAB}.ipynb")
 
 
 def test_the_receipts_of_a_collected_submission_go_beside_its_feedback_page(tmp_path):

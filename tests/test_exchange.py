@@ -11,38 +11,26 @@ plays the same attacks on a real hub, as real users, in a browser.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import stat
-import sys
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from nbgrader.auth import Authenticator
-from nbgrader.coursedir import CourseDirectory
-from nbgrader.utils import capture_log
 from traitlets.config import Config
 
 from grader.grading import exchange
-from helpers import REPO
+from helpers import REPO, collecting
 
-COURSE, LAB = "course101", "08_experts"
+COURSE, LAB = collecting.COURSE, collecting.LAB
 UIDS = {"ada": 47001, "bo": 47002}  # unused on a test machine: files are chowned to them
 TEACHER_UID = 47000
 SECRET = "ab12" * 32
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the submissions' files are chowned to other uids: "
                                                           "run as root")
-
-
-class MappedCollect(exchange.StrictCollect):
-    """The course's collect, its Unix users looked up in UIDS rather than in the machine's passwd."""
-
-    def uid_of(self, student):
-        return UIDS.get(student)
 
 
 def _stamp(when: datetime) -> str:
@@ -67,10 +55,8 @@ def _chown(folder: Path, uid: int) -> None:
 
 
 @pytest.fixture
-def world(tmp_path, monkeypatch):
+def world(tmp_path):
     """An exchange with an inbound folder writable by all, and a course to collect into."""
-    # nbgrader makes a new gradebook with the `alembic` script, found by name: this Python's
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     return _world(tmp_path)
 
 
@@ -86,18 +72,7 @@ def _world(tmp_path: Path) -> tuple[Path, Path]:
 
 def _collect(tmp_path: Path, course: Path, update: bool = False, **config) -> tuple[dict, str]:
     """One collect as formgrader's Collect runs it: (nbgrader's result, its log)."""
-    coursedir = CourseDirectory(root=str(course), course_id=COURSE, assignment_id=LAB,
-                                submitted_directory="collected", db_url=f"sqlite:///{course / 'gradebook.db'}",
-                                **config)
-    collect = MappedCollect(coursedir=coursedir, authenticator=Authenticator(), root=str(tmp_path / "exchange"))
-    collect.update = update
-    level = collect.log.level
-    collect.log.setLevel(logging.INFO)  # formgrader's level: nbgrader's info lines too
-    try:
-        result = capture_log(collect)
-    finally:
-        collect.log.setLevel(level)
-    return result, result.get("log", "")
+    return collecting.collect(tmp_path / "exchange", course, UIDS, update, **config)
 
 
 def _collected(course: Path, student: str) -> Path:
@@ -261,9 +236,7 @@ def _collect_as_the_instructor(tmp_path: Path) -> None:
         folder = _submit(inbound, student, student, NOW - timedelta(minutes=5), notebook=f'{{"{student}": 1}}')
         for path in [folder, *folder.rglob("*")]:
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
-    from nbgrader.api import Gradebook
-
-    Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE).close()  # made by root: its script is root's Python's
+    collecting.blank_gradebook(course / "gradebook.db")
     for path in (inbound, course, course / "gradebook.db"):
         os.chown(path, TEACHER_UID, TEACHER_UID)
     os.chmod(tmp_path, 0o755)

@@ -212,10 +212,9 @@ class StrictCollect(ExchangeCollect):
         self.refusals += 1
         if self.refusals <= LISTED_REFUSALS:
             self.log.error(
-                "Refused %s in %s: %s. Not collected: the student's latest submission that is theirs and "
-                "holds only plain files is collected instead, if any. Ask the student it names to submit "
-                "again if theirs is missing; a folder that is not theirs can be removed from the exchange "
-                "(it is its maker's).", _shown(folder), self.inbound_path, why)
+                "Refused %s: %s. Not collected: the student's latest submission that passes these checks is "
+                "collected instead, if any. Ask the student it names to submit again if theirs is missing, "
+                "and remove a folder that is not theirs from %s.", _shown(folder), why, self.inbound_path)
         elif self.refusals == LISTED_REFUSALS + 1:
             self.log.error("More submissions refused in %s; not listed one by one", self.inbound_path)
 

@@ -9,6 +9,8 @@ the skip mark of tests that start the grader's jail; and one module per helper:
 - lab_server: a JupyterLab server started with the command a Makefile target runs.
 - jails: the grader's jail made in a test's folder (`jail_in`), code run inside it (`run_in_jail`).
 - browser: headless Chromium driving JupyterLab (`chromium`, `Notebook`).
+- collecting: the course's collect (grader/grading/exchange.py) run as formgrader runs it, in a
+  test's folder, its students' uids a mapping of the test's.
 - kernel_session: a script, not a module: one Jupyter kernel through the launcher's
   notebook scenarios, in a process of its own (tests/test_launch_contexts.py).
 

@@ -205,6 +205,27 @@ KEPT_GRAPH = [(
     "        torch.autograd.backward(ctx.kept_output, grad)\n        return None, ctx.kept_input.grad\n"
     "        (x,) = ctx.saved_tensors\n")]
 
+# What a student may put before an answer to switch the kernel's own checks of structure off.
+SILENCED = """\
+import course.check as _course_check
+_silent = staticmethod(lambda *args, **kwargs: None)
+check = type("NoCheck", (), {"MESSAGES": _course_check.MESSAGES, "assert_close": _silent,
+                             "messages_only": _silent, "ring_neighbours_only": _silent})()
+sends_blocks_only = lambda *args, **kwargs: None
+
+"""
+GATHERED_FORWARD = """\
+    blocks = [None] * world_size
+    dist.all_gather_object(blocks, (k.cpu(), v.cpu()))
+    keys, values = (torch.cat([block[i] for block in blocks], dim=2).to(q.device) for i in (0, 1))
+    scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        everywhere = torch.cat([torch.as_tensor(p) for p in positions]).to(q.device)
+        scores = scores.masked_fill(context.causal_mask(positions[rank].to(q.device), everywhere), float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    return torch.exp(scores - lse[..., None]) @ values, lse
+"""
+
 MISTAKES = {
     "each saved tensor counted, not each storage": (
         {"saved_bytes": [("kept[storage.data_ptr()] = storage.nbytes()",
@@ -276,6 +297,14 @@ MISTAKES = {
                      "    return [torch.cat([chunks[r], chunks[2 * ranks - 1 - r]]) for r in range(ranks)]",
                      "return list(torch.arange(sequence).tensor_split(ranks))")]},
         "test_zigzag"),
+    # The red team's ring (18 of 18 before every path to the wire was recorded): K and V gathered by one
+    # library collective, attention over the whole sequence, and the kernel's structure checks switched off,
+    # so that only the judged record of the collectives called and the receivers can catch it.
+    "ring attention's forward as one all_gather_object, the kernel's checks silenced": (
+        {"ring_forward": [("def ring_attention_forward(", SILENCED + "def ring_attention_forward("),
+                          ("    rank, world_size = dist.get_rank(), dist.get_world_size()\n",
+                           "    rank, world_size = dist.get_rank(), dist.get_world_size()\n" + GATHERED_FORWARD)]},
+        "test_ring_forward"),
 }
 
 # The nbgrader round trip (its last test): the full notebook, as an instructor grades it, of the student

@@ -149,6 +149,30 @@ def average_gradients(dense, expert, ep):
 ''',
 }
 
+# What a student may put before an answer to switch the kernel's own checks of structure off.
+SILENCED = """\
+import course.check as _course_check
+_silent = staticmethod(lambda *args, **kwargs: None)
+check = type("NoCheck", (), {"MESSAGES": _course_check.MESSAGES, "assert_close": _silent,
+                             "messages_only": _silent, "ring_neighbours_only": _silent})()
+
+"""
+GATHERED_EXCHANGE = """\
+    counts = [int(c) for c in counts]
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, ([block.cpu() for block in rows.split(counts)], counts))
+    return (torch.cat([blocks[rank] for blocks, _ in everyone]).to(rows.device),
+            [sent[rank] for _, sent in everyone])
+"""
+FUNCTIONAL_EXCHANGE = """\
+    import torch.distributed._functional_collectives as functional
+    counts = [int(c) for c in counts]
+    heard = functional.all_to_all_single(torch.tensor(counts), None, None, dist.group.WORLD)
+    received_counts = functional.wait_tensor(heard).tolist()
+    received = functional.all_to_all_single(rows.contiguous(), received_counts, counts, dist.group.WORLD)
+    return functional.wait_tensor(received), received_counts
+"""
+
 MISTAKES = {
     "the kept probabilities not renormalised": (
         {"route": [("return weights / weights.sum(dim=-1, keepdim=True), chosen", "return weights, chosen")]},
@@ -213,6 +237,18 @@ MISTAKES = {
                    "[dist.new_group(list(range(d * ep, (d + 1) * ep))) for d in range(world_size // ep)]"),
                   ("same_experts[rank % ep]", "same_experts[rank // ep]")]},
         "test_grid"),
+    # The red team's exchanges (24 of 24 before every path to the wire was recorded): one library collective
+    # in place of the messages, once with the kernel's checks switched off (only the judged record of the
+    # collectives called catches it), once through the functional collectives, which skip torch.distributed.
+    "the all-to-all as one all_gather_object, the kernel's checks silenced": (
+        {"all_to_all": [("def all_to_all(", SILENCED + "def all_to_all("),
+                        ("    rank, world_size = dist.get_rank(), dist.get_world_size()\n",
+                         "    rank, world_size = dist.get_rank(), dist.get_world_size()\n" + GATHERED_EXCHANGE)]},
+        "test_all_to_all"),
+    "the all-to-all as the functional collectives' all_to_all_single": (
+        {"all_to_all": [("    rank, world_size = dist.get_rank(), dist.get_world_size()\n",
+                         "    rank, world_size = dist.get_rank(), dist.get_world_size()\n" + FUNCTIONAL_EXCHANGE)]},
+        "test_all_to_all"),
 }
 
 # The nbgrader round trip (its last test): the full notebook, as an instructor grades it, of the student who

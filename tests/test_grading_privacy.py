@@ -347,3 +347,38 @@ def test_the_jails_uid_locks_are_where_no_other_user_can_make_their_folder_first
     os.chown(made_by_another, WATCHER_UID, WATCHER_UID)
     with pytest.raises(PermissionError, match="must be a folder owned by root"):
         uids.UidLease(made_by_another, first=62500, count=1)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another account's file is played by root (chown, fork and setuid)")
+def test_a_file_of_another_account_left_open_in_the_work_folder_stops_the_run_saying_what_to_do():
+    """A grader not root cannot close what it does not own: it says so, naming the file, rather than
+    grade into a folder it cannot keep private."""
+    work = Path(tempfile.mkdtemp(prefix="course-privacy-"))
+    try:
+        os.chown(work, WATCHER_UID, WATCHER_UID)
+        os.chmod(work, 0o755)
+        (work / "grades.csv").write_text("root's")
+        os.chmod(work / "grades.csv", 0o644)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the grading account, not root
+            said = "no error"
+            try:
+                os.close(read)
+                os.setgroups([])
+                os.setgid(WATCHER_UID)
+                os.setuid(WATCHER_UID)
+                Workspace(work).make_private(lambda *_: None)
+            except Exception as error:  # noqa: BLE001 -- reported to the test whatever it is
+                said = f"{type(error).__name__}: {error}"
+            finally:
+                os.write(write, said.encode())
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as answer:
+            said = answer.read().decode()
+        os.waitpid(pid, 0)
+        assert said.startswith(f"GraderError: {work / 'grades.csv'} is open to other users and belongs to uid 0"), said
+        assert "chown" in said
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

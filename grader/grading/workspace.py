@@ -73,23 +73,28 @@ def tighten(folder: Path, skip: tuple[str, ...] = ()) -> int:
     """Take every permission of group and others from folder and from each folder and file below it
     (never through a link: links are left alone), but the entries of folder named in skip; how many
     it changed."""
-    changed = _tighten_at(None, str(folder))
-    for seen, (_, dirs, files, at) in enumerate(os.fwalk(folder, follow_symlinks=False)):
+    changed = _tighten_at(None, str(folder), str(folder))
+    for seen, (top, dirs, files, at) in enumerate(os.fwalk(folder, follow_symlinks=False)):
         if seen == 0:  # folder itself comes first
             dirs[:] = [d for d in dirs if d not in skip]
             files = [f for f in files if f not in skip]
-        changed += sum(_tighten_at(at, name) for name in [*dirs, *files])
+        changed += sum(_tighten_at(at, name, os.path.join(top, name)) for name in [*dirs, *files])
     return changed
 
 
-def _tighten_at(folder_fd: int | None, name: str) -> int:
+def _tighten_at(folder_fd: int | None, name: str, shown: str) -> int:
     # An O_PATH descriptor of the entry itself (not what a link there names), changed through /proc.
     fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
     try:
         info = os.fstat(fd)
         if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)) or not info.st_mode & 0o077:
             return 0
-        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(info.st_mode) & 0o700)
+        try:
+            os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(info.st_mode) & 0o700)
+        except PermissionError:
+            raise GraderError(f"{shown} is open to other users and belongs to uid {info.st_uid}, not to this "
+                              "account, which cannot close it: remove it, or make it this account's (chown), and "
+                              "run again") from None
         return 1
     finally:
         os.close(fd)

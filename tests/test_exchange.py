@@ -95,7 +95,9 @@ def test_a_folder_in_another_student_s_name_is_refused_and_the_real_one_collecte
     for folder in (forged, forged_later):  # each named, with whom it claims and who made it, and what to do
         line = next(line for line in log.splitlines() if line.startswith(f"[ERROR] Refused {folder.name!r}"))
         assert "it claims to be ada's, but its owner is uid 47002" in line
-        assert "Ask the student it names to submit again" in line
+        assert line.endswith("ask ada to submit again if theirs is missing.")
+    assert f"[ERROR] 2 submissions refused (above): a folder that is not its student's own Submit can be removed " \
+           f"from {inbound}" in log
     manifest = json.loads(exchange.manifest_path(course / "collected" / "ada", LAB).read_text())
     assert manifest["owner_uid"] == UIDS["ada"] and manifest["student"] == "ada" and manifest["lab"] == LAB
     assert manifest["inbound"].endswith("+r4nd0m")

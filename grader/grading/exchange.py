@@ -18,6 +18,7 @@ formgrader's Collect dialog shows, any inbound folder:
   more than one hard link, or a file or folder of another owner;
 - past nbgrader's max_dir_size (kB, whole submission), or MAX_ENTRIES entries, or MAX_DEPTH deep.
 
+nbgrader's check_owner is not consulted: the owner is always checked, and a mismatch always refused.
 Each student's latest accepted submission is collected; a refused one never hides it. The copy opens
 each folder with O_DIRECTORY | O_NOFOLLOW relative to its parent's descriptor (from the inbound
 folder's), each file with O_NOFOLLOW, checks what it opened with fstat and copies from that
@@ -211,10 +212,10 @@ class StrictCollect(ExchangeCollect):
     def refuse(self, folder: str, why: Exception) -> None:
         self.refusals += 1
         if self.refusals <= LISTED_REFUSALS:
-            self.log.error(
-                "Refused %s: %s. Not collected: the student's latest submission that passes these checks is "
-                "collected instead, if any. Ask the student it names to submit again if theirs is missing, "
-                "and remove a folder that is not theirs from %s.", _shown(folder), why, self.inbound_path)
+            claimed = folder.split("+")[0]
+            self.log.error("Refused %s: %s. Not collected (their latest submission that passes is, if any): ask %s "
+                           "to submit again if theirs is missing.", _shown(folder), why,
+                           claimed if STUDENT_RE.fullmatch(claimed) else "the student it names")
         elif self.refusals == LISTED_REFUSALS + 1:
             self.log.error("More submissions refused in %s; not listed one by one", self.inbound_path)
 
@@ -223,6 +224,10 @@ class StrictCollect(ExchangeCollect):
     def copy_files(self):
         try:
             self._copy_all()
+            if self.refusals:
+                self.log.error("%d submissions refused (above): a folder that is not its student's own Submit can "
+                               "be removed from %s once you know who made it (its owner).", self.refusals,
+                               self.inbound_path)
         finally:
             if getattr(self, "inbound_fd", None) is not None:
                 os.close(self.inbound_fd)

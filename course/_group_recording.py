@@ -177,14 +177,19 @@ def _collective_ops() -> list[tuple]:
     """(packet or overload, namespace, name, schema) of every op in OP_NAMESPACES: found once a
     process, again only where ops were registered since."""
     global _FOUND
-    every = torch._C._dispatch_get_all_op_names()
+    listed = getattr(torch._C, "_dispatch_get_all_op_names", None)
+    every = listed() if listed else [f"{namespace}::{name}{tail}" for namespace in OP_NAMESPACES
+                                     for name in (*COURSE_OP, "wait_tensor") for tail in ("", "_")]
     if len(every) == _FOUND[0]:
         return _FOUND[1]
     found = []
     for qualified in sorted(every):
         namespace, _, name = qualified.partition("::")
         if namespace in OP_NAMESPACES:
-            packet = getattr(getattr(torch.ops, namespace), name)
+            try:
+                packet = getattr(getattr(torch.ops, namespace), name)
+            except (AttributeError, RuntimeError):  # a name this torch does not have
+                continue
             overloads = [getattr(packet, o) for o in packet.overloads()]
             found += [(op, namespace, name, getattr(op, "_schema", None) or overloads[0]._schema)
                       for op in (packet, *overloads)]

@@ -286,3 +286,15 @@ def test_the_group_and_op_patches_last_only_while_a_rank_runs():
     assert (ProcessGroup.allreduce, ProcessGroup.send, Backend.allreduce) == methods
     assert (torch.ops.c10d.allreduce_._op, torch.ops.c10d.allreduce_.default._op,
             torch.ops._c10d_functional.all_reduce._op) == ops
+
+
+def test_a_torch_without_the_dispatchers_list_still_has_its_c10d_ops_found(monkeypatch):
+    """Older torch may lack `_dispatch_get_all_op_names`: the ops are then looked up by the names the course
+    knows, and every collective of the current list is among them."""
+    from course import _group_recording
+    listed = {(namespace, name) for _, namespace, name, _ in _group_recording._collective_ops()}
+    monkeypatch.delattr(torch._C, "_dispatch_get_all_op_names")
+    monkeypatch.setattr(_group_recording, "_FOUND", (0, []))
+    by_name = {(namespace, name) for _, namespace, name, _ in _group_recording._collective_ops()}
+    sends = {(namespace, name) for namespace, name in listed if _group_recording.COURSE_OP.get(name.rstrip("_"))}
+    assert sends and sends <= by_name, sorted(sends - by_name)

@@ -231,10 +231,10 @@ def test_a_step_that_fails_for_one_notebook_is_that_student_s_verdict_and_the_cl
     # A scan that could not run vouches for nothing: every test cell's points are withheld pending review
     # (this stand-in gradebook's score does not see the cell zeroed; the real one does).
     assert said["s_scan"] == ("yes", "graded: 1 of 1 points; 1 point withheld pending the instructor's review: the "
-                                     "grader could not scan this notebook for tampering: RecursionError; test cells "
-                                     "test_answer score 0 until the instructor empties their score boxes in "
-                                     "formgrader's Manual Grading; the grader could not scan this notebook for "
-                                     "tampering: RecursionError; flagged for the instructor to read by hand")
+                                     "grader could not scan this notebook for tampering: RecursionError; to give them "
+                                     "back, empty their score boxes in formgrader's Manual Grading; test cell "
+                                     "test_answer; the grader could not scan this notebook for tampering: "
+                                     "RecursionError; flagged for the instructor to read by hand")
     assert said["s_compare"] == ("yes", "graded: 1 of 1 points; the grader could not compare this notebook's "
                                         "test cells with the lab's: ValueError; flagged for the instructor to "
                                         "compare by hand")

@@ -232,9 +232,11 @@ MISTAKES = {
 }
 
 
-# The nbgrader round trip (its last test): the full notebooks, as an instructor grades them, one student
-# who answers differently and one per mistake named here: the one only the judge catches (the forked
-# runs hold every plain mistake).
+# The nbgrader round trip (its last test): the full notebook, as an instructor grades it, of one student
+# who answers differently (the forked runs hold every mistake). The mistake behind a check rebound is no
+# round-trip student: the grader's scan withholds every test cell after a rebound check pending review, so
+# it would cost more than its exercise there; the judge's catch of a stub behind silenced checks, through
+# the grader, is test_hostile_judge.py's (lab 1's stub_with_checks_rebound, lab 2's forges_lab2).
 (test_every_exercise_is_graded, test_correct_answers_get_every_point,
  test_each_mistake_costs_exactly_its_exercise, test_grading_round_trip) = fairness_tests(
-    LAB, DIFFERENT, MISTAKES, round_trip=("a sum where the mean belongs, behind a check rebound to a no-op",))
+    LAB, DIFFERENT, MISTAKES, round_trip=())

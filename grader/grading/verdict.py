@@ -214,8 +214,8 @@ def withheld_line(points: float, cells: list[str], flag: str) -> str | None:
     if not cells:
         return None
     return (f"{points:g} point{'' if points == 1 else 's'} withheld pending the instructor's review: {flag}; "
-            f"test cells {', '.join(cells)} score 0 until the instructor empties their score boxes in formgrader's "
-            "Manual Grading")
+            "to give them back, empty their score boxes in formgrader's Manual Grading; "
+            f"test cell{'' if len(cells) == 1 else 's'} {', '.join(cells)}")
 
 
 def fitted(line: str, limit: int = MAX_LINE) -> str:

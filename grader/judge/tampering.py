@@ -22,13 +22,16 @@ costs nothing. This module flags, each withholding:
   constant text passed to them is scanned as code;
 - indirection: a name bound to any of the above (``_c = check``, ``R = REFERENCE``,
   ``t = type(REFERENCE)``, ``m = sys.modules["course"]``, ``s = setattr``, ``e = exec``)
-  is followed, in every cell; ``type()``, ``vars()``, ``importlib.import_module("...")``
+  is followed, in every cell; a frame's ``f_globals`` or a function's ``__globals__`` is
+  ``globals()``; ``type()``, ``vars()``, ``importlib.import_module("...")``
   and ``__import__("...")`` resolve to what they name; ``__dict__`` changed through its
   methods, ``__setattr__`` called on a guarded object, a function's ``__code__`` (or
   ``__globals__``, ``__defaults__``...) replaced, and ``gc``'s object walks;
 - torch.distributed reached around the course's recorder (``distributed_c10d``, a
   process group's own methods, private parts of torch.distributed), and the recorder's
   own parts (``course.recorder``, ``CommRecord``): the structure checks read its records.
+
+A string that only names one of these is listed, not withholding: what uses it is flagged apart.
 
 A cell that does not parse is a syntax error, not tampering: it is skipped. A cell
 nested too deeply to scan is flagged as such, and withholds: the scan never fails

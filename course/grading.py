@@ -53,11 +53,11 @@ from pathlib import Path
 
 import torch
 
-from course import check
+from course import _wire_records, check
 
 RECORD_ENV = "COURSE_REFERENCE_RECORD"   # folder to record reference values into
 DIR_ENV = "COURSE_REFERENCE_DIR"         # folder to read them from (default: grader/reference)
-JUDGE_ENV = "COURSE_REFERENCE_JUDGE"     # while grading: the judge's socket (grader.judge.server)
+JUDGE_ENV = _wire_records.JUDGE_ENV       # while grading: the judge's socket (grader.judge.server)
 SEED_ENV = "COURSE_REFERENCE_SEED"       # while recording: the seed REFERENCE.seed() returns
 STORED_SEED = 0                          # the seed of the values stored in grader/reference
 #: The least (rtol, atol) a floating-point value is held to against a stored one: float32's (module docstring).

@@ -42,7 +42,7 @@ from grader.feedback.worker import FeedbackWorker
 from grader.jail import bwrap
 from grader.jail.host import Jail
 from grader.jail.kernel import SPEC_ENV
-from grader.judge import tampering
+from grader.judge import tampering, wire
 from grader.judge.client import Judge
 from grader.judge.judged_execute import CELL_FILE_ENV
 from grader.judge.spawner import JudgeSpawner
@@ -176,6 +176,7 @@ class SubmissionGrader:
                 if judge:
                     env[grading.JUDGE_ENV] = str(judge.socket_path)
                     env[CELL_FILE_ENV] = str(judge.cell_file)
+                    env[wire.WIRE_FILE_ENV] = str(jail / wire.WIRE_FILE)
                 code = self.autograde[slot].run([*selector, *self.ws.flags(private), *limits], env,
                                                 jail / "autograde.log", self.limits.wall_s)
             leftovers = box.stop() if box else []
@@ -202,7 +203,7 @@ class SubmissionGrader:
             # Before the points: a line that can rewrite a check withholds the points of the test cells after it.
             tampered = self._tampering(submission, submitted, lab)
             try:  # the points: what the grade rests on, so no grade without them
-                found = judge.findings() if judge else {}
+                found, wire_flags = wire.judged(judge, jail) if judge else ({}, [])   # the judge's, and the wire's
                 scores = gradebook.cell_scores(private, self.course_id, lab.name, submission.student)
                 unverified = {gid: f.why for gid, f in found.items() if not f.passed and scores.get(gid, 0) > 0}
                 first = min((f for f in tampered if getattr(f, "withholds", False)), key=lambda f: f.index,
@@ -218,7 +219,7 @@ class SubmissionGrader:
             except Exception as error:
                 return self._not_graded(submission, self._failed(submission, "score this notebook", error), started)
             lines = verdict.lines(graded=True, score=score, max_score=lab.max_score,
-                                  tampered=tampered + restored,
+                                  tampered=tampered + restored + wire_flags,
                                   ran=self._ran(submission, autograded, lab, usage),
                                   unverified=unverified, judged=judged_failures, withheld=held)
             # The page is written now, the CSV later from the class gradebook (grader.grading.export): there the
@@ -283,7 +284,7 @@ class SubmissionGrader:
     def _keep_logs(self, jail: Path, submission: collect.Submission) -> None:
         """nbgrader's log and the tail of the kernel's console, for the instructor: logs/<student>/<lab>.log."""
         try:
-            parts = [(name, _tail(jail / name)) for name in ("autograde.log", "console.log")]
+            parts = [(name, _tail(jail / name)) for name in ("autograde.log", "console.log", wire.REPORT_FILE)]
             text = "".join(f"===== {name}\n{body}\n" for name, body in parts if body)
             if text:
                 target = self.ws.root / "logs" / submission.student / f"{submission.lab}.log"

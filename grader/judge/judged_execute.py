@@ -5,7 +5,8 @@ for the keys that cell checks. This preprocessor, outside the jail, is the one
 that knows which cell the kernel is executing: before each cell it writes the
 cell's grade_id (after nbgrader has put the lab's own test cells back) into
 the judge's cell file, and clears it after. The file lies in the grader's
-folder of the jail, which the kernel never sees.
+folder of the jail, which the kernel never sees. In the jail, it also reads
+what the jail's processes wrote to each other while each cell ran (`MeasuresWire`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from nbgrader.preprocessors import Execute
 
 from grader.jail.kernel import SandboxedExecute
 
+from . import wire
 from .client import announce
 
 CELL_FILE_ENV = "GRADER_JUDGE_CELL_FILE"
@@ -36,9 +38,53 @@ class AnnouncesCells:
                 announce(cell_file, None)
 
 
+class MeasuresWire:
+    """Mixin for the jailed Execute: what the jail's processes wrote to each other over TCP while
+    each code cell ran, read from outside the jail (grader.judge.wire), one line a cell in the
+    grader's wire file. The jail's counters are opened at the first code cell, before any of the
+    notebook's code runs, through the kernel's launcher."""
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._net: wire.JailNet | None = None
+        self._net_tried = False
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            if self._net is not None:
+                self._net.close()
+
+    def _jail_net(self) -> wire.JailNet | None:
+        if not self._net_tried:
+            self._net_tried = True
+            process = getattr(getattr(self.km, "provisioner", None), "process", None)
+            try:
+                self._net = wire.JailNet(process.pid)
+            except (ValueError, AttributeError, OSError) as error:  # the check is skipped, and the log says so
+                print(f"[grader] the jail's network counters could not be read ({error}): "
+                      "no cell's traffic is checked against its records", flush=True)
+                return None
+            why_not = self._net.without_loss_probes()
+            if why_not:
+                print(f"[grader] TCP's loss probes stay on in the jail ({why_not}): segments they send "
+                      "again count in the allowance", flush=True)
+        return self._net
+
+    def preprocess_cell(self, cell, resources, index):
+        path = os.environ.get(wire.WIRE_FILE_ENV)
+        net = self._jail_net() if path and cell.cell_type == "code" else None
+        before = net.read() if net else None
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        finally:
+            if net:
+                meta = cell.metadata.get("nbgrader", {})
+                graded = meta.get("grade_id") if meta.get("grade") else None
+                wire.write_cell(path, index, graded, net.read() - before)
+
+
 class JudgedExecute(AnnouncesCells, Execute):
-    """nbgrader's own Execute (grading without a sandbox, --unsafe)."""
+    """nbgrader's own Execute (grading without a sandbox, --unsafe: no jail, no wire to read)."""
 
 
-class JudgedSandboxedExecute(AnnouncesCells, SandboxedExecute):
-    """The jailed Execute (grader.jail.kernel)."""
+class JudgedSandboxedExecute(AnnouncesCells, MeasuresWire, SandboxedExecute):
+    """The jailed Execute (grader.jail.kernel), each cell's wire measured."""

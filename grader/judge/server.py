@@ -40,7 +40,7 @@ checks that follow never reached the grader and earn nothing.
 Protocol, one request per connection: a JSON line {"op": "check", "lab", "key",
 "value" (course.grading.encode), "name", "rank"} answered {"ok": true|false}, or
 {"op": "seed", "lab"} answered {"seed": n}, or, in any cell, a launch's records
-{"op": "records", "bytes", "records", "slots", "ranks"} (course._wire_records) logged and
+{"op": "records", "bytes", "largest", "records", "ranks"} (course._wire_records) logged and
 answered {"ok": true}; a refusal is {"refused": why}.
 """
 from __future__ import annotations

@@ -1,0 +1,299 @@
+"""What the jail's processes wrote to each other, read from outside, against what their records say.
+
+The ranks a notebook launches talk gloo over TCP on the jail's own loopback (bwrap
+--unshare-net); the kernel's sockets and the judge's are unix sockets. So the jail's
+network namespace's counters (its `lo` device in /proc/<pid>/net/dev, TCP's segments and
+connections in /proc/<pid>/net/snmp and netstat) count exactly the TCP traffic between the
+jail's processes.
+`JailNet` opens them once, from the autograde worker, through a process of the jail
+found before any of the notebook's code ran, and keeps the files open: a file of
+/proc/<pid>/net holds its namespace, so it reads the same counters after every
+process of the jail has exited, and a pid used again later changes nothing.
+
+grader.judge.judged_execute reads them before and after each cell (`write_cell`: a JSON line
+a cell in WIRE_FILE, in the grader's folder of the jail). After each launch, course._wire_records tells the judge
+what the launch's records account for (the bytes each record predicts by its formula),
+and the judge logs it with the running cell. `findings` compares the two for each graded
+test cell: the wire's payload (the lo bytes less the IP and TCP headers of every
+segment) beyond the records' bytes plus `allowance` loses the cell its points.
+
+The allowance is what honest ranks write that no record predicts, measured on this machine
+(torch 2.x, gloo, a process a rank, lo's MTU 65536) over every launch of the labs' solutions
+(labs 2 to 8, each run at COURSE_RANKS 2, 3 and 4: 1 to 6 ranks a launch, every collective
+and message the labs use) and course.comm.every_collective on 2, 3 and 4 ranks:
+- gloo's header on each message, 48 bytes: at most 47.96 bytes measured a segment of data
+  first sent (TCPOrigDataSent, counted outside), PER_MESSAGE allowed for each such segment and
+  each record (a record's message may share a segment with another);
+- gloo's handshake of each connection (ActiveOpens, counted outside): 24 to 38 bytes
+  measured, PER_CONNECTION allowed;
+- each segment TCP sends again: on a loopback these are tail loss probes, spurious (the
+  receiver held its socket's lock, descheduled), up to 64 kB each and up to 22 in one launch.
+  `JailNet.without_loss_probes` turns them off in the jail's namespace (none in 60 launches
+  measured so); where one is sent all the same, it is allowed 2 x the largest record's bytes
+  + 4 kB, at most 64 kB (what every resent segment measured fitted);
+- in proportion to the records' bytes (a formula a little under what gloo sends on large
+  tensors): at most 0.03 % measured, SHARE allowed.
+
+What the records say is the kernel's word: a kernel that forges them (course.launch's
+message, or the recorder's records) with as many bytes as it sent passes this check.
+It catches work done outside recorded calls where the records claim what a recorded
+algorithm would have sent (a ring's messages, forged, around one all_gather_object),
+and traffic with no records at all (a socket of the student's own), once the difference
+passes the allowance. What travels outside TCP (a unix socket, a pipe, shared memory, a
+file) is not seen.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .client import Finding
+
+WIRE_FILE_ENV = "GRADER_WIRE_FILE"   # where judged_execute writes each cell's counters (the grader's folder)
+
+#: Bytes of IP and TCP header on every segment (IPv4 20 + TCP with timestamps 32); IPv6 adds 20.
+HEADER_BYTES, IPV6_EXTRA = 52, 20
+PER_CONNECTION = 64                  # gloo's handshake: 24 to 38 bytes measured a connection
+PER_MESSAGE = 64                     # gloo's header of each message (48 bytes): 47.96 measured a data segment
+SHARE = 0.01                         # the formulas' shortfall on large tensors: 0.03 % measured
+#: A segment sent again (a tail loss probe, spurious on a loopback: the receiver had it) carries at most
+#: an MSS of lo's MTU, and, measured, at most twice the largest record's bytes plus RESENT_SLACK.
+SEGMENT_BYTES, RESENT_OF_LARGEST, RESENT_SLACK = 65536, 2, 4096
+MAX_RECORDED_BYTES = 1 << 50         # a records message claiming more is not a number of bytes
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The jail's TCP traffic so far: lo's bytes, TCP's segments and connections, IPv6 packets."""
+    lo_bytes: int = 0
+    segments: int = 0
+    connections: int = 0
+    ipv6_packets: int = 0
+    retransmitted: int = 0           # segments sent again (tail loss probes: spurious on a loopback)
+    data_segments: int = 0           # segments that carried data first sent (not an ACK alone, not again)
+
+    def __sub__(self, other: Counters) -> Counters:
+        return Counters(*(a - b for a, b in zip(asdict(self).values(), asdict(other).values())))
+
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values())))
+
+    @property
+    def payload(self) -> int:
+        """The bytes the processes wrote into their TCP connections (the headers taken off)."""
+        return self.lo_bytes - HEADER_BYTES * self.segments - IPV6_EXTRA * self.ipv6_packets
+
+
+def _table(text: str, prefix: str) -> dict[str, int]:
+    """/proc/net/snmp's two lines 'Tcp: names...' and 'Tcp: values...' as {name: value}."""
+    rows = [line.split()[1:] for line in text.splitlines() if line.startswith(prefix + ":")]
+    return dict(zip(rows[0], map(int, rows[1]))) if len(rows) >= 2 else {}
+
+
+def parse(dev: str, snmp: str, snmp6: str, netstat: str) -> Counters:
+    """Counters from the texts of a namespace's net/dev, net/snmp, net/snmp6 and net/netstat."""
+    lo = next((line.split(":", 1)[1].split() for line in dev.splitlines() if line.strip().startswith("lo:")), None)
+    if lo is None:
+        raise ValueError("the namespace has no lo device")
+    tcp = _table(snmp, "Tcp")
+    ipv6 = dict(line.split()[:2] for line in snmp6.splitlines() if len(line.split()) >= 2)
+    return Counters(lo_bytes=int(lo[8]), segments=tcp["OutSegs"], connections=tcp["ActiveOpens"],
+                    ipv6_packets=int(ipv6.get("Ip6OutRequests", 0)), retransmitted=tcp["RetransSegs"],
+                    data_segments=_table(netstat, "TcpExt")["TCPOrigDataSent"])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _net_namespace(pid: int | str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+class JailNet:
+    """The counters of the network namespace of a jail whose launcher (bwrap) is `launcher`."""
+
+    def __init__(self, launcher: int):
+        """Open the counters of the first process under `launcher` in a namespace of its own.
+        Call it before the notebook's code runs: the processes are the grader's then.
+        ValueError where none is found (no jail, or a jail without its own network)."""
+        ours = _net_namespace("self")
+        seen, queue = set(), [launcher]
+        while queue:
+            pid = queue.pop(0)
+            if pid in seen:
+                continue
+            seen.add(pid)
+            namespace = _net_namespace(pid)
+            if namespace is not None and namespace != ours:
+                self._files = [open(f"/proc/{pid}/net/{name}", "rb")  # noqa: SIM115 -- held: they hold the namespace
+                               for name in ("dev", "snmp", "snmp6", "netstat")]
+                self._namespace = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+                self.pid = pid
+                return
+            queue.extend(_children(pid))
+        raise ValueError(f"no process under {launcher} has a network namespace of its own")
+
+    def read(self) -> Counters:
+        texts = []
+        for f in self._files:
+            f.seek(0)
+            texts.append(f.read().decode("ascii", "replace"))
+        return parse(*texts)
+
+    def without_loss_probes(self) -> str | None:
+        """Turn TCP's tail loss probes off in the jail's namespace (net.ipv4.tcp_early_retrans = 0): on a
+        loopback they are spurious (a receiver that held its socket's lock while descheduled had the data),
+        and each sends a segment again, up to 64 kB that no record accounts for. Root only; None if done,
+        else why not (the allowance for segments sent again still holds)."""
+        command = ["nsenter", f"--net=/proc/self/fd/{self._namespace}", "--", sys.executable, "-c",
+                   "open('/proc/sys/net/ipv4/tcp_early_retrans', 'w').write('0')"]
+        try:
+            done = subprocess.run(command, pass_fds=(self._namespace,), capture_output=True, text=True,
+                                  timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return str(error)
+        return None if done.returncode == 0 else (done.stderr.strip()[-300:] or f"exit code {done.returncode}")
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+        os.close(self._namespace)
+
+
+# --------------------------------------------------------------------------
+# What the judge logs of a launch's records
+# --------------------------------------------------------------------------
+
+def records_entry(request: dict) -> dict | None:
+    """The judge's log entry for course._wire_records' message (without the cell), or None if
+    it is not one: whole, finite, non-negative numbers only."""
+    numbers = {}
+    for name in ("bytes", "largest", "records", "ranks"):
+        value = request.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not 0 <= value <= MAX_RECORDED_BYTES:
+            return None
+        numbers[name] = value if name in ("bytes", "largest") else int(value)
+    return {"op": "records", **numbers}
+
+
+# --------------------------------------------------------------------------
+# Each cell's wire, and the comparison
+# --------------------------------------------------------------------------
+
+def write_cell(path: Path, index: int, grade_id: str | None, wire: Counters) -> None:
+    """One cell's traffic (counters after less before), appended to the wire file."""
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps({"index": index, "cell": grade_id, **asdict(wire)}) + "\n")
+
+
+def read_cells(path: Path) -> list[dict]:
+    if not Path(path).is_file():
+        return []
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def allowance(recorded_bytes: float, largest: float, records: int, wire: Counters) -> float:
+    """Bytes of payload beyond the records' that honest ranks may write while `wire` was counted
+    (module docstring): gloo's header on each message (a data segment carries at least one of a
+    collective's messages, a record's message may share one), each connection's handshake, each
+    segment sent again, and a share of the records' bytes."""
+    resent = min(SEGMENT_BYTES, RESENT_OF_LARGEST * largest + RESENT_SLACK)
+    return (PER_MESSAGE * (max(wire.data_segments, 0) + records) + PER_CONNECTION * max(wire.connections, 0)
+            + resent * max(wire.retransmitted, 0) + SHARE * recorded_bytes)
+
+
+def megabytes(n: float) -> str:
+    return f"{n / 1e6:.2f} MB" if abs(n) >= 10_000 else f"{n:,.0f} bytes"
+
+
+@dataclass(frozen=True)
+class CellWire:
+    """One cell's traffic and records, compared."""
+    cell: str | None
+    wrote: int            # payload bytes on the jail's loopback while it ran
+    recorded: float       # what its launches' records account for
+    allowed: float        # the allowance beyond them
+
+    @property
+    def excess(self) -> float:
+        return self.wrote - self.recorded - self.allowed
+
+    def why(self) -> str:
+        return (f"its ranks wrote {megabytes(self.wrote)} to each other, of which their records account for "
+                f"{megabytes(self.recorded)} (allowance {megabytes(self.allowed)}): not all of its work went "
+                "through recorded calls")
+
+
+def compare(cells: list[dict], judge_entries: list[dict]) -> list[CellWire]:
+    """Each graded test cell's wire against its records; then the other cells' together (cell None)."""
+    records: dict[str | None, list[dict]] = {}
+    for entry in judge_entries:
+        if entry.get("op") == "records":
+            records.setdefault(entry.get("cell"), []).append(entry)
+    wire: dict[str | None, Counters] = {}
+    for row in cells:
+        counted = Counters(**{name: int(row.get(name, 0)) for name in Counters.__dataclass_fields__})
+        wire[row["cell"]] = wire.get(row["cell"], Counters()) + counted
+    out = []
+    for cell in sorted(wire, key=lambda c: (c is None, c or "")):
+        mine, counted = records.get(cell, []), wire[cell]
+        recorded = sum(e["bytes"] for e in mine)
+        largest = max((e["largest"] for e in mine), default=0.0)
+        records_made = sum(e["records"] for e in mine)
+        out.append(CellWire(cell, counted.payload, recorded, allowance(recorded, largest, records_made, counted)))
+    return out
+
+
+def findings(cells: list[dict], judge_entries: list[dict]) -> tuple[dict[str, Finding], list[str]]:
+    """({grade_id: a failed Finding} for each graded test cell whose ranks wrote more than their records
+    and the allowance, [a flag for the cells outside graded test cells that did so together])."""
+    failed, flags = {}, []
+    for compared in compare(cells, judge_entries):
+        if compared.excess <= 0:
+            continue
+        if compared.cell is None:
+            flags.append(f"outside its graded test cells, {compared.why()} (flagged for the instructor)")
+        else:
+            failed[compared.cell] = Finding(False, compared.why())
+    return failed, flags
+
+
+def with_wire(judged: dict[str, Finding], wire_failed: dict[str, Finding]) -> dict[str, Finding]:
+    """The judge's findings, with each cell the wire check failed failing too (the judge's reason first)."""
+    out = dict(judged)
+    for cell, finding in wire_failed.items():
+        if cell not in out or out[cell].passed:
+            out[cell] = finding
+    return out
+
+
+WIRE_FILE = "wire.jsonl"             # in the grader's folder of the jail, beside the judge's log
+REPORT_FILE = "wire.log"             # each cell's comparison, for the instructor's logs
+
+
+def judged(judge, folder: Path) -> tuple[dict[str, Finding], list[str]]:
+    """The judge's findings with the wire check's (`findings`), and its flags, for a submission whose
+    jail's folder is `folder`; each cell's comparison written to folder/REPORT_FILE."""
+    entries = judge.entries()
+    cells = read_cells(Path(folder) / WIRE_FILE)
+    compared = compare(cells, entries)
+    lines = [f"{'(outside graded test cells)' if c.cell is None else c.cell}: wrote {c.wrote:,} bytes, records "
+             f"{c.recorded:,.0f}, allowance {c.allowed:,.0f}, excess {c.excess:,.0f}" for c in compared]
+    (Path(folder) / REPORT_FILE).write_text("".join(line + "\n" for line in lines) or "no cell measured\n",
+                                            encoding="utf-8")
+    failed, flags = findings(cells, entries)
+    return with_wire(judge.findings(), failed), flags

@@ -77,6 +77,9 @@ os.makedirs(c.Exchange.root, exist_ok=True)
 # without following links (grader/grading/exchange.py). Not conditional: where grader/ cannot be imported,
 # collect fails saying so, rather than falling back to nbgrader's collect, which follows links.
 c.ExchangeFactory.collect = "grader.grading.exchange.StrictCollect"
+# Release Feedback: each page readable in the exchange by its student (its name is the student's secret's
+# hash), though the grader keeps its own copy private (grader/grading/feedback_release.py).
+c.ExchangeFactory.release_feedback = "grader.grading.feedback_release.FeedbackRelease"
 
 # --- Release ----------------------------------------------------------------
 # Same as nbgrader's default python stub, pinned so the release stays stable

@@ -47,11 +47,12 @@ module is in exactly one layer):
   inert (also as autograde's last step, in the autograde worker), `page` renders it in
   the feedback worker, a process of its own that is killed past its time.
 - grading (grader/grading/): collect, receipts, gradebook, workspace, verdict, export, autograde_worker,
-  submission, shards, exchange.
+  submission, shards, exchange, feedback_release.
   A grading run's parts, in the grader: the submissions collected (`exchange`: nbgrader's collect that
-  refuses a submission handed in as another student or holding a link, run by the instructor's
-  nbgrader; `receipts`: nbgrader's, kept beside each feedback page where the exchange vouches for them,
-  so that formgrader returns it through the exchange), each graded in a jail
+  refuses a submission handed in as another student or holding a link, and `feedback_release`, its
+  release of feedback pages readable by their students, both run by the instructor's nbgrader;
+  `receipts`: nbgrader's, kept beside each feedback page where the exchange vouches for them, so that
+  formgrader returns it through the exchange), each graded in a jail
   of its own (`submission`: nbgrader's autograde in the slot's warm autograde worker),
   the verdict in plain words, the class gradebook and the CSV; `shards`: a class split into
   shards graded anywhere, and merged.

@@ -19,9 +19,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from nbgrader.auth import Authenticator
+from nbgrader.coursedir import CourseDirectory
+from nbgrader.utils import capture_log, notebook_hash
 from traitlets.config import Config
 
 from grader.grading import exchange
+from grader.grading.feedback_release import FeedbackRelease
 from helpers import REPO, collecting
 
 COURSE, LAB = collecting.COURSE, collecting.LAB
@@ -223,38 +227,19 @@ def test_update_takes_a_newer_accepted_submission_and_never_a_refused_one(tmp_pa
     assert manifest["inbound"].endswith("+two")
 
 
-def test_the_instructor_collects_without_root(world):
-    """As the instructor runs it (formgrader, their own uid): the students' 0644 files in 0755 folders."""
-    base = Path(tempfile.mkdtemp())  # pytest's own folder is root's alone
-    try:
-        _collect_as_the_instructor(base)
-    finally:
-        shutil.rmtree(base)
-
-
-def _collect_as_the_instructor(tmp_path: Path) -> None:
-    inbound, course = _world(tmp_path)
-    for student in UIDS:
-        folder = _submit(inbound, student, student, NOW - timedelta(minutes=5), notebook=f'{{"{student}": 1}}')
-        for path in [folder, *folder.rglob("*")]:
-            os.chmod(path, 0o755 if path.is_dir() else 0o644)
-    collecting.blank_gradebook(course / "gradebook.db")
-    for path in (inbound, course, course / "gradebook.db"):
-        os.chown(path, TEACHER_UID, TEACHER_UID)
-    os.chmod(tmp_path, 0o755)
+def _as_uid(uid: int, work) -> str:
+    """What work() returns (text), run in a child process that is uid and nothing more."""
     read, write = os.pipe()
     child = os.fork()
-    if child == 0:  # the instructor's process
+    if child == 0:
         code = 1
         try:
             os.close(read)
             import sqlite3  # noqa: F401  (this Python's library may lie where only root reads: loaded first)
             os.setgroups([])
-            os.setgid(TEACHER_UID)
-            os.setuid(TEACHER_UID)
-            result, log = _collect(tmp_path, course)
-            reported = {"success": result["success"], "log": log, "error": result.get("error")}
-            os.write(write, json.dumps(reported).encode())
+            os.setgid(uid)
+            os.setuid(uid)
+            os.write(write, work().encode())
             code = 0
         finally:
             os._exit(code)
@@ -262,12 +247,71 @@ def _collect_as_the_instructor(tmp_path: Path) -> None:
     with os.fdopen(read) as pipe:
         reported = pipe.read()
     _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0 and reported, "the instructor's collect did not finish"
+    assert os.waitstatus_to_exitcode(status) == 0 and reported, f"the process of uid {uid} did not finish"
+    return reported
+
+
+@pytest.fixture
+def open_folder():
+    """A folder other uids can reach (pytest's own is root's alone)."""
+    base = Path(tempfile.mkdtemp())
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base)
+
+
+def test_the_instructor_collects_without_root(open_folder):
+    """As the instructor runs it (formgrader, their own uid): the students' 0644 files in 0755 folders."""
+    inbound, course = _world(open_folder)
+    for student in UIDS:
+        folder = _submit(inbound, student, student, NOW - timedelta(minutes=5), notebook=f'{{"{student}": 1}}')
+        for path in [folder, *folder.rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    collecting.blank_gradebook(course / "gradebook.db")
+    for path in (inbound, course, course / "gradebook.db"):
+        os.chown(path, TEACHER_UID, TEACHER_UID)
+
+    def collect() -> str:
+        result, log = _collect(open_folder, course)
+        return json.dumps({"success": result["success"], "log": log, "error": result.get("error")})
+
+    reported = _as_uid(TEACHER_UID, collect)
     assert json.loads(reported)["success"], reported
     for student in UIDS:
         notebook = _collected(course, student) / f"{LAB}.ipynb"
         assert notebook.read_text() == f'{{"{student}": 1}}' and notebook.stat().st_uid == TEACHER_UID
         assert stat.S_IMODE(notebook.stat().st_mode) == 0o600
+
+
+def test_a_private_feedback_page_is_released_readable_by_its_name_alone(open_folder):
+    """The grader keeps its pages 0600; nbgrader's release_feedback copied that mode into the exchange,
+    where the student's Fetch Feedback could not read it."""
+    course = open_folder / "course"
+    page_dir = course / "feedback" / "ada" / LAB
+    page_dir.mkdir(parents=True)
+    for name, text in ((f"{LAB}.html", "<p>ada's page</p>"), ("timestamp.txt", _stamp(NOW)),
+                       ("submission_secret.txt", SECRET)):
+        (page_dir / name).write_text(text)
+        os.chmod(page_dir / name, 0o600)
+    (open_folder / "exchange").mkdir(mode=0o1777)
+    os.chmod(open_folder / "exchange", 0o1777)
+    coursedir = CourseDirectory(root=str(course), course_id=COURSE, assignment_id=LAB, feedback_directory="feedback")
+    release = FeedbackRelease(coursedir=coursedir, authenticator=Authenticator(), root=str(open_folder / "exchange"))
+    result = capture_log(release)
+    assert result["success"], result.get("error")
+    filed = open_folder / "exchange" / COURSE / "feedback"
+    page = filed / f"{notebook_hash(secret=SECRET, notebook_id=LAB)}.html"
+    assert stat.S_IMODE(page.stat().st_mode) == 0o644 and stat.S_IMODE(filed.stat().st_mode) == 0o711
+
+    def fetch() -> str:
+        try:
+            os.listdir(filed)
+            listed = "listed"
+        except PermissionError:
+            listed = "not listed"
+        return f"{listed}: {page.read_text()}"
+
+    assert _as_uid(UIDS["ada"], fetch) == "not listed: <p>ada's page</p>"
 
 
 def test_the_course_s_config_plugs_the_strict_collect_into_nbgrader():
@@ -277,3 +321,4 @@ def test_the_course_s_config_plugs_the_strict_collect_into_nbgrader():
     source = REPO / "nbgrader_config.py"
     exec(compile(source.read_text(), str(source), "exec"), {"get_config": lambda: c, "__file__": str(source)})
     assert ExchangeFactory(config=c).collect is exchange.StrictCollect
+    assert ExchangeFactory(config=c).release_feedback is FeedbackRelease

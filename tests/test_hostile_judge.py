@@ -265,3 +265,49 @@ def test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflag
 
 round_trips.enrol(test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflagged, LAB_2,
                   {"forges_lab2": _forges_lab_2})
+
+
+# --- the records checked against the wire (grader.judge.wire) ---------------------------------------------
+# A ring made of one all_gather_object and a sum: the gather's records taken out of the recorder, a ring's
+# messages written in. The records say "ring", and every kernel-side check of them passes; the jail's
+# loopback, read from outside, carries (N-1) pickled tensors a rank where a ring carries 2(N-1)/N of one.
+RING_BY_GATHER = '''
+def ring_all_reduce(tensor):
+    from course import recorder
+    n, me = dist.get_world_size(), dist.get_rank()
+    active = recorder.active()
+    kept = len(active.log) if active is not None else 0
+    gathered = [None] * n
+    dist.all_gather_object(gathered, tensor.cpu())
+    tensor.copy_(sum(gathered))
+    if active is not None:
+        del active.log[kept:]
+        if n > 1:
+            chunks = tensor.view(-1).tensor_split(n)
+            for step in range(2 * (n - 1)):
+                for op, peer in (("isend", (me + 1) % n), ("recv", (me - 1) % n)):
+                    record = active._record(op, {"tensor": chunks[(me - step) % n],
+                                                 ("dst" if op == "isend" else "src"): peer})
+                    active._begin(record)
+                    active._end(record)
+    return tensor
+'''
+
+
+@pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
+def test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire(round_trip_class):
+    """Whatever the scan says of it (its lines withhold the points of the cells after them), the grader's own
+    count of what the ranks wrote to each other exceeds what their records account for: the exercise gets
+    nothing, and the verdict says why in those words."""
+    scores = round_trips.scores(round_trip_class, LAB_2, ["gathers_behind_records_lab2"])
+    assert scores["gathers_behind_records_lab2"] <= sum(POINTS_2.values()) - POINTS_2["test_ring_all_reduce"]
+    assert float(round_trip_class["csv"]["gathers_behind_records_lab2"][f"{LAB_2} test_ring_all_reduce"]) == 0
+    status = json.loads((round_trip_class["work"] / "status.json").read_text())
+    said = " | ".join(status["gathers_behind_records_lab2"][LAB_2]["verdict"])
+    assert re.search(r"test cell test_ring_all_reduce gets no points: its ranks wrote [\d.]+ MB to each other, of "
+                     r"which their records account for [\d.]+ MB \(allowance [\d.]+ MB\): not all of its work went "
+                     r"through recorded calls", said), said
+
+
+round_trips.enrol(test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire, LAB_2,
+                  {"gathers_behind_records_lab2": lambda: solved(LAB_2, answers={"ring_all_reduce": RING_BY_GATHER})})

@@ -56,6 +56,10 @@ class MeasuresWire:
     def _jail_net(self) -> wire.JailNet | None:
         if not self._net_tried:
             self._net_tried = True
+            if wire.gpus_in_jail():
+                print("[grader] the jail has GPUs, whose ranks talk NCCL (shared memory, and a TCP bootstrap of its "
+                      "own that no record counts): no cell's traffic is checked against its records", flush=True)
+                return None
             process = getattr(getattr(self.km, "provisioner", None), "process", None)
             try:
                 self._net = wire.JailNet(process.pid)

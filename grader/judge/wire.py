@@ -40,7 +40,8 @@ It catches work done outside recorded calls where the records claim what a recor
 algorithm would have sent (a ring's messages, forged, around one all_gather_object),
 and traffic with no records at all (a socket of the student's own), once the difference
 passes the allowance. What travels outside TCP (a unix socket, a pipe, shared memory, a
-file) is not seen.
+file) is not seen. A jail with GPUs is not checked: NCCL moves tensors through shared
+memory and sets itself up over TCP, neither of which the records count.
 """
 from __future__ import annotations
 
@@ -105,6 +106,11 @@ def parse(dev: str, snmp: str, snmp6: str, netstat: str) -> Counters:
     return Counters(lo_bytes=int(lo[8]), segments=tcp["OutSegs"], connections=tcp["ActiveOpens"],
                     ipv6_packets=int(ipv6.get("Ip6OutRequests", 0)), retransmitted=tcp["RetransSegs"],
                     data_segments=_table(netstat, "TcpExt")["TCPOrigDataSent"])
+
+
+def gpus_in_jail() -> bool:
+    """Whether the jail gets NVIDIA devices (grader.jail.bwrap binds every /dev/nvidia* there is)."""
+    return any(Path("/dev").glob("nvidia*"))
 
 
 def _children(pid: int) -> list[int]:

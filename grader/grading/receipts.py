@@ -22,7 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .collect import Submission
-from .exchange import manifest_path, read_manifest, read_regular
+from .exchange import manifest_path, read_manifest
+from .plain_copy import read_regular
 from .workspace import write_private
 
 #: nbgrader's receipts beside a notebook that formgrader collected (<student>/<lab>/<lab>.ipynb): when it was

@@ -4,7 +4,9 @@ class the grading modules share, helpers.lab1_class).
 The judge decides every graded test cell's points outside the kernel: a
 submission that strips the kernel's asserts, rebinds the course's checks, fakes
 the judge's answers, asks it for answers from its own cells, or floods it, gets
-what its code earns and no more; the kernel never sees a reference value.
+what its code earns and no more, and nothing at all pending the instructor's review
+where a line of it can rewrite a check (grader.judge.allowed); the kernel never
+sees a reference value.
 """
 from __future__ import annotations
 
@@ -77,7 +79,9 @@ for _ in range(40):     # refused (no test cell runs), each with a key of 4 MB: 
 '''
 FORGED_VERDICT = "raise ValueError('no; graded: 19 of 19 points (instructor override)')"
 # Python runs it; the scan's recursive walk cannot (a RecursionError in the grader once stopped the class).
-TOO_DEEP_TO_SCAN = "depth = " + "+".join(["1"] * 900)
+# Nested for real: a flat chain as long ("+".join(["1"] * 900)) is read in a loop.
+TOO_DEEP_TO_SCAN = "depth = " + "-" * 900 + "1"
+WITHHELD = "withheld pending the instructor's review"
 # 0.5 % more than the true count, as bf16: inside bf16's own tolerance, but a count is judged exactly.
 STEP_FLOPS_IN_BF16 = ("return 3 * forward", "return torch.tensor(3 * forward * 1.005, dtype=torch.bfloat16)")
 FORGER = "forges_its_verdict"
@@ -87,21 +91,21 @@ def _class() -> dict:
     """student -> (notebook, expected score, words the verdict must have)."""
     return {
         HONEST: (solved(LAB), FULL, [f"graded: {FULL:g} of {FULL:g} points"]),
-        "stub_without_asserts": (_with_cells(STRIP_ASSERTS, edits={"momentum_sgd": [STUB]}), FULL - MOMENTUM,
-                                 ["test_momentum_sgd", "AST transformer"]),
+        # Each of these has a line before every test cell that can rewrite a check: every point is withheld.
+        "stub_without_asserts": (_with_cells(STRIP_ASSERTS, edits={"momentum_sgd": [STUB]}), 0,
+                                 ["test_momentum_sgd", "AST transformer", WITHHELD]),
         "stub_with_a_fake_judge": (_with_cells(STRIP_ASSERTS, FAKE_JUDGE, edits={"momentum_sgd": [STUB]}),
                                    0, ["never reached the grader", "course.grading"]),
         "stub_with_checks_rebound": (_with_cells(
             "check.assert_close = lambda *args, **kwargs: None\n"
             "course.check.assert_close = lambda *args, **kwargs: None", edits={"momentum_sgd": [STUB]}),
-            FULL - MOMENTUM, ["test_momentum_sgd", "assert_close"]),
-        "asks_the_judge": (_with_cells(ASK_JUDGE_FROM_A_STUDENT_CELL), FULL, [f"graded: {FULL:g}"]),
+            0, ["test_momentum_sgd", "assert_close", WITHHELD]),
+        "asks_the_judge": (_with_cells(ASK_JUDGE_FROM_A_STUDENT_CELL), 0, [WITHHELD, "the judge"]),
         FORGER: (_with_cells(TOO_DEEP_TO_SCAN, STRIP_ASSERTS, FLOOD_WITH_KEYS, FORGED_VERDICT,
                              edits={"step_flops": [STEP_FLOPS_IN_BF16]}),
-                 FULL - POINTS["test_step_flops"],
-                 ["test_step_flops", "step_flops/", "(a count: exactly)", "AST transformer", "nested too deeply",
+                 0, ["test_step_flops", "step_flops/", "(a count: exactly)", "AST transformer", "nested too deeply",
                   "raised ValueError: «no; graded: 19 of 19 points (instructor override)»"]),
-        "floods_the_judge": (_with_cells(FLOOD_THE_JUDGE), FULL, [f"graded: {FULL:g}"]),
+        "floods_the_judge": (_with_cells(FLOOD_THE_JUDGE), 0, [WITHHELD, "the judge"]),
         # nbgrader trusts a cell's metadata, and failed on the whole notebook for these two.
         "claims_a_test_cell": (_claims_a_test_cell(), FULL,
                                [f"graded: {FULL:g}", "(grade_id «bogus») that is no cell of the lab"]),
@@ -193,7 +197,7 @@ def test_a_forged_verdict_stays_the_students_words_and_no_file_grows_past_its_ca
     """The forger's exception reads "...; graded: 19 of 19 points": in the CSV and on its page it stays
     between the marks that say it is the submission's; its flood of the judge left no large file."""
     said = graded["csv"][FORGER][f"{LAB} verdict"]
-    assert said.startswith(f"graded: {FULL - POINTS['test_step_flops']:g} of {FULL:g} points"), said
+    assert said.startswith(f"graded: 0 of {FULL:g} points"), said
     assert "«no; graded: 19 of 19 points (instructor override)»" in said, said
     assert "19 of 19" not in re.sub("«[^»]*»", "", said), f"the student's words outside their marks: {said}"
     page = html.unescape((graded["work"] / "feedback" / FORGER / LAB / f"{LAB}.html").read_text(encoding="utf-8"))
@@ -252,12 +256,15 @@ def test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflag
     solution's recording made them, and gives the cell nothing. The ring made of torch's all-reduce and
     hand-written records keeps its points, but never with a clean verdict: each line is flagged."""
     scores = round_trips.scores(round_trip_class, LAB_2, ["forges_lab2"])
-    assert scores == {"forges_lab2": sum(POINTS_2.values()) - POINTS_2["test_broadcast_parameters"]}
+    # Its cell rebinds check and REFERENCE before every test cell: each one's points are withheld pending review.
+    assert scores == {"forges_lab2": 0}
     said = json.loads((round_trip_class["work"] / "status.json").read_text())["forges_lab2"][LAB_2]["verdict"]
     text = " | ".join(said)
     assert ("test cell test_broadcast_parameters gets no points: its hidden check 'broadcast/state of every rank "
             "after the broadcast, 3 ranks' reached the grader for rank 0, the solution's for ranks 0, 1, 2") \
         in text, said
+    assert "points withheld pending the instructor's review: cell " in said[1] \
+        and "«_c = check» line 2 rebinds course.check.assert_close" in said[1], said
     for words in ("rebinds course.check.assert_close", "rebinds REFERENCE.check", "around the course's recorder",
                   "touches course.recorder"):
         assert words in text, f"{words!r} not flagged: {said}"
@@ -311,3 +318,54 @@ def test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire(r
 
 round_trips.enrol(test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire, LAB_2,
                   {"gathers_behind_records_lab2": lambda: solved(LAB_2, answers={"ring_all_reduce": RING_BY_GATHER})})
+
+
+# Issue 54: the broadcast left as `pass`, the kernel's checks reached through a frame's globals (no name the
+# scan followed): assert_close switched off, and REFERENCE.check wrapped to send rank 0's state again for
+# ranks 1 and 2. The judge saw every rank, as often as the solution's checks, every value right: 19 of 19.
+THROUGH_A_FRAME = '''
+import sys
+_g = sys._getframe(0).f_globals
+_g["check"].assert_close = lambda *args, **kwargs: None
+_real_check, _rank_0 = _g["REFERENCE"].check, {}
+def _rank_0_for_every_rank(key, value, *, rank=None, **kw):
+    if key.startswith("broadcast/") and rank is not None:
+        value = _rank_0.setdefault(key, value) if rank == 0 else _rank_0.get(key, value)
+    _real_check(key, value, rank=rank, **kw)
+_g["REFERENCE"].check = _rank_0_for_every_rank
+
+@torch.no_grad()
+def broadcast_parameters(model):
+    pass
+'''
+THROUGH_A_FRAME_STUDENT, HONEST_2 = "frames_lab2", "honest_lab2"
+
+
+@pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
+def test_a_check_rewritten_through_a_frame_withholds_the_points_after_it(round_trip_class):
+    """The scan flags the frame (a line outside the allowlist that can rewrite a check), so the broadcast's
+    test cell and every one after it score 0 pending the instructor's review, and the verdict says which
+    line and how the points come back. An honest student in the same class keeps every point, unflagged."""
+    students = [THROUGH_A_FRAME_STUDENT, HONEST_2]
+    scores = round_trips.scores(round_trip_class, LAB_2, students)
+    tests = list(POINTS_2)
+    after = tests[tests.index("test_broadcast_parameters"):]
+    assert scores == {THROUGH_A_FRAME_STUDENT: sum(POINTS_2[t] for t in tests if t not in after),
+                      HONEST_2: sum(POINTS_2.values())}, scores
+    status = json.loads((round_trip_class["work"] / "status.json").read_text())
+    said = status[THROUGH_A_FRAME_STUDENT][LAB_2]["verdict"]
+    withheld = sum(POINTS_2[t] for t in after)
+    assert said[1].startswith(f"{withheld:g} points withheld pending the instructor's review: cell "
+                              "broadcast_parameters line "), said
+    assert "reaches a frame (" in said[1].split(";")[0], said
+    assert "empty their score boxes in formgrader's Manual Grading" in said[1], said
+    assert any("rebinds globals()[...].check" in line for line in said), said
+    row = round_trip_class["csv"][THROUGH_A_FRAME_STUDENT]
+    assert all(float(row[f"{LAB_2} {t}"]) == 0 for t in after), round_trips.lab_columns(row, LAB_2)
+    honest = " | ".join(status[HONEST_2][LAB_2]["verdict"])
+    assert "flagged" not in honest and "withheld" not in honest, honest
+
+
+round_trips.enrol(test_a_check_rewritten_through_a_frame_withholds_the_points_after_it, LAB_2,
+                  {THROUGH_A_FRAME_STUDENT: lambda: solved(LAB_2, answers={"broadcast_parameters": THROUGH_A_FRAME}),
+                   HONEST_2: lambda: solved(LAB_2)})

@@ -1,11 +1,13 @@
 """The judge holds labs 3 and 4 to account: a submission that silences the kernel's own
-checks still earns nothing for a wrong exercise.
+checks still earns nothing for a wrong exercise, and the judge says why.
 
 A student cell installs an IPython AST transformer that turns every `assert` into
 `pass`, so the test cells' in-kernel checks (asserts) let anything through; the
 exercise itself is a stub that returns zeros. Only the judged check, compared
 outside the kernel on inputs drawn from the grading run's seed, stands between
-the stub and the points.
+the stub and the points. (The transformer is a line that can rewrite a check, so the
+scan also withholds every test cell after it pending the instructor's review: the
+judge's verdict on the stub is what the review reads.)
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def _stub() -> nbformat.NotebookNode:
 @pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
 def test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise(round_trip_class):
     scores = round_trips.scores(round_trip_class, LAB, ["stub"])
-    assert scores == {"stub": sum(POINTS.values()) - POINTS["test_elements_sent"]}
+    assert scores == {"stub": 0}   # every test cell after the transformer's, withheld pending review
     # The cell's first error is its judged check, its last statement: every assert before it let
     # the stub through, and the judge's comparison is what failed.
     said = json.loads((round_trip_class["work"] / "status.json").read_text())["stub"][LAB]["verdict"]
@@ -61,6 +63,7 @@ def test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise(round_
                for line in said), said
     assert any(line.startswith("test cell test_elements_sent, the grader's check: elements sent for seeded layers")
                for line in said), said
+    assert "points withheld pending the instructor's review: " in said[1] and "AST transformer" in said[1], said
 
 
 # Graded beside lab 3's round trip, in one run (helpers/round_trips.py).

@@ -253,8 +253,9 @@ def _forges_lab_2():
 @pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
 def test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflagged(round_trip_class):
     """The broadcast left as `pass`, rank 0's checks forwarded alone: the judge expects every rank's, as the
-    solution's recording made them, and gives the cell nothing. The ring made of torch's all-reduce and
-    hand-written records keeps its points, but never with a clean verdict: each line is flagged."""
+    solution's recording made them, and gives the cell nothing. The ring made of torch's all-reduce through
+    distributed_c10d, with hand-written records beside it, is recorded where it reaches the process group:
+    it loses its exercise too, and each line is flagged."""
     scores = round_trips.scores(round_trip_class, LAB_2, ["forges_lab2"])
     # Its cell rebinds check and REFERENCE before every test cell: each one's points are withheld pending review.
     assert scores == {"forges_lab2": 0}
@@ -263,6 +264,8 @@ def test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflag
     assert ("test cell test_broadcast_parameters gets no points: its hidden check 'broadcast/state of every rank "
             "after the broadcast, 3 ranks' reached the grader for rank 0, the solution's for ranks 0, 1, 2") \
         in text, said
+    assert "test_ring_all_reduce" in text and "ring_all_reduce must be built from send/recv/isend/irecv alone" \
+        in text and "all_reduce" in text, said
     assert "points withheld pending the instructor's review: cell " in said[1] \
         and "«_c = check» line 2 rebinds course.check.assert_close" in said[1], said
     for words in ("rebinds course.check.assert_close", "rebinds REFERENCE.check", "around the course's recorder",
@@ -273,51 +276,58 @@ def test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflag
 round_trips.enrol(test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflagged, LAB_2,
                   {"forges_lab2": _forges_lab_2})
 
-
-# --- the records checked against the wire (grader.judge.wire) ---------------------------------------------
-# A ring made of one all_gather_object and a sum: the gather's records taken out of the recorder, a ring's
-# messages written in. The records say "ring", and every kernel-side check of them passes; the jail's
-# loopback, read from outside, carries (N-1) pickled tensors a rank where a ring carries 2(N-1)/N of one.
-RING_BY_GATHER = '''
-def ring_all_reduce(tensor):
-    from course import recorder
-    n, me = dist.get_world_size(), dist.get_rank()
-    active = recorder.active()
-    kept = len(active.log) if active is not None else 0
-    gathered = [None] * n
-    dist.all_gather_object(gathered, tensor.cpu())
-    tensor.copy_(sum(gathered))
-    if active is not None:
-        del active.log[kept:]
-        if n > 1:
-            chunks = tensor.view(-1).tensor_split(n)
-            for step in range(2 * (n - 1)):
-                for op, peer in (("isend", (me + 1) % n), ("recv", (me - 1) % n)):
-                    record = active._record(op, {"tensor": chunks[(me - step) % n],
-                                                 ("dst" if op == "isend" else "src"): peer})
-                    active._begin(record)
-                    active._end(record)
+# The red team's all-reduces by a library collective: one all_gather_object and a sum (19 of 19 before the
+# recorder wrapped the process group's own methods), and torch's all-reduce reached by following the
+# recorder's wrapper to what it wraps (`inspect.unwrap`, which reads `__wrapped__`).
+GATHERED = '''
+def {name}(tensor):
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, tensor)
+    tensor.copy_(sum(parts))
     return tensor
 '''
+UNWRAPPED = '''
+def ring_all_reduce(tensor):
+    import inspect
+    inspect.unwrap(dist.all_reduce)(tensor)
+    return tensor
+'''
+WRAPPED_ATTRIBUTE = '''
+def naive_all_reduce(tensor):
+    dist.all_reduce.__wrapped__(tensor)
+    return tensor
+'''
+LIBRARY_ALL_REDUCES = {
+    "gathers_lab2": {name: GATHERED.format(name=name) for name in ("naive_all_reduce", "ring_all_reduce")},
+    "unwraps_lab2": {"ring_all_reduce": UNWRAPPED, "naive_all_reduce": WRAPPED_ATTRIBUTE},
+}
 
 
 @pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
-def test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire(round_trip_class):
-    """Whatever the scan says of it (its lines withhold the points of the cells after them), the grader's own
-    count of what the ranks wrote to each other exceeds what their records account for: the exercise gets
-    nothing, and the verdict says why in those words."""
-    scores = round_trips.scores(round_trip_class, LAB_2, ["gathers_behind_records_lab2"])
-    assert scores["gathers_behind_records_lab2"] <= sum(POINTS_2.values()) - POINTS_2["test_ring_all_reduce"]
-    assert float(round_trip_class["csv"]["gathers_behind_records_lab2"][f"{LAB_2} test_ring_all_reduce"]) == 0
+def test_an_all_reduce_by_a_library_collective_loses_its_exercises(round_trip_class):
+    """Each spelling reaches gloo through the process group's own method, where the recorder records it: the
+    kernel's messages_only names the collective, and the judge's check of the collectives called differs
+    from the solution's. `__wrapped__` itself is no longer there to follow."""
+    students = sorted(LIBRARY_ALL_REDUCES)
+    scores = round_trips.scores(round_trip_class, LAB_2, students)
     status = json.loads((round_trip_class["work"] / "status.json").read_text())
-    said = " | ".join(status["gathers_behind_records_lab2"][LAB_2]["verdict"])
-    assert re.search(r"test cell test_ring_all_reduce gets no points: its ranks wrote [\d.]+ MB to each other, of "
-                     r"which their records account for [\d.]+ MB \(allowance [\d.]+ MB\): not all of its work went "
-                     r"through recorded calls", said), said
+    verdicts = {student: status[student][LAB_2]["verdict"] for student in students}
+    earned = sum(POINTS_2.values()) - POINTS_2["test_naive_all_reduce"] - POINTS_2["test_ring_all_reduce"]
+    assert scores["gathers_lab2"] == earned, verdicts
+    # Following `__wrapped__` is flagged as well: the cells after it may be held for review too.
+    assert scores["unwraps_lab2"] <= earned, verdicts
+    gathered = " | ".join(verdicts["gathers_lab2"])
+    for name in ("naive_all_reduce", "ring_all_reduce"):
+        assert f"{name} must be built from send/recv/isend/irecv alone" in gathered, gathered
+    assert "all_gather" in gathered, gathered
+    unwrapped = " | ".join(verdicts["unwraps_lab2"])
+    assert "ring_all_reduce must be built from send/recv/isend/irecv alone" in unwrapped, unwrapped
+    assert "all_reduce" in unwrapped and "__wrapped__" in unwrapped, unwrapped
 
 
-round_trips.enrol(test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire, LAB_2,
-                  {"gathers_behind_records_lab2": lambda: solved(LAB_2, answers={"ring_all_reduce": RING_BY_GATHER})})
+round_trips.enrol(test_an_all_reduce_by_a_library_collective_loses_its_exercises, LAB_2,
+                  {student: (lambda answers=answers: solved(LAB_2, answers=answers))
+                   for student, answers in LIBRARY_ALL_REDUCES.items()})
 
 
 # Issue 54: the broadcast left as `pass`, the kernel's checks reached through a frame's globals (no name the
@@ -369,3 +379,49 @@ def test_a_check_rewritten_through_a_frame_withholds_the_points_after_it(round_t
 round_trips.enrol(test_a_check_rewritten_through_a_frame_withholds_the_points_after_it, LAB_2,
                   {THROUGH_A_FRAME_STUDENT: lambda: solved(LAB_2, answers={"broadcast_parameters": THROUGH_A_FRAME}),
                    HONEST_2: lambda: solved(LAB_2)})
+
+
+# --- the records checked against the wire (grader.judge.wire) ---------------------------------------------
+# A ring made of one all_gather_object and a sum: the gather's records taken out of the recorder, a ring's
+# messages written in. The records say "ring", and every kernel-side check of them passes; the jail's
+# loopback, read from outside, carries (N-1) pickled tensors a rank where a ring carries 2(N-1)/N of one.
+RING_BY_GATHER = '''
+def ring_all_reduce(tensor):
+    from course import recorder
+    n, me = dist.get_world_size(), dist.get_rank()
+    active = recorder.active()
+    kept = len(active.log) if active is not None else 0
+    gathered = [None] * n
+    dist.all_gather_object(gathered, tensor.cpu())
+    tensor.copy_(sum(gathered))
+    if active is not None:
+        del active.log[kept:]
+        if n > 1:
+            chunks = tensor.view(-1).tensor_split(n)
+            for step in range(2 * (n - 1)):
+                for op, peer in (("isend", (me + 1) % n), ("recv", (me - 1) % n)):
+                    record = active._record(op, {"tensor": chunks[(me - step) % n],
+                                                 ("dst" if op == "isend" else "src"): peer})
+                    active._begin(record)
+                    active._end(record)
+    return tensor
+'''
+
+
+@pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
+def test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire(round_trip_class):
+    """Whatever the scan says of it (its lines withhold the points of the cells after them), the grader's own
+    count of what the ranks wrote to each other exceeds what their records account for: the exercise gets
+    nothing, and the verdict says why in those words."""
+    scores = round_trips.scores(round_trip_class, LAB_2, ["gathers_behind_records_lab2"])
+    assert scores["gathers_behind_records_lab2"] <= sum(POINTS_2.values()) - POINTS_2["test_ring_all_reduce"]
+    assert float(round_trip_class["csv"]["gathers_behind_records_lab2"][f"{LAB_2} test_ring_all_reduce"]) == 0
+    status = json.loads((round_trip_class["work"] / "status.json").read_text())
+    said = " | ".join(status["gathers_behind_records_lab2"][LAB_2]["verdict"])
+    assert re.search(r"test cell test_ring_all_reduce gets no points: its ranks wrote [\d.]+ MB to each other, of "
+                     r"which their records account for [\d.]+ MB \(allowance [\d.]+ MB\): not all of its work went "
+                     r"through recorded calls", said), said
+
+
+round_trips.enrol(test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire, LAB_2,
+                  {"gathers_behind_records_lab2": lambda: solved(LAB_2, answers={"ring_all_reduce": RING_BY_GATHER})})

@@ -236,8 +236,9 @@ class GroupPatch:
             on_wait = self._on_wait
 
             def waited(tensor, *args, **kwargs):
-                on_wait(tensor)
-                return original(tensor, *args, **kwargs)
+                result = original(tensor, *args, **kwargs)
+                on_wait(tensor)  # after the wait: the bytes are written by then
+                return result
             return waited
         if not _GROUP_ARGUMENTS & {a.name for a in schema.arguments}:
             return original  # names no group, so sends nothing: a check of a tensor, autograd's wrapping

@@ -176,6 +176,8 @@ def test_each_spelling_is_recorded_with_its_operation_and_bytes(spellings_run, n
         if nbytes is not None and record.op != "barrier":
             assert record.nbytes == nbytes, (name, record)
         assert record.nbytes > 0 or record.op == "barrier", (name, record)
+        if record.op in ("broadcast", "reduce", "gather", "scatter"):
+            assert record.peer == 0, (name, record)  # every rooted spelling above roots at rank 0
 
 
 @pytest.mark.parametrize("name", [n for n, (_, ops, *_) in SPELLINGS.items() if ops <= GROUP_MESSAGES])
@@ -207,6 +209,28 @@ def test_the_dispatcher_sees_no_c10d_op_that_was_not_recorded(spellings_run):
                 assert made == len(seen), (name, rank, made, seen)
             else:  # a backend's own method skips the dispatcher: recorded all the same
                 assert made >= 1 and not seen, (name, rank, made, seen)
+
+
+def large_group_calls():
+    """A 2 MB all-reduce through the group's method and through the functional collectives, and a message
+    through the group's send: what each wrote to its sockets is measured into its own record."""
+    group, tensor = _default_group(), torch.ones(1000, 500)
+    group.allreduce([tensor]).wait()
+    _functional(functional.all_reduce(tensor, "sum", group))
+    _on_rank_0_and_1(lambda: group.send([tensor], 1, 0).wait(), lambda: group.recv([tensor], 0, 0).wait())
+
+
+def test_group_level_records_measure_their_own_socket_bytes():
+    size, headers = 1000 * 500 * 4, 2048  # gloo's header per message, as tests/test_comm.py allows
+    log = course.launch(large_group_calls, 2).comm
+    for rank, ops in ((0, ["all_reduce", "all_reduce", "isend"]), (1, ["all_reduce", "all_reduce", "irecv"])):
+        records = log.rank(rank)
+        assert [r.op for r in records] == ops
+        for record in records:
+            want = size if record.op == "all_reduce" or record.op == "isend" else 0  # 2 ranks: a ring sends S
+            assert record.predicted == want, record
+            assert record.measured is not None and abs(record.measured - want) <= 0.001 * want + headers, record
+            assert not record.shared and record.end >= record.start, record
 
 
 def ring_of_group_messages():

@@ -15,12 +15,12 @@ byte the process writes: gloo's socket writes, plus a small header per
 message. Operations in flight at the same time share one measurement, split
 in proportion to their predictions and marked `shared`.
 
-This module owns the records; `course.recorder` makes them (and is the only
-module that patches torch.distributed).
+This module owns the records; `course.recorder` makes them (it and
+course._group_recording are the only modules that patch torch.distributed).
 
 Not counted per call: calls inside `with course.recorder.unrecorded():`, and
-what DistributedDataParallel sends from C++. They still move bytes; compare
-totals.
+what C++ sends to a process group by itself (DistributedDataParallel's
+reducer, `dist._broadcast_coalesced`). They still move bytes; compare totals.
 
 Used in: lab 0 (00_ranks), lab 2 (02_data_parallel), lab 3 (03_model_parallel).
 """

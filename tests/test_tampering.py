@@ -4,6 +4,8 @@ answers (the solutions, the labs' answers written differently, their honest mist
 from __future__ import annotations
 
 import importlib
+import json
+import pickle
 import re
 
 import pytest
@@ -248,6 +250,14 @@ def test_the_test_cells_after_a_flagged_cell_are_those_it_withholds():
     assert tampering.tests_after(nb, tests, len(nb.cells)) == []
     del nb.cells[where[tests[0]]]          # deleted by the student, put back by nbgrader: counted as after
     assert tampering.tests_after(nb, tests, len(nb.cells)) == [tests[0]]
+
+
+def test_a_flag_is_a_verdict_line_that_keeps_its_class_through_a_pickle():
+    nb, _ = _with_cell(LAB, "import sys\ng = sys._getframe(0)")
+    flag = next(f for f in scan(nb, released(LAB)) if f.withholds)
+    again = pickle.loads(pickle.dumps(flag))
+    assert (again, again.said, again.index, again.withholds) == (flag, flag.said, flag.index, True)
+    assert json.loads(json.dumps([flag])) == [str(flag)]
 
 
 def test_a_long_flat_sum_is_not_nesting():

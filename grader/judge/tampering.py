@@ -90,6 +90,9 @@ class Flag(str):
         flag.said, flag.index, flag.withholds = said, index, withholds
         return flag
 
+    def __getnewargs__(self):   # pickled (to a worker process, say) as what it is
+        return self.said, self.index, self.withholds, str(self)
+
 
 class _Scanner(ast.NodeVisitor):
     def __init__(self, lab: LabNames, aliases: dict[str, str], bound: frozenset[str] = frozenset()):

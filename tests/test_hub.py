@@ -10,6 +10,13 @@ points for the finished lab, none for the one handed in as released. And the wal
 reads neither the other's notebook (on disk, or through the other's server) nor the instructor's
 solutions, cannot list the submissions in the exchange, and has no formgrader.
 
+Before the collect, the student with nothing done attacks the exchange from a shell, as their own user:
+a submission in the other's name dated 2099 with a secret of their choosing, one of their own dated
+2099, one whose notebook is a link to the instructor's solution, and one whose notebook is a hard link
+(to the solution the kernel refuses: the instructor's home is 0700; to their own file it allows). The
+course's collect (grader/grading/exchange.py) refuses each in the log formgrader's Collect dialog shows;
+each student's real submission is the one graded, and no feedback is filed under the attacker's secret.
+
 Screenshots of each step are saved under test-artifacts/hub/ (or $COURSE_TEST_ARTIFACTS).
 """
 from __future__ import annotations
@@ -19,10 +26,12 @@ import os
 import shutil
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nbformat
 import pytest
+from nbgrader.utils import notebook_hash
 
 from helpers import REPO
 from helpers.browser import chromium, click_menu
@@ -34,6 +43,7 @@ LAB = "08_experts"            # the quickest lab to grade
 INSTRUCTOR = "hubtest-teacher"  # names no person on a machine is likely to have: the test makes and removes them
 FINISHER, UNTOUCHED = "hubtest-ada", "hubtest-bo"
 STEP_S = 120                  # one step in the browser: a server's start, a release, a collect
+FORGED_SECRET = "b0" * 64     # the attacker's choice, for the other's feedback to be filed under
 
 pytestmark = [pytest.mark.hub, pytest.mark.timeout(1500)]
 
@@ -62,21 +72,41 @@ def _formgrader(page):
     return page.frame_locator("iframe[src*='formgrader']")
 
 
-def _formgrader_action(page, column: str, done: str, shot: str) -> None:
-    """Click the lab's link in formgrader's column (release, collect, release-feedback) and wait for its
-    success dialog."""
+def _formgrader_action(page, column: str, done: str, shot: str) -> str:
+    """Click the lab's link in formgrader's column (release, collect, release-feedback), wait for its
+    success dialog and return its text (with nbgrader's log)."""
     formgrader = _formgrader(page)
     formgrader.locator("#main-table tr").filter(has_text=LAB).locator(f"td.{column} a").click()
-    dialog = formgrader.locator(".modal-dialog").filter(has_text=done)
+    dialog = formgrader.locator(".modal.in .modal-dialog").filter(has_text=done)  # faded in
     dialog.wait_for()
+    for frame in page.frames:  # for the picture: the log's long lines wrapped, the dialog faded in
+        if "/formgrader" in frame.url:
+            frame.add_style_tag(content=".modal pre { white-space: pre-wrap; }")
+            frame.wait_for_function("() => [...document.querySelectorAll('.modal.in')].every("
+                                    "m => getComputedStyle(m).opacity === '1')")
     _shot(page, shot)
+    shown = dialog.inner_text()
     dialog.get_by_role("button", name="OK").click()
+    return shown
 
 
 def _assignment_list(page):
     click_menu(page, "Nbgrader", "Assignment List")
     page.wait_for_function("() => { const listed = document.querySelector('#released_assignments_list');"
                            " return listed && !listed.innerText.includes('Loading'); }")
+
+
+def _wait_for_cells(page, path: Path, wanted: list, what: str) -> None:
+    """Wait until the notebook at path parses and holds `wanted` cells: it is written when it is written."""
+    deadline = time.monotonic() + STEP_S
+    while True:
+        try:
+            if nbformat.read(path, as_version=4).cells == wanted:
+                return
+        except (OSError, nbformat.reader.NotJSONError):
+            pass  # not there yet, or half written
+        assert time.monotonic() < deadline, f"{what} after {STEP_S} s: {path}"
+        page.wait_for_timeout(500)
 
 
 def _fetch_and_submit(page, hub, name: str, finished: Path | None) -> None:
@@ -86,8 +116,8 @@ def _fetch_and_submit(page, hub, name: str, finished: Path | None) -> None:
     fetched = page.locator("#fetched_assignments_list .list_item").filter(has_text=LAB).first
     fetched.wait_for()
     copy = hub.home(name) / LAB / f"{LAB}.ipynb"
-    assert nbformat.read(copy, as_version=4).cells == nbformat.read(REPO / "labs" / LAB / f"{LAB}.ipynb",
-                                                                   as_version=4).cells, "fetched another notebook"
+    _wait_for_cells(page, copy, nbformat.read(REPO / "labs" / LAB / f"{LAB}.ipynb", as_version=4).cells,
+                    "the fetched notebook is not the release")
     if finished is not None:  # upload the finished lab over the fetched one, in the file browser
         page.locator(".jp-DirListing-item").filter(has_text=LAB).first.dblclick()  # into the lab's folder
         page.locator(".jp-BreadCrumbs").get_by_text(LAB).wait_for()
@@ -95,16 +125,51 @@ def _fetch_and_submit(page, hub, name: str, finished: Path | None) -> None:
             page.locator(".jp-FileBrowser-toolbar").get_by_title("Upload Files").click()
         chooser.value.set_files(str(finished))
         page.locator(".jp-Dialog").get_by_role("button", name="Overwrite").click()
-        wanted = nbformat.read(finished, as_version=4).cells
-        deadline = time.monotonic() + STEP_S
-        while nbformat.read(copy, as_version=4).cells != wanted:  # the upload lands when it lands
-            assert time.monotonic() < deadline, "the upload did not replace the fetched notebook"
-            page.wait_for_timeout(500)
+        _wait_for_cells(page, copy, nbformat.read(finished, as_version=4).cells,
+                        "the upload did not replace the fetched notebook")
         _assignment_list(page)
     page.locator("#fetched_assignments_list .list_item").filter(has_text=LAB).first.get_by_role(
         "button", name="Submit").click()
     page.locator("#submitted_assignments_list .list_item").filter(has_text=LAB).first.wait_for()
     _shot(page, f"{name}-submitted")
+
+
+def _attack_the_exchange(hub) -> dict[str, str]:
+    """UNTOUCHED's hand-ins around the Assignment List, from a shell as their own user; {attack: folder}."""
+    inbound = Path(hub.state["exchange"]) / hub.state["course_id"] / "inbound"
+    own = hub.home(UNTOUCHED) / LAB / f"{LAB}.ipynb"  # the release, as fetched
+    solution = hub.home(INSTRUCTOR) / "course" / "solutions" / LAB / f"{LAB}.ipynb"
+    future, now = "2099-01-01 00:00:00.000000 UTC", datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    folders = {"in the other's name": f"{FINISHER}+{LAB}+{future}+forged",
+               "from the future": f"{UNTOUCHED}+{LAB}+{future}+future",
+               "a symbolic link": f"{UNTOUCHED}+{LAB}+{now}+symlink",
+               "a hard link": f"{UNTOUCHED}+{LAB}+{now}+hardlink"}
+    script = f"""
+import os, shutil
+for attack, name in {folders!r}.items():
+    folder = os.path.join({str(inbound)!r}, name)
+    os.mkdir(folder)
+    notebook = os.path.join(folder, {LAB + ".ipynb"!r})
+    if attack == "a symbolic link":
+        os.symlink({str(solution)!r}, notebook)
+    elif attack == "a hard link":
+        try:
+            os.link({str(solution)!r}, notebook)
+            print("linked the solution")
+        except OSError as error:
+            print("no hard link to the solution:", error.strerror)
+            os.link({str(own)!r}, notebook)
+    else:
+        shutil.copyfile({str(own)!r}, notebook)
+    for receipt, text in (("timestamp.txt", name.split("+")[2]), ("submission_secret.txt", {FORGED_SECRET!r})):
+        with open(os.path.join(folder, receipt), "w") as f:
+            f.write(text)
+"""
+    done = subprocess.run([f"{hub.state['venv']}/bin/python", "-c", script], capture_output=True, text=True,
+                          timeout=60, **hub.as_user(UNTOUCHED))
+    assert done.returncode == 0, done.stderr
+    assert "no hard link to the solution: Permission denied" in done.stdout, done.stdout  # its home is 0700
+    return folders
 
 
 def _fails_as(hub, name: str, code: str) -> str:
@@ -141,11 +206,19 @@ def _play(hub, browser, pages: dict, finished: Path) -> None:
     for name, page in students.items():
         _fetch_and_submit(page, hub, name, finished if name == FINISHER else None)
 
-    _formgrader_action(teacher, "collect", f"Successfully collected submissions of '{LAB}'", "collected")
+    attacks = _attack_the_exchange(hub)
+    shown = _formgrader_action(teacher, "collect", f"Successfully collected submissions of '{LAB}'", "collected")
+    refusals = {line for line in shown.splitlines() if line.startswith("[ERROR] Refused")}
+    for attack, words in {"in the other's name": f"it claims to be {FINISHER}'s, but its owner is {UNTOUCHED}",
+                          "from the future": "is past this machine's clock",
+                          "a symbolic link": "symbolic link",
+                          "a hard link": "has 2 hard links"}.items():
+        assert any(repr(attacks[attack]) in line and words in line for line in refusals), (attack, shown)
     course = hub.home(INSTRUCTOR) / "course"
     for name in students:  # as handed in, with nbgrader's receipts, where the grader reads them
         handed_in = course / "grader" / "work" / "collected" / name / LAB
         assert {f"{LAB}.ipynb", "timestamp.txt", "submission_secret.txt"} <= {p.name for p in handed_in.iterdir()}
+        assert (handed_in / "submission_secret.txt").read_text() != FORGED_SECRET
     graded = subprocess.run(
         [f"{hub.state['venv']}/bin/python", "-m", "grader", "grade", "grader/work/collected", "--lab", LAB,
          "--jobs", "2"], capture_output=True, text=True, timeout=900, **hub.as_user(INSTRUCTOR, course))
@@ -180,6 +253,11 @@ def _play(hub, browser, pages: dict, finished: Path) -> None:
         verdict = f"graded: {float(row[f'{LAB} score']):g} of {float(row[f'{LAB} max score']):g} points"
         page.frame_locator(".jp-HTMLViewer iframe").get_by_text(verdict).wait_for()
         _shot(page, f"{name}-feedback-page")
+
+    # No page was filed under the attacker's secret: each page went to its student's own.
+    filed = Path(hub.state["exchange"]) / hub.state["course_id"] / "feedback"
+    assert not (filed / f"{notebook_hash(secret=FORGED_SECRET, notebook_id=LAB)}.html").exists()
+    assert len(list(filed.glob("*.html"))) == 2
 
     # The walls: a student reads neither the other's work nor the instructor's course, and has no formgrader.
     other = hub.home(FINISHER) / LAB / f"{LAB}.ipynb"

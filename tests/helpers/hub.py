@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "deploy" / "hub"))  # classroom.py, a script
 ROOT_PREFIX = "course-hub-"  # the classroom's folder in /tmp; its users' homes are in its home/
 SETUP_LIMIT_S = 600  # the class's environment installed from nothing, on a slow machine
 STOP_LIMIT_S = 60
+REMOVE_LIMIT_S = 300  # `make hub-remove`: the users' processes stopped, each home removed, on a busy machine
 
 
 def _quiet_ports(count: int) -> list[int]:
@@ -127,7 +128,7 @@ def classroom(instructor: str, students: list[str], log: Path):
         finally:
             made = (root / "hub.json").is_file()  # else the setup failed before it made anyone, and said why
             removed = subprocess.run(["make", "--no-print-directory", "hub-remove", f"HUB_ROOT={root}"], cwd=REPO,
-                                     env=env, capture_output=True, text=True, timeout=120) if made else None
+                                     env=env, capture_output=True, text=True, timeout=REMOVE_LIMIT_S) if made else None
             shutil.rmtree(root, ignore_errors=True)
             assert removed is None or removed.returncode == 0, \
                 f"`make hub-remove` failed:\n{removed.stdout}\n{removed.stderr}"

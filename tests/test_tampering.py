@@ -173,6 +173,12 @@ ATTACKS.update({
     "the judge by its variable": ("import os\npath = os.environ['COURSE_REFERENCE_JUDGE']", 2, "the judge"),
     "a module of one's own": ("import my_helpers", 1, "a module no lab uses, which the scan cannot read"),
     "a cell too deep to scan": ("x = " + "-" * 50_000 + "1", None, "nested too deeply"),
+    "sys through another module": ("import os\nm = os.sys.modules", 2, "os.sys.modules"),
+    "setattr as a value": ("from functools import partial\noff = partial(setattr, check, 'assert_close')", 2,
+                           "takes setattr as a value"),
+    "a unix socket": ("import socket\ns = socket.socket(socket.AF_UNIX)", 2, "AF_UNIX, a unix socket"),
+    "numpy's ctypes": ("import numpy as np\np = np.ctypeslib.as_ctypes", 2, "numpy.ctypeslib"),
+    "one import line, the worst named": ("import subprocess, pickle", 1, "imports pickle, a module no lab uses"),
 })
 
 # Outside the allowlist, but nothing in them can rewrite what the checks read: flagged, never withholding.
@@ -180,6 +186,7 @@ LISTED = {
     "a subprocess": ("import subprocess\nsubprocess.run(['true'])", 1, "imports subprocess"),
     "os.system": ("import os\nos.system('true')", 2, "runs another program"),
     "a socket": ("import socket", 1, "imports socket"),
+    "two on one line": ("import subprocess, socket", 1, "imports subprocess, socket, outside"),
     "threads": ("import threading", 1, "imports threading"),
     "open": ("open('notes.txt', 'w').write('hi')", 1, "the builtin open"),
     "exec of plain text": ("exec('print(1)')", 1, "calls exec"),

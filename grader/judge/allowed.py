@@ -52,7 +52,7 @@ LISTED_MODULES = {"os", "sys", "subprocess", "socket", "threading", "multiproces
 #: Under an allowed module, but reaching around what the checks read (the recorder, the judge, C code).
 REACHING_PATHS = ("course.grading", "course.recorder", "torch.ops", "torch.library", "torch.hub", "torch.package",
                   "torch.utils.cpp_extension", "torch.overrides", "torch.serialization", "torch.load",
-                  "torch.distributed.distributed_c10d", "torch.distributed.rpc")
+                  "torch.distributed.distributed_c10d", "torch.distributed.rpc", "numpy.ctypeslib")
 #: Roots whose private parts (a `_name` anywhere under them) reach the machinery the checks run on.
 PRIVATE_ROOTS = {"torch", "course", "numpy", "sys"}
 
@@ -91,6 +91,8 @@ REACHING_DUNDERS = {"__wrapped__", "__globals__", "__code__", "__closure__", "__
 #: A frame's or a traceback's way to the globals of every caller, the checks' included.
 FRAME_ATTRIBUTES = {"f_globals", "f_locals", "f_back", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next",
                     "gi_frame", "cr_frame", "ag_frame", "gi_code", "cr_code", "_getframe", "_current_frames"}
+#: A unix socket is how the kernel reaches the judge; distributed-training code never opens one itself.
+UNIX_SOCKETS = {"AF_UNIX", "open_unix_connection", "start_unix_server", "create_unix_connection"}
 #: Methods a torch.Tensor subclass may define without changing how the checks compare it.
 TENSOR_SUBCLASS_DUNDERS = {"__init__", "__repr__", "__str__", "__post_init__"}
 
@@ -135,6 +137,9 @@ def _private(path: str) -> bool:
 
 def attribute_tier(full: str | None, attr: str) -> Finding | None:
     """None if a student's cell may use `.attr` (of `full`, the dotted name it resolves to, if any)."""
+    if attr in UNIX_SOCKETS:
+        return Finding(0, f"uses {attr}, a unix socket, the judge's kind: it can talk to the judge around "
+                          "REFERENCE.check", True)
     if attr in FRAME_ATTRIBUTES:
         return Finding(0, f"reaches a frame ({attr}), whose globals hold the checks", True)
     if attr in REACHING_DUNDERS:
@@ -146,7 +151,8 @@ def attribute_tier(full: str | None, attr: str) -> Finding | None:
     parent, _, name = full.rpartition(".")
     if full.startswith(REACHING_PATHS) or _private(full):
         return Finding(0, f"uses {full}, which reaches around what the checks read", True)
-    if parent in MODULE_ATTRIBUTES and name not in MODULE_ATTRIBUTES[parent]:
+    module = parent.rpartition(".")[2]   # `os.sys.modules` is sys's too
+    if module in MODULE_ATTRIBUTES and name not in MODULE_ATTRIBUTES[module]:
         return Finding(0, f"uses {full}, which reaches into the kernel past what the scan reads", True)
     if parent == "torch.distributed" and name not in DIST_ALLOWED:
         return Finding(0, f"uses {full}, a part of torch.distributed the labs do not use", False)
@@ -209,8 +215,11 @@ def outside(tree: ast.AST, aliases: dict[str, str], bound: set[str], lab_modules
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                add(node, module_tier(alias.name, lab_modules))
+            tiers = [t for t in (module_tier(alias.name, lab_modules) for alias in node.names) if t]
+            worst = [t for t in tiers if t.withholds] or tiers
+            if worst:   # `import os, socket`: one finding that names both
+                names = ", ".join(t.what.split(",")[0].removeprefix("imports ") for t in worst)
+                add(node, worst[0]._replace(what=f"imports {names}," + worst[0].what.split(",", 1)[1]))
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             add(node, module_tier(node.module, lab_modules))
             for alias in node.names:
@@ -237,6 +246,8 @@ def _name(node: ast.Name, bound: set[str], is_called: bool) -> Finding | None:
         return Finding(0, REACHING_BUILTINS[name], True)
     if name in RUNS_TEXT and not is_called:
         return Finding(0, f"takes {name} as a value, which runs computed text the scan cannot read", True)
+    if name in NAMED_ACCESS and name != "hasattr" and not is_called and name not in bound:
+        return Finding(0, f"takes {name} as a value, which the scan cannot follow", True)
     if name in bound or (name == "__import__" and is_called):   # a call: its name is read by _call
         return None
     if name.startswith("__") and name not in ALLOWED_BUILTINS:

@@ -19,7 +19,8 @@ Each import, attribute, builtin and call is one of three:
   `vars()`, `__dict__`, `sys.modules`, `gc`, `inspect`'s frames and unwrapping, `__wrapped__`
   and the other dunders of `REACHING_DUNDERS`, `object.__getattribute__`, an attribute or a
   module named by computed text (getattr, operator.attrgetter, importlib, `__import__`),
-  `pickle` and the other modules of code (`ctypes`, `builtins`, `importlib`...), private parts
+  exec, getattr or setattr taken as a value, a unix socket (the judge's kind) or the judge's
+  variables named, `pickle` and the other modules of code (`ctypes`, `builtins`, `importlib`...), private parts
   of torch, NumPy and the course, torch.ops and torch's C library, a module no lab uses (the
   student's own file, say: the scan cannot read it), and a torch.Tensor subclass that
   redefines how it compares. Flagged, and the points of the test cells after it are withheld

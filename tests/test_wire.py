@@ -1,5 +1,6 @@
-"""The records checked against the wire (grader.judge.wire, course._wire_records): the comparison and its
-verdict, the judge's records message, and the jail's loopback read from outside while ranks send.
+"""The records checked against the wire (grader.judge.wire, grader.judge.loopback, course._wire_records):
+the comparison and its verdict, the judge's records message, and the jail's loopback read from outside
+while ranks send.
 
 A grading run in which a cheat loses its exercise to this check is in test_hostile_judge.py
 (`all_gather_object_ring`); the honest round trips (test_grading_round_trip.py, the labs'
@@ -23,7 +24,7 @@ import pytest
 
 from course import _wire_records, grading
 from grader.jail import bwrap
-from grader.judge import wire
+from grader.judge import loopback, wire
 from grader.judge.client import Finding
 from helpers import needs_sandbox
 from helpers.jails import jail_in
@@ -46,14 +47,14 @@ TcpExt: 0 70 0
 
 
 def test_the_counters_are_read_from_a_namespaces_proc_files():
-    counted = wire.parse(DEV, SNMP, SNMP6, NETSTAT)
-    assert counted == wire.Counters(lo_bytes=500000, segments=120, connections=3, ipv6_packets=10, retransmitted=2,
+    counted = loopback.parse(DEV, SNMP, SNMP6, NETSTAT)
+    assert counted == loopback.Counters(lo_bytes=500000, segments=120, connections=3, ipv6_packets=10, retransmitted=2,
                                     data_segments=70)
     # the payload: lo's bytes less 52 bytes of IPv4 and TCP header a segment, 20 more for each IPv6 packet
     assert counted.payload == 500000 - 52 * 120 - 20 * 10
-    assert (counted - wire.Counters(lo_bytes=100, segments=1)).payload == counted.payload - 100 + 52
+    assert (counted - loopback.Counters(lo_bytes=100, segments=1)).payload == counted.payload - 100 + 52
     with pytest.raises(ValueError, match="no lo device"):
-        wire.parse(DEV.replace("lo:", "eth0:"), SNMP, SNMP6, NETSTAT)
+        loopback.parse(DEV.replace("lo:", "eth0:"), SNMP, SNMP6, NETSTAT)
 
 
 SEGMENTS = 100
@@ -62,7 +63,7 @@ SEGMENTS = 100
 def _cells(**wrote):
     """Wire rows as judged_execute writes them: {grade_id or 'other_N': payload bytes}, in SEGMENTS segments."""
     return [{"index": i, "cell": None if name.startswith("other") else name,
-             "lo_bytes": n + wire.HEADER_BYTES * SEGMENTS if n else 0, "segments": SEGMENTS if n else 0,
+             "lo_bytes": n + loopback.HEADER_BYTES * SEGMENTS if n else 0, "segments": SEGMENTS if n else 0,
              "connections": 1 if n else 0, "ipv6_packets": 0, "retransmitted": 0,
              "data_segments": SEGMENTS // 2 if n else 0}
             for i, (name, n) in enumerate(wrote.items())]
@@ -73,15 +74,15 @@ def _records(cell, sent, largest=1000):
 
 
 def test_the_allowance_is_a_header_a_message_handshakes_segments_sent_again_and_a_share():
-    counted = wire.Counters(segments=100, data_segments=60, connections=3, retransmitted=2)
+    counted = loopback.Counters(segments=100, data_segments=60, connections=3, retransmitted=2)
     assert wire.allowance(1_000_000, 1000, 8, counted) == (
         (60 + 8) * wire.PER_MESSAGE + 3 * wire.PER_CONNECTION + 2 * (2 * 1000 + 4096) + 0.01 * 1_000_000)
     # a segment sent again carries at most a segment of lo's MTU, whatever the records' largest
-    assert wire.allowance(0, 10**9, 0, wire.Counters(retransmitted=1)) == 65536
+    assert wire.allowance(0, 10**9, 0, loopback.Counters(retransmitted=1)) == 65536
 
 
 def test_a_cell_whose_ranks_wrote_more_than_its_records_and_the_allowance_loses_its_points():
-    allowed = wire.allowance(1_000_000, 1000, 8, wire.Counters(data_segments=SEGMENTS // 2, connections=1))
+    allowed = wire.allowance(1_000_000, 1000, 8, loopback.Counters(data_segments=SEGMENTS // 2, connections=1))
     cells = _cells(test_within=1_000_000 + int(allowed), test_beyond=1_000_000 + int(allowed) + 1)
     failed, flags = wire.findings(cells, [_records("test_within", 1_000_000), _records("test_beyond", 1_000_000)])
     assert set(failed) == {"test_beyond"} and not flags
@@ -213,11 +214,11 @@ print("done", flush=True)
 HOST_LOSS_PROBES = Path("/proc/sys/net/ipv4/tcp_early_retrans")
 
 
-def _open_when_started(launcher: subprocess.Popen, deadline_s: float = 60) -> wire.JailNet:
+def _open_when_started(launcher: subprocess.Popen, deadline_s: float = 60) -> loopback.JailNet:
     deadline = time.monotonic() + deadline_s
     while True:
         try:
-            return wire.JailNet(launcher.pid)
+            return loopback.JailNet(launcher.pid)
         except ValueError:
             if launcher.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"no process of the jail had its own network within {deadline_s:g} s "

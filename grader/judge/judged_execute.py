@@ -16,7 +16,7 @@ from nbgrader.preprocessors import Execute
 
 from grader.jail.kernel import SandboxedExecute
 
-from . import wire
+from . import loopback, wire
 from .client import announce
 
 CELL_FILE_ENV = "GRADER_JUDGE_CELL_FILE"
@@ -40,12 +40,12 @@ class AnnouncesCells:
 
 class MeasuresWire:
     """Mixin for the jailed Execute: what the jail's processes wrote to each other over TCP while
-    each code cell ran, read from outside the jail (grader.judge.wire), one line a cell in the
+    each code cell ran, read from outside the jail (grader.judge.loopback), one line a cell in the
     grader's wire file. The jail's counters are opened at the first code cell, before any of the
     notebook's code runs, through the kernel's launcher."""
 
     def preprocess(self, nb, resources=None, km=None):
-        self._net: wire.JailNet | None = None
+        self._net: loopback.JailNet | None = None
         self._net_tried = False
         try:
             return super().preprocess(nb, resources, km)
@@ -53,16 +53,16 @@ class MeasuresWire:
             if self._net is not None:
                 self._net.close()
 
-    def _jail_net(self) -> wire.JailNet | None:
+    def _jail_net(self) -> loopback.JailNet | None:
         if not self._net_tried:
             self._net_tried = True
-            if wire.gpus_in_jail():
+            if loopback.gpus_in_jail():
                 print("[grader] the jail has GPUs, whose ranks talk NCCL (shared memory, and a TCP bootstrap of its "
                       "own that no record counts): no cell's traffic is checked against its records", flush=True)
                 return None
             process = getattr(getattr(self.km, "provisioner", None), "process", None)
             try:
-                self._net = wire.JailNet(process.pid)
+                self._net = loopback.JailNet(process.pid)
             except (ValueError, AttributeError, OSError) as error:  # the check is skipped, and the log says so
                 print(f"[grader] the jail's network counters could not be read ({error}): "
                       "no cell's traffic is checked against its records", flush=True)

@@ -1,36 +1,30 @@
 """What the jail's processes wrote to each other, read from outside, against what their records say.
 
-The ranks a notebook launches talk gloo over TCP on the jail's own loopback (bwrap
---unshare-net); the kernel's sockets and the judge's are unix sockets. So the jail's
-network namespace's counters (its `lo` device in /proc/<pid>/net/dev, TCP's segments and
-connections in /proc/<pid>/net/snmp and netstat) count exactly the TCP traffic between the
-jail's processes.
-`JailNet` opens them once, from the autograde worker, through a process of the jail
-found before any of the notebook's code ran, and keeps the files open: a file of
-/proc/<pid>/net holds its namespace, so it reads the same counters after every
-process of the jail has exited, and a pid used again later changes nothing.
-
-grader.judge.judged_execute reads them before and after each cell (`write_cell`: a JSON line
-a cell in WIRE_FILE, in the grader's folder of the jail). After each launch, course._wire_records tells the judge
-what the launch's records account for (the bytes each record predicts by its formula),
-and the judge logs it with the running cell. `findings` compares the two for each graded
-test cell: the wire's payload (the lo bytes less the IP and TCP headers of every
-segment) beyond the records' bytes plus `allowance` loses the cell its points.
+grader.judge.judged_execute reads the jail's network counters (grader.judge.loopback) before
+and after each cell (`write_cell`: a JSON line a cell in WIRE_FILE, in the grader's folder of
+the jail). After each launch, course._wire_records tells the judge what the launch's records
+account for (the bytes each record predicts by its formula), and the judge logs it with the
+running cell. `findings` compares the two for each graded test cell: the wire's payload (lo's
+bytes less the IP and TCP headers of every segment) beyond the records' bytes plus
+`allowance` loses the cell its points. The cells outside graded test cells are compared
+together, and only flagged: they have no points, and the labs' test cells launch the ranks
+whose results they check.
 
 The allowance is what honest ranks write that no record predicts, measured on this machine
 (torch 2.x, gloo, a process a rank, lo's MTU 65536) over every launch of the labs' solutions
-(labs 2 to 8, each run at COURSE_RANKS 2, 3 and 4: 1 to 6 ranks a launch, every collective
-and message the labs use) and course.comm.every_collective on 2, 3 and 4 ranks:
+(labs 2 to 8, each run at COURSE_RANKS 2, 3 and 4: 446 launches of 1 to 6 ranks, every
+collective and message the labs use) and course.comm.every_collective on 2, 3 and 4 ranks;
+the most an honest launch wrote was 0.73 of its allowance:
 - gloo's header on each message, 48 bytes: at most 47.96 bytes measured a segment of data
   first sent (TCPOrigDataSent, counted outside), PER_MESSAGE allowed for each such segment and
   each record (a record's message may share a segment with another);
 - gloo's handshake of each connection (ActiveOpens, counted outside): 24 to 38 bytes
   measured, PER_CONNECTION allowed;
 - each segment TCP sends again: on a loopback these are tail loss probes, spurious (the
-  receiver held its socket's lock, descheduled), up to 64 kB each and up to 22 in one launch.
-  `JailNet.without_loss_probes` turns them off in the jail's namespace (none in 60 launches
-  measured so); where one is sent all the same, it is allowed 2 x the largest record's bytes
-  + 4 kB, at most 64 kB (what every resent segment measured fitted);
+  receiver held its socket's lock, descheduled), up to 64 kB each, in 134 of the 446 launches
+  and up to 14 in one. grader.judge.loopback turns them off in the jail's namespace (then none,
+  and a lab's bytes the same from run to run); where one is sent all the same, it is allowed
+  2 x the largest record's bytes + 4 kB, at most 64 kB (what every resent segment measured fitted);
 - in proportion to the records' bytes (a formula a little under what gloo sends on large
   tensors): at most 0.03 % measured, SHARE allowed.
 
@@ -39,7 +33,8 @@ message, or the recorder's records) with as many bytes as it sent passes this ch
 It catches work done outside recorded calls where the records claim what a recorded
 algorithm would have sent (a ring's messages, forged, around one all_gather_object),
 and traffic with no records at all (a socket of the student's own), once the difference
-passes the allowance. What travels outside TCP (a unix socket, a pipe, shared memory, a
+passes the allowance: traffic of its own sent in segments of at most PER_MESSAGE bytes
+hides in it. What travels outside TCP (a unix socket, a pipe, shared memory, a
 file) is not seen. A jail with GPUs is not checked: NCCL moves tensors through shared
 memory and sets itself up over TCP, neither of which the records count.
 """
@@ -47,18 +42,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .client import Finding
+from .loopback import Counters
 
 WIRE_FILE_ENV = "GRADER_WIRE_FILE"   # where judged_execute writes each cell's counters (the grader's folder)
 
-#: Bytes of IP and TCP header on every segment (IPv4 20 + TCP with timestamps 32); IPv6 adds 20.
-HEADER_BYTES, IPV6_EXTRA = 52, 20
 PER_CONNECTION = 64                  # gloo's handshake: 24 to 38 bytes measured a connection
 PER_MESSAGE = 64                     # gloo's header of each message (48 bytes): 47.96 measured a data segment
 SHARE = 0.01                         # the formulas' shortfall on large tensors: 0.03 % measured
@@ -66,118 +57,6 @@ SHARE = 0.01                         # the formulas' shortfall on large tensors:
 #: an MSS of lo's MTU, and, measured, at most twice the largest record's bytes plus RESENT_SLACK.
 SEGMENT_BYTES, RESENT_OF_LARGEST, RESENT_SLACK = 65536, 2, 4096
 MAX_RECORDED_BYTES = 1 << 50         # a records message claiming more is not a number of bytes
-
-
-@dataclass(frozen=True)
-class Counters:
-    """The jail's TCP traffic so far: lo's bytes, TCP's segments and connections, IPv6 packets."""
-    lo_bytes: int = 0
-    segments: int = 0
-    connections: int = 0
-    ipv6_packets: int = 0
-    retransmitted: int = 0           # segments sent again (tail loss probes: spurious on a loopback)
-    data_segments: int = 0           # segments that carried data first sent (not an ACK alone, not again)
-
-    def __sub__(self, other: Counters) -> Counters:
-        return Counters(*(a - b for a, b in zip(asdict(self).values(), asdict(other).values())))
-
-    def __add__(self, other: Counters) -> Counters:
-        return Counters(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values())))
-
-    @property
-    def payload(self) -> int:
-        """The bytes the processes wrote into their TCP connections (the headers taken off)."""
-        return self.lo_bytes - HEADER_BYTES * self.segments - IPV6_EXTRA * self.ipv6_packets
-
-
-def _table(text: str, prefix: str) -> dict[str, int]:
-    """/proc/net/snmp's two lines 'Tcp: names...' and 'Tcp: values...' as {name: value}."""
-    rows = [line.split()[1:] for line in text.splitlines() if line.startswith(prefix + ":")]
-    return dict(zip(rows[0], map(int, rows[1]))) if len(rows) >= 2 else {}
-
-
-def parse(dev: str, snmp: str, snmp6: str, netstat: str) -> Counters:
-    """Counters from the texts of a namespace's net/dev, net/snmp, net/snmp6 and net/netstat."""
-    lo = next((line.split(":", 1)[1].split() for line in dev.splitlines() if line.strip().startswith("lo:")), None)
-    if lo is None:
-        raise ValueError("the namespace has no lo device")
-    tcp = _table(snmp, "Tcp")
-    ipv6 = dict(line.split()[:2] for line in snmp6.splitlines() if len(line.split()) >= 2)
-    return Counters(lo_bytes=int(lo[8]), segments=tcp["OutSegs"], connections=tcp["ActiveOpens"],
-                    ipv6_packets=int(ipv6.get("Ip6OutRequests", 0)), retransmitted=tcp["RetransSegs"],
-                    data_segments=_table(netstat, "TcpExt")["TCPOrigDataSent"])
-
-
-def gpus_in_jail() -> bool:
-    """Whether the jail gets NVIDIA devices (grader.jail.bwrap binds every /dev/nvidia* there is)."""
-    return any(Path("/dev").glob("nvidia*"))
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
-            return [int(p) for p in f.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _net_namespace(pid: int | str) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
-
-
-class JailNet:
-    """The counters of the network namespace of a jail whose launcher (bwrap) is `launcher`."""
-
-    def __init__(self, launcher: int):
-        """Open the counters of the first process under `launcher` in a namespace of its own.
-        Call it before the notebook's code runs: the processes are the grader's then.
-        ValueError where none is found (no jail, or a jail without its own network)."""
-        ours = _net_namespace("self")
-        seen, queue = set(), [launcher]
-        while queue:
-            pid = queue.pop(0)
-            if pid in seen:
-                continue
-            seen.add(pid)
-            namespace = _net_namespace(pid)
-            if namespace is not None and namespace != ours:
-                self._files = [open(f"/proc/{pid}/net/{name}", "rb")  # noqa: SIM115 -- held: they hold the namespace
-                               for name in ("dev", "snmp", "snmp6", "netstat")]
-                self._namespace = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-                self.pid = pid
-                return
-            queue.extend(_children(pid))
-        raise ValueError(f"no process under {launcher} has a network namespace of its own")
-
-    def read(self) -> Counters:
-        texts = []
-        for f in self._files:
-            f.seek(0)
-            texts.append(f.read().decode("ascii", "replace"))
-        return parse(*texts)
-
-    def without_loss_probes(self) -> str | None:
-        """Turn TCP's tail loss probes off in the jail's namespace (net.ipv4.tcp_early_retrans = 0): on a
-        loopback they are spurious (a receiver that held its socket's lock while descheduled had the data),
-        and each sends a segment again, up to 64 kB that no record accounts for. Root only; None if done,
-        else why not (the allowance for segments sent again still holds)."""
-        command = ["nsenter", f"--net=/proc/self/fd/{self._namespace}", "--", sys.executable, "-c",
-                   "open('/proc/sys/net/ipv4/tcp_early_retrans', 'w').write('0')"]
-        try:
-            done = subprocess.run(command, pass_fds=(self._namespace,), capture_output=True, text=True,
-                                  timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return str(error)
-        return None if done.returncode == 0 else (done.stderr.strip()[-300:] or f"exit code {done.returncode}")
-
-    def close(self) -> None:
-        for f in self._files:
-            f.close()
-        os.close(self._namespace)
-
 
 # --------------------------------------------------------------------------
 # What the judge logs of a launch's records

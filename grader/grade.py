@@ -162,7 +162,8 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         target = Path(csv_path) if csv_path else ws.root / "grades.csv"
         shards.write_run(ws, list(infos), shard, uncollected)
         export.write_class(target, ws.gradebook, root, infos, status, uncollected, {s.student for s in found})
-        os.chmod(target, 0o600)  # a --csv outside the work folder too, and one an earlier run left open
+        if target.exists():  # a --csv outside the work folder too, and one an earlier run left open
+            os.chmod(target, 0o600)
         say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
         return target
 

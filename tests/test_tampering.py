@@ -162,7 +162,7 @@ ATTACKS.update({
                            "__torch_function__"),
     "getattr by a computed name": ("name = 'all_' + 'reduce'\nf = getattr(dist, name)", 2,
                                    "reads a computed attribute of torch.distributed"),
-    "getattr of one's own by a computed name": ("f = getattr(model, 'we' + 'ight')", 1,
+    "getattr of an import by a computed name": ("import math\nf = getattr(math, 'fl' + 'oor')", 2,
                                                 "reads an attribute by a computed name"),
     "setattr by a computed name": ("setattr(model, 'we' + 'ight', None)", 1, "sets an attribute by a computed name"),
     "globals() read": ("g = globals()", 1, "globals()"),
@@ -195,6 +195,9 @@ LISTED = {
     "sys.version": ("import sys\nprint(sys.version)", 1, "imports sys"),
     "a dunder the labs do not use": ("n = torch.Tensor.__hash__", 1, "uses __hash__"),
     "computed hasattr": ("ok = hasattr(dist, 'all_' + 'reduce')", 1, "looks for an attribute by a computed name"),
+    # a read of the student's own object by a computed name (a module's layers by name, say) rewrites nothing
+    "getattr of one's own by a computed name": ("f = getattr(model, 'we' + 'ight')", 1,
+                                                "reads an attribute by a computed name"),
 }
 
 

@@ -176,6 +176,13 @@ def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
     return None
 
 
+def _students_own(node: ast.AST | None, aliases: dict[str, str]) -> bool:
+    """Whether node is rooted in a name the student bound (not an import, an alias or a builtin)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id not in aliases and not hasattr(builtins, node.id)
+
+
 def bound_names(trees: list[ast.AST]) -> set[str]:
     """Every name any of the trees binds (assigned, an argument, a def, an import...): not a builtin there."""
     names = set()
@@ -265,7 +272,10 @@ def _call(node: ast.Call, aliases: dict[str, str], lab_modules: set[str]) -> Fin
     if func in NAMED_ACCESS and len(node.args) >= 2:
         name = _constant_text(node.args[1])
         if name is None:
-            return Finding(0, f"{NAMED_ACCESS[func]} an attribute by a computed name", func != "hasattr")
+            # Setting by a computed name can rewrite anything; reading can only reach around the checks
+            # from what the imports and the lab's names lead to, not from the student's own objects.
+            reaches = func in ("setattr", "delattr") or (func == "getattr" and not _students_own(first, aliases))
+            return Finding(0, f"{NAMED_ACCESS[func]} an attribute by a computed name", reaches)
         base = _dotted(first, aliases)
         return attribute_tier(f"{base}.{name}" if base else None, name)
     if func in ("operator.attrgetter", "operator.methodcaller"):

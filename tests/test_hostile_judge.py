@@ -408,20 +408,81 @@ def ring_all_reduce(tensor):
 '''
 
 
+# The same gather over sockets of the ranks' own (their ports exchanged through the process group's store, a
+# file): no record at all for the tensors they carry.
+RING_BY_SOCKETS = '''
+_CALLS = [0]
+
+def ring_all_reduce(tensor):
+    import socket, struct, threading
+    from course import recorder
+    n, me = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        return tensor
+    flat = tensor.detach().reshape(-1).contiguous().cpu()
+    mine = flat.numpy().tobytes()
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(n)
+    store = dist.distributed_c10d._get_default_store()
+    _CALLS[0] += 1
+    store.set(f"sock/{_CALLS[0]}/{me}", str(server.getsockname()[1]))
+    ports = [int(store.get(f"sock/{_CALLS[0]}/{r}")) for r in range(n)]
+    got = {me: mine}
+
+    def receive():
+        for _ in range(n - 1):
+            peer, _ = server.accept()
+            with peer:
+                head = b""
+                while len(head) < 12:
+                    head += peer.recv(12 - len(head))
+                rank, size = struct.unpack("!iQ", head)
+                body = b""
+                while len(body) < size:
+                    body += peer.recv(size - len(body))
+                got[rank] = body
+
+    reader = threading.Thread(target=receive)
+    reader.start()
+    for r in range(n):
+        if r != me:
+            with socket.create_connection(("127.0.0.1", ports[r])) as out:
+                out.sendall(struct.pack("!iQ", me, len(mine)) + mine)
+    reader.join()
+    server.close()
+    total = sum(torch.frombuffer(bytearray(got[r]), dtype=flat.dtype) for r in range(n))
+    tensor.copy_(total.reshape(tensor.shape))
+    active = recorder.active()
+    if active is not None:
+        chunks = tensor.view(-1).tensor_split(n)
+        for step in range(2 * (n - 1)):
+            for op, peer in (("isend", (me + 1) % n), ("recv", (me - 1) % n)):
+                record = active._record(op, {"tensor": chunks[(me - step) % n],
+                                             ("dst" if op == "isend" else "src"): peer})
+                active._begin(record)
+                active._end(record)
+    return tensor
+'''
+WIRE_CHEATS = {"gathers_behind_records_lab2": RING_BY_GATHER, "sockets_behind_records_lab2": RING_BY_SOCKETS}
+
+
 @pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
 def test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire(round_trip_class):
-    """Whatever the scan says of it (its lines withhold the points of the cells after them), the grader's own
+    """Whatever the scan says of them (its lines withhold the points of the cells after them), the grader's own
     count of what the ranks wrote to each other exceeds what their records account for: the exercise gets
     nothing, and the verdict says why in those words."""
-    scores = round_trips.scores(round_trip_class, LAB_2, ["gathers_behind_records_lab2"])
-    assert scores["gathers_behind_records_lab2"] <= sum(POINTS_2.values()) - POINTS_2["test_ring_all_reduce"]
-    assert float(round_trip_class["csv"]["gathers_behind_records_lab2"][f"{LAB_2} test_ring_all_reduce"]) == 0
+    scores = round_trips.scores(round_trip_class, LAB_2, sorted(WIRE_CHEATS))
     status = json.loads((round_trip_class["work"] / "status.json").read_text())
-    said = " | ".join(status["gathers_behind_records_lab2"][LAB_2]["verdict"])
-    assert re.search(r"test cell test_ring_all_reduce gets no points: its ranks wrote [\d.]+ MB to each other, of "
-                     r"which their records account for [\d.]+ MB \(allowance [\d.]+ MB\): not all of its work went "
-                     r"through recorded calls", said), said
+    for student in WIRE_CHEATS:
+        assert scores[student] <= sum(POINTS_2.values()) - POINTS_2["test_ring_all_reduce"], scores
+        assert float(round_trip_class["csv"][student][f"{LAB_2} test_ring_all_reduce"]) == 0
+        said = " | ".join(status[student][LAB_2]["verdict"])
+        assert re.search(r"test cell test_ring_all_reduce gets no points: its ranks wrote [\d.]+ MB to each other, "
+                         r"of which their records account for [\d.]+ MB \(allowance [\d.]+ MB\): not all of its "
+                         r"work went through recorded calls", said), (student, said)
 
 
 round_trips.enrol(test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire, LAB_2,
-                  {"gathers_behind_records_lab2": lambda: solved(LAB_2, answers={"ring_all_reduce": RING_BY_GATHER})})
+                  {student: (lambda answer=answer: solved(LAB_2, answers={"ring_all_reduce": answer}))
+                   for student, answer in WIRE_CHEATS.items()})

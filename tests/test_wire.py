@@ -75,10 +75,10 @@ def _records(cell, sent, largest=1000):
 
 def test_the_allowance_is_a_header_a_message_handshakes_segments_sent_again_and_a_share():
     counted = loopback.Counters(segments=100, data_segments=60, connections=3, retransmitted=2)
-    assert wire.allowance(1_000_000, 1000, 8, counted) == (
+    assert wire.allowance(1_000_000, 1000, 8, counted) == wire.STRAY_BYTES + (
         (60 + 8) * wire.PER_MESSAGE + 3 * wire.PER_CONNECTION + 2 * (2 * 1000 + 4096) + 0.01 * 1_000_000)
     # a segment sent again carries at most a segment of lo's MTU, whatever the records' largest
-    assert wire.allowance(0, 10**9, 0, loopback.Counters(retransmitted=1)) == 65536
+    assert wire.allowance(0, 10**9, 0, loopback.Counters(retransmitted=1)) == wire.STRAY_BYTES + 65536
 
 
 def test_a_cell_whose_ranks_wrote_more_than_its_records_and_the_allowance_loses_its_points():
@@ -87,7 +87,7 @@ def test_a_cell_whose_ranks_wrote_more_than_its_records_and_the_allowance_loses_
     failed, flags = wire.findings(cells, [_records("test_within", 1_000_000), _records("test_beyond", 1_000_000)])
     assert set(failed) == {"test_beyond"} and not flags
     assert failed["test_beyond"].why == (
-        "its ranks wrote 1.01 MB to each other, of which their records account for 1.00 MB (allowance 0.01 MB): "
+        "its ranks wrote 1.02 MB to each other, of which their records account for 1.00 MB (allowance 0.02 MB): "
         "not all of its work went through recorded calls")
 
 
@@ -95,7 +95,16 @@ def test_wire_with_no_records_counts_against_records_of_nothing():
     """A launch whose records never reached the judge, or a socket of the student's own: records = 0."""
     failed, _ = wire.findings(_cells(test_socket=200_000, test_quiet=0), [])
     assert set(failed) == {"test_socket"}
-    assert "records account for 0 bytes (allowance 3,264 bytes)" in failed["test_socket"].why
+    assert "records account for 0 bytes (allowance 7,360 bytes)" in failed["test_socket"].why
+
+
+def test_a_few_stray_bytes_never_fail_a_cell_that_launched_nothing():
+    failed, _ = wire.findings([{"index": 3, "cell": "test_quiet", "lo_bytes": 52 * 3 + wire.STRAY_BYTES,
+                                "segments": 3}], [])
+    assert not failed
+    failed, _ = wire.findings([{"index": 3, "cell": "test_quiet", "lo_bytes": 52 * 3 + wire.STRAY_BYTES + 1,
+                                "segments": 3}], [])
+    assert set(failed) == {"test_quiet"}
 
 
 def test_records_in_other_cells_count_for_none_of_a_graded_cells_wire():

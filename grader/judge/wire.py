@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,6 +57,9 @@ SHARE = 0.01                         # the formulas' shortfall on large tensors:
 #: A segment sent again (a tail loss probe, spurious on a loopback: the receiver had it) carries at most
 #: an MSS of lo's MTU, and, measured, at most twice the largest record's bytes plus RESENT_SLACK.
 SEGMENT_BYTES, RESENT_OF_LARGEST, RESENT_SLACK = 65536, 2, 4096
+#: A cell's own: a segment whose header is not the 52 bytes assumed (a handshake's, a reset's) or a stray
+#: from the cell before (a last ACK) must never fail a cell that launched nothing.
+STRAY_BYTES = 4096
 MAX_RECORDED_BYTES = 1 << 50         # a records message claiming more is not a number of bytes
 
 # --------------------------------------------------------------------------
@@ -79,9 +83,14 @@ def records_entry(request: dict) -> dict | None:
 # Each cell's wire, and the comparison
 # --------------------------------------------------------------------------
 
+def _private(path: Path, flags: int) -> int:
+    """A file of the grader's alone (0600), never through a link."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | flags, 0o600)
+
+
 def write_cell(path: Path, index: int, grade_id: str | None, wire: Counters) -> None:
     """One cell's traffic (counters after less before), appended to the wire file."""
-    with open(path, "a", encoding="utf-8") as out:
+    with os.fdopen(_private(path, os.O_APPEND), "a", encoding="utf-8") as out:
         out.write(json.dumps({"index": index, "cell": grade_id, **asdict(wire)}) + "\n")
 
 
@@ -93,12 +102,12 @@ def read_cells(path: Path) -> list[dict]:
 
 def allowance(recorded_bytes: float, largest: float, records: int, wire: Counters) -> float:
     """Bytes of payload beyond the records' that honest ranks may write while `wire` was counted
-    (module docstring): gloo's header on each message (a data segment carries at least one of a
+    (module docstring): a few stray bytes, gloo's header on each message (a data segment carries at least one of a
     collective's messages, a record's message may share one), each connection's handshake, each
     segment sent again, and a share of the records' bytes."""
     resent = min(SEGMENT_BYTES, RESENT_OF_LARGEST * largest + RESENT_SLACK)
-    return (PER_MESSAGE * (max(wire.data_segments, 0) + records) + PER_CONNECTION * max(wire.connections, 0)
-            + resent * max(wire.retransmitted, 0) + SHARE * recorded_bytes)
+    return (STRAY_BYTES + PER_MESSAGE * (max(wire.data_segments, 0) + records)
+            + PER_CONNECTION * max(wire.connections, 0) + resent * max(wire.retransmitted, 0) + SHARE * recorded_bytes)
 
 
 def megabytes(n: float) -> str:
@@ -178,7 +187,7 @@ def judged(judge, folder: Path) -> tuple[dict[str, Finding], list[str]]:
     compared = compare(cells, entries)
     lines = [f"{'(outside graded test cells)' if c.cell is None else c.cell}: wrote {c.wrote:,} bytes, records "
              f"{c.recorded:,.0f}, allowance {c.allowed:,.0f}, excess {c.excess:,.0f}" for c in compared]
-    (Path(folder) / REPORT_FILE).write_text("".join(line + "\n" for line in lines) or "no cell measured\n",
-                                            encoding="utf-8")
+    with os.fdopen(_private(Path(folder) / REPORT_FILE, os.O_TRUNC), "w", encoding="utf-8") as out:
+        out.write("".join(line + "\n" for line in lines) or "no cell measured\n")
     failed, flags = findings(cells, entries)
     return with_wire(judge.findings(), failed), flags

@@ -122,6 +122,12 @@ def test_cells_outside_graded_test_cells_are_compared_together_and_only_flagged(
     assert not failed and not flags
 
 
+def test_a_cell_the_student_marked_graded_counts_with_the_cells_outside_graded_test_cells():
+    cells = _cells(test_real=0, test_fake=600_000)
+    failed, flags = wire.findings(cells, [], graded={"test_real"})
+    assert not failed and len(flags) == 1 and "0.60 MB" in flags[0], flags
+
+
 def test_the_judges_reason_comes_first_and_the_wire_fails_a_cell_the_judge_passed():
     judged = {"test_a": Finding(False, "its hidden check 'a' failed"), "test_b": Finding(True),
               "test_c": Finding(True)}

@@ -132,8 +132,13 @@ class CellWire:
                 "through recorded calls")
 
 
-def compare(cells: list[dict], judge_entries: list[dict]) -> list[CellWire]:
-    """Each graded test cell's wire against its records; then the other cells' together (cell None)."""
+def compare(cells: list[dict], judge_entries: list[dict], graded: set[str] | None = None) -> list[CellWire]:
+    """Each graded test cell's wire against its records; then the other cells' together (cell None).
+    graded: the lab's graded test cells (None: every cell the wire file names); a cell the student
+    marked graded itself counts with the others."""
+    if graded is not None:
+        cells = [{**row, "cell": row["cell"] if row["cell"] in graded else None} for row in cells]
+        judge_entries = [{**e, "cell": e.get("cell") if e.get("cell") in graded else None} for e in judge_entries]
     records: dict[str | None, list[dict]] = {}
     for entry in judge_entries:
         if entry.get("op") == "records":
@@ -152,11 +157,12 @@ def compare(cells: list[dict], judge_entries: list[dict]) -> list[CellWire]:
     return out
 
 
-def findings(cells: list[dict], judge_entries: list[dict]) -> tuple[dict[str, Finding], list[str]]:
+def findings(cells: list[dict], judge_entries: list[dict],
+             graded: set[str] | None = None) -> tuple[dict[str, Finding], list[str]]:
     """({grade_id: a failed Finding} for each graded test cell whose ranks wrote more than their records
     and the allowance, [a flag for the cells outside graded test cells that did so together])."""
     failed, flags = {}, []
-    for compared in compare(cells, judge_entries):
+    for compared in compare(cells, judge_entries, graded):
         if compared.excess <= 0:
             continue
         if compared.cell is None:
@@ -182,12 +188,12 @@ REPORT_FILE = "wire.log"             # each cell's comparison, for the instructo
 def judged(judge, folder: Path) -> tuple[dict[str, Finding], list[str]]:
     """The judge's findings with the wire check's (`findings`), and its flags, for a submission whose
     jail's folder is `folder`; each cell's comparison written to folder/REPORT_FILE."""
-    entries = judge.entries()
+    entries, graded = judge.entries(), set(judge.required)
     cells = read_cells(Path(folder) / WIRE_FILE)
-    compared = compare(cells, entries)
+    compared = compare(cells, entries, graded)
     lines = [f"{'(outside graded test cells)' if c.cell is None else c.cell}: wrote {c.wrote:,} bytes, records "
              f"{c.recorded:,.0f}, allowance {c.allowed:,.0f}, excess {c.excess:,.0f}" for c in compared]
     with os.fdopen(_private(Path(folder) / REPORT_FILE, os.O_TRUNC), "w", encoding="utf-8") as out:
         out.write("".join(line + "\n" for line in lines) or "no cell measured\n")
-    failed, flags = findings(cells, entries)
+    failed, flags = findings(cells, entries, graded)
     return with_wire(judge.findings(), failed), flags

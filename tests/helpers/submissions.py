@@ -224,8 +224,9 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
     mistakes, perhaps none), the last test is the lab's nbgrader round trip of the
     answer written differently and those mistakes (helpers/round_trips.py), which is
     then that answer's run on ROUND_TRIP_SETTING. A mistake there costs a whole
-    notebook's grading: the forked runs hold every mistake, and the round trip takes
-    those only the judge can catch (behind a check rebound to a no-op).
+    notebook's grading: the forked runs hold every mistake. A mistake behind a check rebound
+    to a no-op is no round-trip case any more: graded for real, the rebinding withholds every
+    test cell from its cell on (grader.judge.allowed; tests/test_hostile_judge.py grades it).
 
     The mistakes, the correct answers and the reference on FORKED_SETTING run in one
     process, forked at each one's first changed cell (forked_failures). Each exercise's

@@ -223,7 +223,19 @@ R.check = _rank_0_of_the_broadcast
 '''
 # torch's own all-reduce, called where the course's recorder does not look, and the records a ring would
 # have left written into the recorder by hand: right sums, a ring's messages on paper.
-RING_BY_HAND = '''
+# The records a ring would have left, written into the recorder by hand (each forger below has one).
+RING_RECORDS_BY_HAND = '''
+def _ring_records(active, tensor, send):
+    n, me = dist.get_world_size(), dist.get_rank()
+    chunks = tensor.view(-1).tensor_split(n)
+    for step in range(2 * (n - 1)):
+        for op, peer in ((send, (me + 1) % n), ("recv", (me - 1) % n)):
+            record = active._record(op, {"tensor": chunks[(me - step) % n],
+                                         ("dst" if op == send else "src"): peer})
+            active._begin(record)
+            active._end(record)
+'''
+RING_BY_HAND = RING_RECORDS_BY_HAND + '''
 def ring_all_reduce(tensor):
     import torch.distributed.distributed_c10d as c10d
     from course import recorder
@@ -231,13 +243,7 @@ def ring_all_reduce(tensor):
     c10d.all_reduce(tensor)
     active = recorder.active()
     if active is not None and n > 1:
-        chunks = tensor.view(-1).tensor_split(n)
-        for step in range(2 * (n - 1)):
-            for op, peer in (("send", (me + 1) % n), ("recv", (me - 1) % n)):
-                record = active._record(op, {"tensor": chunks[(me - step) % n],
-                                             ("dst" if op == "send" else "src"): peer})
-                active._begin(record)
-                active._end(record)
+        _ring_records(active, tensor, "send")
     return tensor
 '''
 
@@ -385,7 +391,7 @@ round_trips.enrol(test_a_check_rewritten_through_a_frame_withholds_the_points_af
 # A ring made of one all_gather_object and a sum: the gather's records taken out of the recorder, a ring's
 # messages written in. The records say "ring", and every kernel-side check of them passes; the jail's
 # loopback, read from outside, carries (N-1) pickled tensors a rank where a ring carries 2(N-1)/N of one.
-RING_BY_GATHER = '''
+RING_BY_GATHER = RING_RECORDS_BY_HAND + '''
 def ring_all_reduce(tensor):
     from course import recorder
     n, me = dist.get_world_size(), dist.get_rank()
@@ -397,20 +403,14 @@ def ring_all_reduce(tensor):
     if active is not None:
         del active.log[kept:]
         if n > 1:
-            chunks = tensor.view(-1).tensor_split(n)
-            for step in range(2 * (n - 1)):
-                for op, peer in (("isend", (me + 1) % n), ("recv", (me - 1) % n)):
-                    record = active._record(op, {"tensor": chunks[(me - step) % n],
-                                                 ("dst" if op == "isend" else "src"): peer})
-                    active._begin(record)
-                    active._end(record)
+            _ring_records(active, tensor, "isend")
     return tensor
 '''
 
 
 # The same gather over sockets of the ranks' own (their ports exchanged through the process group's store, a
 # file): no record at all for the tensors they carry.
-RING_BY_SOCKETS = '''
+RING_BY_SOCKETS = RING_RECORDS_BY_HAND + '''
 _CALLS = [0]
 
 def ring_all_reduce(tensor):
@@ -455,13 +455,7 @@ def ring_all_reduce(tensor):
     tensor.copy_(total.reshape(tensor.shape))
     active = recorder.active()
     if active is not None:
-        chunks = tensor.view(-1).tensor_split(n)
-        for step in range(2 * (n - 1)):
-            for op, peer in (("isend", (me + 1) % n), ("recv", (me - 1) % n)):
-                record = active._record(op, {"tensor": chunks[(me - step) % n],
-                                             ("dst" if op == "isend" else "src"): peer})
-                active._begin(record)
-                active._end(record)
+        _ring_records(active, tensor, "isend")
     return tensor
 '''
 WIRE_CHEATS = {"gathers_behind_records_lab2": RING_BY_GATHER, "sockets_behind_records_lab2": RING_BY_SOCKETS}

@@ -64,8 +64,13 @@ class NotebookError(ValueError):
 
 def parse_notebook(path: Path) -> dict:
     """The notebook's JSON, checked to be text, JSON and nbformat 4; NotebookError says why not."""
+    return notebook_from_bytes(Path(path).read_bytes())
+
+
+def notebook_from_bytes(raw: bytes) -> dict:
+    """A notebook's JSON from its file's bytes, checked as parse_notebook checks it."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise NotebookError(f"not UTF-8 text ({e})") from None
     except json.JSONDecodeError as e:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grader import GraderError
-from grader.common.labs import NotebookError, source_text, validate_notebook
+from grader.common.labs import NotebookError, notebook_from_bytes, source_text, validate_notebook
 from grader.common.quoting import quoted
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
@@ -192,15 +192,7 @@ def read_submitted(path: Path) -> bytes:
 def parse_notebook(path: Path) -> dict:
     """A submitted notebook's JSON, read by read_submitted and checked as grader.common.labs.parse_notebook
     checks the instructor's (text, JSON, nbformat 4); NotebookError says why not."""
-    try:
-        data = json.loads(read_submitted(path).decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise NotebookError(f"not UTF-8 text ({e})") from None
-    except json.JSONDecodeError as e:
-        raise NotebookError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("cells"), list) or data.get("nbformat") != 4:
-        raise NotebookError("not a Jupyter notebook in nbformat 4")
-    return data
+    return notebook_from_bytes(read_submitted(path))
 
 
 def unreadable(path: Path) -> str | None:

@@ -47,11 +47,11 @@ module is in exactly one layer):
   The feedback page, from a notebook the student's code wrote into: `safety` makes it
   inert (also as autograde's last step, in the autograde worker), `page` renders it in
   the feedback worker, a process of its own that is killed past its time.
-- grading (grader/grading/): collect, receipts, gradebook, workspace, verdict, export, autograde_worker,
+- grading (grader/grading/): collect, unzip, receipts, gradebook, workspace, verdict, export, autograde_worker,
   submission, shards, exchange, plain_copy, feedback_release.
-  A grading run's parts, in the grader: the submissions collected (`exchange`: nbgrader's collect that
-  refuses a submission handed in as another student or holding a link, copied by `plain_copy`
-  without following one, and `feedback_release`, its
+  A grading run's parts, in the grader: the submissions collected (`unzip`: from a zip of them;
+  `exchange`: nbgrader's collect that refuses a submission handed in as another student or holding
+  a link, copied by `plain_copy` without following one, and `feedback_release`, its
   release of feedback pages readable by their students, both run by the instructor's nbgrader;
   `receipts`: nbgrader's, kept beside each feedback page where the exchange vouches for them, so that
   formgrader returns it through the exchange), each graded in a jail

@@ -39,7 +39,7 @@ from pathlib import Path
 from . import COURSE_ROOT, GraderError
 from .common.labs import display_path, find_labs
 from .feedback.worker import FeedbackWorker
-from .grading import collect, export, receipts, shards, verdict
+from .grading import collect, export, receipts, shards, unzip, verdict
 from .grading.autograde_worker import AutogradeWorker
 from .grading.submission import SubmissionGrader, log_failure, not_graded
 from .grading.workspace import Workspace, fingerprint, lab_infos, prepare_gradebook, privately
@@ -77,7 +77,7 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         submissions = Path(submissions)
         problems = []
         if submissions.is_file():
-            submissions, problems = collect.unpack(submissions, ws.root / "unzipped" / submissions.stem, list(infos))
+            submissions, problems = unzip.unpack(submissions, ws.root / "unzipped" / submissions.stem, list(infos))
         why_not = jail_unavailable()
         if why_not and not unsafe:
             raise GraderError(f"cannot sandbox the submissions: {why_not}. Fix that, or pass --unsafe to grade "

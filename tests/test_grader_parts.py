@@ -28,7 +28,7 @@ from grader.common.quoting import quoted
 from grader.common.warm_process import Answer, WarmProcess
 from grader.feedback.page import HIDDEN_NOTE, HideHiddenTests, verdict_html
 from grader.feedback.worker import FeedbackWorker
-from grader.grading import collect, export, verdict
+from grader.grading import collect, export, unzip, verdict
 from grader.grading.submission import inspect_autograded
 from grader.grading.workspace import gradable_labs, lab_infos
 from grader.jail.bwrap import Limits
@@ -415,11 +415,11 @@ def test_unpack_takes_both_layouts_inside_a_top_folder(tmp_path):
                                             "export/bob/02_data_parallel/02_data_parallel.ipynb": nb,
                                             "export/bob/notes.txt": "not a notebook",
                                             "__MACOSX/export/._alice": "litter"})
-    folder, problems = collect.unpack(archive, tmp_path / "out", LABS)
+    folder, problems = unzip.unpack(archive, tmp_path / "out", LABS)
     found, more = collect.find(folder, LABS)
     assert [(s.student, s.lab) for s in found] == [("alice", "01_single_gpu"), ("bob", "02_data_parallel")]
     assert problems == more == []
-    single, _ = collect.unpack(_zip(tmp_path / "one.zip", {"carol/01_single_gpu/01_single_gpu.ipynb": nb}),
+    single, _ = unzip.unpack(_zip(tmp_path / "one.zip", {"carol/01_single_gpu/01_single_gpu.ipynb": nb}),
                                tmp_path / "one", LABS)
     assert [s.student for s in collect.find(single, LABS)[0]] == ["carol"]
 
@@ -510,13 +510,13 @@ def test_unpack_refuses_paths_out_of_the_folder(tmp_path):
     nb = nbformat.writes(new_notebook())
     archive = _zip(tmp_path / "evil.zip", {"../../escape/01_single_gpu.ipynb": nb,
                                            "/abs/01_single_gpu.ipynb": nb, "dan/01_single_gpu.ipynb": nb})
-    folder, problems = collect.unpack(archive, tmp_path / "out", LABS)
+    folder, problems = unzip.unpack(archive, tmp_path / "out", LABS)
     assert len(problems) == 2 and all("refused" in p for p in problems), problems
     assert not (tmp_path / "escape").exists()
     assert [p.relative_to(folder).as_posix() for p in folder.rglob("*.ipynb")] == ["dan/01_single_gpu.ipynb"]
     (tmp_path / "junk.zip").write_text("not a zip")
     with pytest.raises(GraderError, match="not a zip"):
-        collect.unpack(tmp_path / "junk.zip", tmp_path / "junk", LABS)
+        unzip.unpack(tmp_path / "junk.zip", tmp_path / "junk", LABS)
 
 
 # --------------------------------------------------------------------------

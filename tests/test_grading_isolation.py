@@ -25,7 +25,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from grader import grade as grading_run
-from grader.grading import collect, verdict
+from grader.grading import collect, unzip, verdict
 from grader.grading import submission as submission_grading
 from grader.grading.submission import SubmissionGrader
 from grader.grading.workspace import LabInfo, Workspace
@@ -350,9 +350,9 @@ def test_a_class_zip_with_one_student_s_damage_grades_everyone_else(a_class):
 
 
 def test_a_notebook_too_big_in_the_zip_is_its_student_s_problem(tmp_path, monkeypatch):
-    monkeypatch.setattr(collect, "MAX_NOTEBOOK_BYTES", 100)
+    monkeypatch.setattr(unzip, "MAX_NOTEBOOK_BYTES", 100)
     archive = _zip(tmp_path / "class.zip", {"ada/01_tiny.ipynb": "x" * 50, "bo/01_tiny.ipynb": "y" * 500})
-    folder, problems = collect.unpack(archive, tmp_path / "out", [LAB])
+    folder, problems = unzip.unpack(archive, tmp_path / "out", [LAB])
     assert [p.relative_to(folder).as_posix() for p in folder.rglob("*.ipynb")] == ["ada/01_tiny.ipynb"]
     (problem,) = problems
     assert isinstance(problem, collect.Problem) and (problem.student, problem.lab) == ("bo", LAB)

@@ -259,6 +259,7 @@ def test_the_judge_answers_the_jails_uid_alone(started, request):
                 {"error": "Permission denied"}
             assert request_as(JAIL_UID, sockets, op="check", key="n", value=grading.encode(3)) == {"ok": True}
         assert judge.strangers() == [0], judge.entries()
+        assert "refused 1 connection(s) from uid(s) [0]" in judge.strangers_note(), judge.strangers_note()
         assert judge.findings()["test_n"].passed, "a stranger's request cost the student their check"
 
 

@@ -43,7 +43,7 @@ from grader.jail import bwrap
 from grader.jail.host import Jail
 from grader.jail.kernel import SPEC_ENV
 from grader.judge import tampering, wire
-from grader.judge.client import Judge
+from grader.judge.client import STRANGERS_FILE, Judge
 from grader.judge.judged_execute import CELL_FILE_ENV
 from grader.judge.spawner import JudgeSpawner
 
@@ -204,6 +204,8 @@ class SubmissionGrader:
             tampered = self._tampering(submission, submitted, lab)
             try:  # the points: what the grade rests on, so no grade without them
                 found, wire_flags = wire.judged(judge, jail) if judge else ({}, [])   # the judge's, and the wire's
+                if judge and (note := judge.strangers_note()):   # for the instructor's log
+                    (jail / STRANGERS_FILE).write_text(note, encoding="utf-8")
                 scores = gradebook.cell_scores(private, self.course_id, lab.name, submission.student)
                 unverified = {gid: f.why for gid, f in found.items() if not f.passed and scores.get(gid, 0) > 0}
                 first = min((f for f in tampered if getattr(f, "withholds", False)), key=lambda f: f.index,
@@ -284,7 +286,8 @@ class SubmissionGrader:
     def _keep_logs(self, jail: Path, submission: collect.Submission) -> None:
         """nbgrader's log and the tail of the kernel's console, for the instructor: logs/<student>/<lab>.log."""
         try:
-            parts = [(name, _tail(jail / name)) for name in ("autograde.log", "console.log", wire.REPORT_FILE)]
+            parts = [(name, _tail(jail / name))
+                     for name in ("autograde.log", "console.log", wire.REPORT_FILE, STRANGERS_FILE)]
             text = "".join(f"===== {name}\n{body}\n" for name, body in parts if body)
             if text:
                 target = self.ws.root / "logs" / submission.student / f"{submission.lab}.log"

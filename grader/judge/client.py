@@ -20,6 +20,8 @@ from pathlib import Path
 from course import grading
 from grader.jail.uids import start_time
 
+#: Beside nbgrader's log in logs/<student>/<lab>.log: the connections the judge refused.
+STRANGERS_FILE = "judge-strangers.log"
 READY_TIMEOUT_S = 60              # a judge forked by the spawner says it is ready within this
 
 
@@ -128,6 +130,15 @@ class Judge:
         """The uids of connections the judge refused as not the jail's (the first of them: its log is
         bounded): another user of the machine, or a process of the grader's, reaching for the socket."""
         return [e["uid"] for e in self.entries() if e.get("op") == "stranger" and isinstance(e.get("uid"), int)]
+
+    def strangers_note(self) -> str:
+        """A line for the instructor's log (STRANGERS_FILE) where the judge refused anyone: it cost the
+        student nothing, but someone on the machine reached for the socket. Empty where no one did."""
+        uids = self.strangers()
+        if not uids:
+            return ""
+        return (f"the judge refused {len(uids)} connection(s) from uid(s) {sorted(set(uids))}, not the jail's: "
+                "another user of this machine, or a process of the grader's, reached for its socket\n")
 
 
 def _ranks(ranks) -> str:

@@ -83,15 +83,17 @@ def _collected(course: Path, student: str) -> Path:
     return course / "collected" / student / LAB
 
 
-NOW = datetime.now(UTC).replace(tzinfo=None)
+def _now() -> datetime:
+    """This moment, read when a test makes its folders (a module's import can be minutes before)."""
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def test_a_folder_in_another_student_s_name_is_refused_and_the_real_one_collected(tmp_path, world):
     inbound, course = world
-    _submit(inbound, "ada", "ada", NOW - timedelta(hours=1), notebook='{"honest": 1}')
-    forged = _submit(inbound, "ada", "bo", datetime(2025, 1, 1) + (NOW - datetime(2025, 1, 1)) / 2,
+    _submit(inbound, "ada", "ada", _now() - timedelta(hours=1), notebook='{"honest": 1}')
+    forged = _submit(inbound, "ada", "bo", datetime(2025, 1, 1) + (_now() - datetime(2025, 1, 1)) / 2,
                      notebook='{"blank": 1}', tag="forged")  # older than now, newer than nothing: owner decides
-    forged_later = _submit(inbound, "ada", "bo", NOW - timedelta(minutes=1), notebook='{"blank": 1}', tag="later")
+    forged_later = _submit(inbound, "ada", "bo", _now() - timedelta(minutes=1), notebook='{"blank": 1}', tag="later")
     result, log = _collect(tmp_path, course)
     assert result["success"], result.get("error")
     assert (_collected(course, "ada") / f"{LAB}.ipynb").read_text() == '{"honest": 1}'
@@ -111,9 +113,9 @@ def test_a_folder_in_another_student_s_name_is_refused_and_the_real_one_collecte
 
 def test_a_timestamp_from_the_future_is_refused_beyond_the_clock_allowance(tmp_path, world):
     inbound, course = world
-    _submit(inbound, "ada", "ada", NOW - timedelta(hours=2), notebook='{"first": 1}', tag="first")
+    _submit(inbound, "ada", "ada", _now() - timedelta(hours=2), notebook='{"first": 1}', tag="first")
     future = _submit(inbound, "ada", "ada", datetime(2099, 1, 1), notebook='{"future": 1}', tag="future")
-    _submit(inbound, "bo", "bo", NOW + exchange.CLOCK_ALLOWANCE / 2, notebook='{"skewed": 1}')  # within it
+    _submit(inbound, "bo", "bo", _now() + exchange.CLOCK_ALLOWANCE / 2, notebook='{"skewed": 1}')  # within it
     result, log = _collect(tmp_path, course)
     assert result["success"], result.get("error")
     assert (_collected(course, "ada") / f"{LAB}.ipynb").read_text() == '{"first": 1}'
@@ -140,8 +142,8 @@ def test_a_submission_holding_anything_but_its_owner_s_plain_files_is_refused(tm
     solution.parent.mkdir()
     solution.write_text('{"the": "solution"}')
     os.chmod(solution, 0o600)
-    _submit(inbound, "bo", "bo", NOW - timedelta(hours=1), notebook='{"bo": "blank"}', tag="honest")
-    attack = _submit(inbound, "bo", "bo", NOW - timedelta(minutes=5), tag="attack")
+    _submit(inbound, "bo", "bo", _now() - timedelta(hours=1), notebook='{"bo": "blank"}', tag="honest")
+    attack = _submit(inbound, "bo", "bo", _now() - timedelta(minutes=5), tag="attack")
     plant(attack, solution)
     for path in [attack, *attack.rglob("*")]:  # what the plant made is bo's, as bo would have made it
         if path.lstat().st_uid == 0:
@@ -158,11 +160,11 @@ def test_a_submission_holding_anything_but_its_owner_s_plain_files_is_refused(tm
 
 def test_only_refused_submissions_collect_nothing_and_say_so(tmp_path, world):
     inbound, course = world
-    attack = _submit(inbound, "bo", "bo", NOW - timedelta(minutes=5))
+    attack = _submit(inbound, "bo", "bo", _now() - timedelta(minutes=5))
     (attack / f"{LAB}.ipynb").unlink()
     (attack / f"{LAB}.ipynb").symlink_to("/etc/shadow")
-    _submit(inbound, "ada", "ada", NOW - timedelta(minutes=5))
-    (inbound / f"nobody-here+{LAB}+{_stamp(NOW)}+x").mkdir()  # a name with no Unix user
+    _submit(inbound, "ada", "ada", _now() - timedelta(minutes=5))
+    (inbound / f"nobody-here+{LAB}+{_stamp(_now())}+x").mkdir()  # a name with no Unix user
     (inbound / f"ada+{LAB}+not a time+x").mkdir()             # nbgrader's collect failed on the whole class
     result, log = _collect(tmp_path, course)
     assert result["success"], result.get("error")
@@ -177,7 +179,7 @@ def test_a_link_swapped_in_after_the_listing_is_not_followed(tmp_path, world, mo
     """The copy opens what it listed with O_NOFOLLOW: a link that replaced a plain file between the listing
     and the open (here: a listing that lies) is refused, not read."""
     inbound, course = world
-    attack = _submit(inbound, "bo", "bo", NOW - timedelta(minutes=5))
+    attack = _submit(inbound, "bo", "bo", _now() - timedelta(minutes=5))
     (attack / f"{LAB}.ipynb").unlink()
     (attack / f"{LAB}.ipynb").symlink_to("/etc/shadow")
     real_stat = os.stat
@@ -197,8 +199,8 @@ def test_a_link_swapped_in_after_the_listing_is_not_followed(tmp_path, world, mo
 
 def test_the_size_cap_refuses_one_submission_and_ignore_patterns_are_kept(tmp_path, world):
     inbound, course = world
-    big = _submit(inbound, "bo", "bo", NOW - timedelta(minutes=5), notebook="x" * 5000)
-    ada = _submit(inbound, "ada", "ada", NOW - timedelta(minutes=5))
+    big = _submit(inbound, "bo", "bo", _now() - timedelta(minutes=5), notebook="x" * 5000)
+    ada = _submit(inbound, "ada", "ada", _now() - timedelta(minutes=5))
     (ada / ".ipynb_checkpoints").mkdir()
     (ada / ".ipynb_checkpoints" / "old.ipynb").write_text("{}")
     _chown(ada, UIDS["ada"])
@@ -211,15 +213,15 @@ def test_the_size_cap_refuses_one_submission_and_ignore_patterns_are_kept(tmp_pa
 
 def test_update_takes_a_newer_accepted_submission_and_never_a_refused_one(tmp_path, world):
     inbound, course = world
-    first = _submit(inbound, "ada", "ada", NOW - timedelta(hours=2), notebook='{"v": 1}', tag="one")
+    first = _submit(inbound, "ada", "ada", _now() - timedelta(hours=2), notebook='{"v": 1}', tag="one")
     (first / "timestamp.txt").write_text("garbage a student wrote")  # read back by the next collect
     assert _collect(tmp_path, course)[0]["success"]
-    _submit(inbound, "ada", "bo", NOW - timedelta(minutes=2), notebook='{"forged": 1}', tag="forged")
+    _submit(inbound, "ada", "bo", _now() - timedelta(minutes=2), notebook='{"forged": 1}', tag="forged")
     result, log = _collect(tmp_path, course, update=True)
     assert result["success"], result.get("error")
     assert "No newer submission to collect: ada" in log
     assert (_collected(course, "ada") / f"{LAB}.ipynb").read_text() == '{"v": 1}'
-    _submit(inbound, "ada", "ada", NOW - timedelta(minutes=1), notebook='{"v": 2}', tag="two")
+    _submit(inbound, "ada", "ada", _now() - timedelta(minutes=1), notebook='{"v": 2}', tag="two")
     result, log = _collect(tmp_path, course, update=True)
     assert result["success"] and "Updating submission: ada" in log, log
     assert (_collected(course, "ada") / f"{LAB}.ipynb").read_text() == '{"v": 2}'
@@ -264,7 +266,7 @@ def test_the_instructor_collects_without_root(open_folder):
     """As the instructor runs it (formgrader, their own uid): the students' 0644 files in 0755 folders."""
     inbound, course = _world(open_folder)
     for student in UIDS:
-        folder = _submit(inbound, student, student, NOW - timedelta(minutes=5), notebook=f'{{"{student}": 1}}')
+        folder = _submit(inbound, student, student, _now() - timedelta(minutes=5), notebook=f'{{"{student}": 1}}')
         for path in [folder, *folder.rglob("*")]:
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
     collecting.blank_gradebook(course / "gradebook.db")
@@ -289,7 +291,7 @@ def test_a_private_feedback_page_is_released_readable_by_its_name_alone(open_fol
     course = open_folder / "course"
     page_dir = course / "feedback" / "ada" / LAB
     page_dir.mkdir(parents=True)
-    for name, text in ((f"{LAB}.html", "<p>ada's page</p>"), ("timestamp.txt", _stamp(NOW)),
+    for name, text in ((f"{LAB}.html", "<p>ada's page</p>"), ("timestamp.txt", _stamp(_now())),
                        ("submission_secret.txt", SECRET)):
         (page_dir / name).write_text(text)
         os.chmod(page_dir / name, 0o600)

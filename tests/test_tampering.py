@@ -308,6 +308,18 @@ def test_many_flags_are_capped_and_kept_by_the_verdict():
     lines = verdict.lines(graded=True, score=1, max_score=2, tampered=found,
                           ran=[f"cell {i} raised ValueError" for i in range(20)])
     assert lines[1:1 + len(found)] == found
+    assert found[-1].withholds, "the 15 cut lines rebind the course: their summary withholds too"
+
+
+def test_what_the_jail_saw_comes_before_the_lines_that_cost_nothing():
+    """Past the verdict's cap, a read of the solutions the jail stopped outranks `open` outside the allowlist."""
+    nb, _ = _with_cell(LAB, "\n".join(f"print(open('/tmp/f{i}').read())" for i in range(8)))
+    found = flags(nb, released(LAB))
+    assert found and not any(f.withholds for f in found), found
+    ran = [f"cell {i} tried to read the course's solutions, which graded code cannot see" for i in range(5)]
+    lines = verdict.lines(graded=True, score=1, max_score=2, tampered=found, ran=ran)
+    assert lines[1:1 + len(ran)] == ran, lines
+    assert lines[-1].startswith("… and "), lines
 
 
 @pytest.mark.parametrize("lab", GRADED_LABS)

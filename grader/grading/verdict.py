@@ -197,10 +197,15 @@ def lines(*, graded: bool, why_not: str = "", score: float | None = None, max_sc
     withheld: withheld_line's words, if the scan withheld points.
     """
     head = f"graded: {score:g} of {max_score:g} points" if graded else f"not graded: {why_not}"
-    out = [head, *([withheld] if withheld else []), *tampered]
+    # The scan's lines that cost nothing (grader.judge.tampering.Flag, withholds False) come last: past the
+    # cap, what the jail saw and what the judge found matter more than a builtin outside the allowlist.
+    listed = [line for line in tampered if getattr(line, "withholds", True) is False]
+    out = [head, *([withheld] if withheld else []),
+           *(line for line in tampered if getattr(line, "withholds", True) is not False)]
     out += [f"test cell {gid} gets no points: {why}" for gid, why in (unverified or {}).items()]
     out += list(ran)
     out += [f"test cell {gid}, the grader's check: {detail}" for gid, detail in (judged or {}).items()]
+    out += listed
     return [fitted(line) for line in _capped(out)]
 
 

@@ -414,5 +414,7 @@ def flags(submitted: dict, released: dict) -> list[str]:
     drops the earliest of them."""
     out = sorted(scan(submitted, released), key=lambda flag: not flag.withholds)
     if len(out) > MAX_FLAGS:
-        out = out[: MAX_FLAGS - 1] + [f"… and {len(out) - MAX_FLAGS + 1} more lines flagged for the instructor"]
+        cut, out = out[MAX_FLAGS - 1:], out[: MAX_FLAGS - 1]
+        more = f"… and {len(cut)} more lines flagged for the instructor"
+        out.append(Flag(more, cut[0].index, any(f.withholds for f in cut), more))
     return out

@@ -19,12 +19,13 @@ The subsystems come in six layers, bottom up. A module imports from its own laye
 the layers below, never above (tests/test_architecture.py holds this, and that every
 module is in exactly one layer):
 
-- common (grader/common/): labs, quoting, nbgrader_cli, warm_process, execute, solution, compare, stubs, cores.
+- common (grader/common/): labs, quoting, nbgrader_cli, warm_process, execute, solution, compare, stubs, cores,
+  private_write.
   What the others use: the labs in solutions/ and their notebooks, one executed in this
   interpreter's kernel or loaded as a module (the instructor's solutions: trusted code),
   nbgrader's command line, a helper process kept warm for a whole grading run, the
   student's text as the grader quotes it, the release's stubs, and how a kernel's threads
-  wait where notebooks share the cores.
+  wait where notebooks share the cores, and how a file of the grader's is written private.
 - jail (grader/jail/): seccomp, uids, cgroups, bwrap, host, kernel.
   The boundary. `host` holds one jail in the grader (its folder, cgroup and uid, what it
   used). `kernel` is nbgrader's kernel manager and Execute, in the autograde worker: it

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from . import GraderError, reference
 from .common.labs import Lab
-from .grading.workspace import Workspace, write_private
+from .common.private_write import write_private
+from .grading.workspace import Workspace
 
 
 def _copy_private(source: Path, target: Path) -> None:

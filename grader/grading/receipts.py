@@ -21,10 +21,11 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
+from grader.common.private_write import write_private
+
 from .collect import Submission
 from .exchange import manifest_path, read_manifest
 from .plain_copy import read_regular
-from .workspace import write_private
 
 #: nbgrader's receipts beside a notebook that formgrader collected (<student>/<lab>/<lab>.ipynb): when it was
 #: handed in, and the secret that nbgrader's release_feedback files its feedback under and the student's

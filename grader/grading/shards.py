@@ -21,16 +21,16 @@ grading run's is (grader.grading.workspace.privately), whatever modes the shards
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
 from grader import GraderError
 from grader.common.labs import course_config
+from grader.common.private_write import write_private
 
 from . import export, gradebook
-from .workspace import Workspace, lab_infos, prepare_gradebook, privately, write_private
+from .workspace import Workspace, lab_infos, prepare_gradebook, privately
 
 RUN_FILE = "run.json"
 #: The folders of a work folder that hold one student's lab each, under <folder>/<student>/<lab>.
@@ -163,7 +163,6 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
     write_run(ws, labs, None, uncollected)
     target = Path(csv_path) if csv_path else ws.root / "grades.csv"
     export.write_class(target, ws.gradebook, root, infos, status, uncollected, students=set(status))
-    os.chmod(target, 0o600)
     ws.make_private(say)  # what was copied keeps its shard's modes: any a shard left open, closed now
     merged = sum(len(entries) for entries in status.values())
     say(f"merged {len(folders)} shards, {merged} submissions: wrote {target}; feedback in {ws.feedback}/")

@@ -26,6 +26,7 @@ from pathlib import Path
 from grader import GraderError
 from grader.common.labs import find_labs, read_notebook, source_text
 from grader.common.nbgrader_cli import generate_assignment
+from grader.common.private_write import write_private
 from grader.feedback.safety import HIDDEN_BEGIN, hidden_lines
 from grader.judge.server import required_checks
 
@@ -56,17 +57,6 @@ def private_files():
         yield
     finally:
         os.umask(before)
-
-
-def write_private(path: Path, text: str) -> None:
-    """path, with text, readable by its owner alone, never written through a link planted there: made
-    beside it, then put in its place."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w",
-                   encoding="utf-8") as f:
-        f.write(text)
-    tmp.replace(path)
 
 
 def tighten(folder: Path, skip: tuple[str, ...] = ()) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course import grading
+from grader.common.private_write import write_private
 from grader.jail.uids import start_time
 
 #: Beside nbgrader's log in logs/<student>/<lab>.log: the connections the judge refused.
@@ -54,7 +55,7 @@ class Judge:
         self.cell_file = _cell_folder(Path(private_dir) / "running-cell", uid) / "judge-cell"
         self.log_path = Path(private_dir) / "judge.log"
         required_file = Path(private_dir) / "judge-required.json"
-        _write_private(required_file, json.dumps(required))   # read before the judge drops root
+        write_private(required_file, json.dumps(required))   # read before the judge drops root
         self._argv = [sys.executable, "-m", "grader.judge.server", "--lab", lab, "--values", str(values),
                       "--seed", str(seed), "--required", str(required_file), "--socket", str(self.socket_path),
                       "--cell-file", str(self.cell_file), "--log", str(self.log_path),
@@ -186,17 +187,6 @@ def findings(entries: list[dict], required: dict[str, list[str]],
     return out
 
 
-def _write_private(path: Path, text: str, group: int | None = None) -> None:
-    """path, new, with text, readable by its owner alone, or by group too (never through a link planted there)."""
-    path.unlink(missing_ok=True)
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w",
-                   encoding="utf-8") as f:
-        if group is not None:
-            os.fchown(f.fileno(), -1, group)
-            os.fchmod(f.fileno(), 0o640)
-        f.write(text)
-
-
 def _cell_folder(folder: Path, uid: int | None) -> Path:
     """The folder of the running cell's file: the grader's (0700), or, where the judge drops to uid,
     root's with uid's group (0750): the judge reads it through a descriptor it opened before the drop,
@@ -213,6 +203,4 @@ def announce(cell_file: Path, grade_id: str | None) -> None:
     by the grader, and by the judge's group where its folder has one (the judge dropped root)."""
     cell_file = Path(cell_file)
     group = os.stat(cell_file.parent).st_gid
-    tmp = Path(f"{cell_file}.tmp")
-    _write_private(tmp, grade_id or "", None if group == os.getegid() else group)
-    tmp.replace(cell_file)
+    write_private(cell_file, grade_id or "", None if group == os.getegid() else group)

@@ -28,7 +28,6 @@ changed, and an interrupted run picks up where it stopped.
 from __future__ import annotations
 
 import argparse
-import os
 import queue
 import threading
 import time
@@ -162,8 +161,6 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
         target = Path(csv_path) if csv_path else ws.root / "grades.csv"
         shards.write_run(ws, list(infos), shard, uncollected)
         export.write_class(target, ws.gradebook, root, infos, status, uncollected, {s.student for s in found})
-        if target.exists():  # a --csv outside the work folder too, and one an earlier run left open
-            os.chmod(target, 0o600)
         say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
         return target
 

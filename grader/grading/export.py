@@ -29,6 +29,7 @@ says so in each lab's verdict; the other students' rows are written.
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
@@ -134,6 +135,7 @@ def write_csv(path: Path, students: list[str], points: dict[str, float], status:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o600)  # the class's grades: a --csv outside the work folder, or one left open, too
         writer = csv.DictWriter(f, fieldnames=columns(list(points), exercises))
         writer.writeheader()
         writer.writerows(rows(students, points, status, db_url, root, written, exercises))

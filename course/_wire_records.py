@@ -34,18 +34,23 @@ def totals(records, world_size: int) -> dict:
             "ranks": int(world_size)}
 
 
+def exchange(socket_path: str, data: bytes, timeout_s: float) -> dict:
+    """One request to the judge (a JSON line), its answer (a JSON object; {} for none). course.grading's
+    checks are asked the same way."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(timeout_s)
+        connection.connect(socket_path)
+        connection.sendall(data)
+        return json.loads(connection.makefile("rb").readline(1 << 16) or b"{}")
+
+
 def report(records, world_size: int) -> None:
     """Tell the judge, if there is one, what this launch's records account for; never raises:
     records that do not arrive count as none."""
     judge = os.environ.get(JUDGE_ENV)
     if not judge:
         return
-    try:
-        message = json.dumps(totals(records, world_size)).encode() + b"\n"
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.settimeout(_TIMEOUT_S)
-            connection.connect(judge)
-            connection.sendall(message)
-            connection.makefile("rb").readline(1 << 16)  # the judge has logged it once it answers
+    try:  # the judge has logged them once it answers
+        exchange(judge, json.dumps(totals(records, world_size)).encode() + b"\n", _TIMEOUT_S)
     except (OSError, TypeError, ValueError, AttributeError):
         pass

@@ -48,7 +48,6 @@ import math
 import os
 import random
 import secrets
-import socket
 from pathlib import Path
 
 import torch
@@ -296,11 +295,7 @@ def _ask(socket_path: str, request: dict) -> dict:
     if len(data) > MAX_JUDGED_BYTES:
         raise AssertionError(f"{request.get('name') or request.get('key')}: the value is "
                              f"{len(data) >> 20} MB as JSON, more than the grader's judge takes")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(120)
-        connection.connect(socket_path)
-        connection.sendall(data)
-        answer = json.loads(connection.makefile("rb").readline(1 << 16) or b"{}")
+    answer = _wire_records.exchange(socket_path, data, 120)
     if "refused" in answer:
         raise AssertionError(f"the grader's judge refused: {answer['refused']}")
     return answer

@@ -161,8 +161,13 @@ def findings(cells: list[dict], judge_entries: list[dict],
              graded: set[str] | None = None) -> tuple[dict[str, Finding], list[str]]:
     """({grade_id: a failed Finding} for each graded test cell whose ranks wrote more than their records
     and the allowance, [a flag for the cells outside graded test cells that did so together])."""
+    return _over(compare(cells, judge_entries, graded))
+
+
+def _over(compared_cells: list[CellWire]) -> tuple[dict[str, Finding], list[str]]:
+    """`findings` of cells compared already."""
     failed, flags = {}, []
-    for compared in compare(cells, judge_entries, graded):
+    for compared in compared_cells:
         if compared.excess <= 0:
             continue
         if compared.cell is None:
@@ -195,5 +200,5 @@ def judged(judge, folder: Path) -> tuple[dict[str, Finding], list[str]]:
              f"{c.recorded:,.0f}, allowance {c.allowed:,.0f}, excess {c.excess:,.0f}" for c in compared]
     with os.fdopen(_private(Path(folder) / REPORT_FILE, os.O_TRUNC), "w", encoding="utf-8") as out:
         out.write("".join(line + "\n" for line in lines) or "no cell measured\n")
-    failed, flags = findings(cells, entries, graded)
+    failed, flags = _over(compared)
     return with_wire(judge.findings(), failed), flags

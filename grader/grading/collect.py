@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import errno
 import json
-import os
 import re
 import shutil
 import stat
@@ -30,6 +29,8 @@ from pathlib import Path
 from grader import GraderError
 from grader.common.labs import NotebookError, notebook_from_bytes, source_text, validate_notebook
 from grader.common.quoting import quoted
+
+from .plain_copy import NotRegular, TooBig, read_regular
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 SKIPPED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
@@ -166,24 +167,17 @@ def _not_plain(path: Path) -> str | None:
 
 def read_submitted(path: Path) -> bytes:
     """A submitted notebook's bytes, opened without following a link, checked to be a regular file of at
-    most MAX_NOTEBOOK_BYTES on the descriptor it is read from; NotebookError says why not. The grader
-    reads as root: a link would read whatever it points to."""
+    most MAX_NOTEBOOK_BYTES on the descriptor it is read from (plain_copy.read_regular); NotebookError says
+    why not. The grader reads as root: a link would read whatever it points to."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_regular(path, MAX_NOTEBOOK_BYTES)
+    except NotRegular:
+        raise NotebookError("not a regular file") from None
+    except TooBig:
+        raise NotebookError(f"over {MAX_NOTEBOOK_BYTES >> 20} MB, more than is graded") from None
     except OSError as e:
         raise NotebookError("a symbolic link, which the grader never reads through" if e.errno == errno.ELOOP
                             else f"unreadable ({e.strerror})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise NotebookError("not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(MAX_NOTEBOOK_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_NOTEBOOK_BYTES:
-        raise NotebookError(f"over {MAX_NOTEBOOK_BYTES >> 20} MB, more than is graded")
-    return data
 
 
 def parse_notebook(path: Path) -> dict:

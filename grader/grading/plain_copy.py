@@ -30,18 +30,27 @@ class Refused(Exception):
     """Why one inbound submission is not collected, in words that follow "refused: "."""
 
 
+class NotRegular(OSError):
+    """What read_regular opened is no regular file (a fifo, a device, a folder)."""
+
+
+class TooBig(OSError):
+    """What read_regular read holds more than its limit."""
+
+
 def read_regular(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, opened without following a link; OSError if it is none or holds over limit."""
+    """A regular file's bytes, checked on the descriptor they are read from, opened without following a link
+    (OSError, ELOOP, where path is one); NotRegular if it is none, TooBig if it holds over limit."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
+            raise NotRegular(errno.EINVAL, "not a regular file", str(path))
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(limit + 1)
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise OSError(errno.EFBIG, f"over {limit} bytes", str(path))
+        raise TooBig(errno.EFBIG, f"over {limit} bytes", str(path))
     return data
 
 

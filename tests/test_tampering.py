@@ -14,7 +14,7 @@ from nbformat.v4 import new_code_cell
 from grader.common.quoting import quoted
 from grader.grading import verdict
 from grader.jail.bwrap import Limits
-from grader.judge import allowed, tampering
+from grader.judge import allowed, lab_cells, tampering
 from grader.judge.tampering import flags, scan
 from helpers import REPO, graded_labs
 from helpers.submissions import CHECK_REBOUND, released, solved
@@ -122,7 +122,7 @@ def _with_cell(lab: str, source: str):
 
 
 def test_the_read_only_helpers_of_the_lab_are_protected():
-    protected = tampering.LabNames(released(LAB)).protected
+    protected = lab_cells.LabNames(released(LAB)).protected
     assert {"check", "course", "torch", "dist", "F", "REFERENCE", "all_reduce_against_sum"} <= protected
     assert not {"os", "time", "plt"} & protected   # rebinding those breaks only the student's own run
 
@@ -253,13 +253,13 @@ def test_the_test_cells_after_a_flagged_cell_are_those_it_withholds():
     nb = solved(LAB)
     tests = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     where = {c.metadata.get("nbgrader", {}).get("grade_id"): i for i, c in enumerate(nb.cells)}
-    assert tampering.tests_after(nb, tests, 0) == tests
+    assert lab_cells.tests_after(nb, tests, 0) == tests
     second = where[tests[1]]
-    assert tampering.tests_after(nb, tests, second) == tests[1:]
-    assert tampering.tests_after(nb, tests, second - 1) == tests[1:]   # the answer cell before it
-    assert tampering.tests_after(nb, tests, len(nb.cells)) == []
+    assert lab_cells.tests_after(nb, tests, second) == tests[1:]
+    assert lab_cells.tests_after(nb, tests, second - 1) == tests[1:]   # the answer cell before it
+    assert lab_cells.tests_after(nb, tests, len(nb.cells)) == []
     del nb.cells[where[tests[0]]]          # deleted by the student, put back by nbgrader: counted as after
-    assert tampering.tests_after(nb, tests, len(nb.cells)) == [tests[0]]
+    assert lab_cells.tests_after(nb, tests, len(nb.cells)) == [tests[0]]
 
 
 def test_a_flag_is_a_verdict_line_that_keeps_its_class_through_a_pickle():

@@ -42,7 +42,7 @@ from grader.feedback.worker import FeedbackWorker
 from grader.jail import bwrap
 from grader.jail.host import Jail
 from grader.jail.kernel import SPEC_ENV
-from grader.judge import tampering, wire
+from grader.judge import lab_cells, tampering, wire
 from grader.judge.client import STRANGERS_FILE, Judge
 from grader.judge.judged_execute import CELL_FILE_ENV
 from grader.judge.spawner import JudgeSpawner
@@ -210,7 +210,7 @@ class SubmissionGrader:
                 unverified = {gid: f.why for gid, f in found.items() if not f.passed and scores.get(gid, 0) > 0}
                 first = min((f for f in tampered if getattr(f, "withholds", False)), key=lambda f: f.index,
                             default=None)
-                withheld = [gid for gid in tampering.tests_after(submitted, list(lab.points), first.index)
+                withheld = [gid for gid in lab_cells.tests_after(submitted, list(lab.points), first.index)
                             if scores.get(gid, 0) > 0 and gid not in unverified] if first else []
                 held = verdict.withheld_line(sum(scores[gid] for gid in withheld), withheld, first and first.said)
                 gradebook.zero_cells(private, self.course_id, lab.name, submission.student, [*unverified, *withheld])

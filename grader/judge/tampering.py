@@ -45,7 +45,7 @@ import ast
 from grader.common.labs import source_text
 
 from . import allowed
-from .lab_cells import GUARDED_ROOTS, LabNames, _imports, _python, _students_cells, _where, tests_after  # noqa: F401
+from .lab_cells import GUARDED_ROOTS, LabNames, _imports, _python, _students_cells, _where
 
 MAX_FLAGS = 6
 RECORDER = "touches course.recorder, which records the ranks' messages for the tests"

@@ -284,7 +284,9 @@ def test_the_jails_loopback_read_from_outside_counts_what_its_processes_wrote(tm
     # the message's bytes, plus gloo's connection and framing: within the allowance
     assert launched <= by_launch.payload <= launched + wire.allowance(launched, launched, 2, by_launch), by_launch
     by_socket = ended - after_launch
-    # within a few bytes: a reset or a handshake's segment has a header other than the 52 bytes assumed
-    assert abs(by_socket.payload - own) <= 200, by_socket
+    # within a few bytes (a reset or a handshake's segment has a header other than the 52 bytes assumed),
+    # plus each segment TCP sent again all the same (an RTO on a busy machine: the loss probes are off)
+    resent = wire.SEGMENT_BYTES * by_socket.retransmitted
+    assert own - 200 <= by_socket.payload <= own + 200 + resent, by_socket
     failed, _ = wire.findings([{"index": 1, "cell": "test_own", **by_socket.__dict__}], [])
     assert set(failed) == {"test_own"}

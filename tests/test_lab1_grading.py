@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.rules import NotARule  # noqa: F401 -- the rule table below
 from helpers.submissions import fairness_tests
 
 LAB = "01_single_gpu"
@@ -209,6 +210,11 @@ def step_flops(model):
 }
 
 
-(test_every_exercise_is_graded, test_correct_answers_get_every_point,
+
+# Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
+RULES: dict[str, dict] = {}
+
+(test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
+ test_correct_answers_get_every_point,
  test_each_mistake_costs_exactly_its_exercise, test_other_correct_answers_get_every_point) = fairness_tests(
-    LAB, DIFFERENT, MISTAKES, ALSO_CORRECT)
+    LAB, DIFFERENT, MISTAKES, RULES, ALSO_CORRECT)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.rules import NotARule  # noqa: F401 -- the rule table below
 from helpers.submissions import CHECK_REBOUND, fairness_tests
 
 LAB = "02_data_parallel"
@@ -237,6 +238,11 @@ MISTAKES = {
 # round-trip student: the grader's scan withholds every test cell after a rebound check pending review, so
 # it would cost more than its exercise there; the judge's catch of a stub behind silenced checks, through
 # the grader, is test_hostile_judge.py's (lab 1's stub_with_checks_rebound, lab 2's forges_lab2).
-(test_every_exercise_is_graded, test_correct_answers_get_every_point,
+
+# Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
+RULES: dict[str, dict] = {}
+
+(test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
+ test_correct_answers_get_every_point,
  test_each_mistake_costs_exactly_its_exercise, test_grading_round_trip) = fairness_tests(
-    LAB, DIFFERENT, MISTAKES, round_trip=())
+    LAB, DIFFERENT, MISTAKES, RULES, round_trip=())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.rules import NotARule  # noqa: F401 -- the rule table below
 from helpers.submissions import CHECK_REBOUND, fairness_tests
 
 LAB = "05_sharded_data_parallel"
@@ -326,6 +327,11 @@ MISTAKES = {
 # the hidden test against the stored values; that the judge catches such a mistake through the grader is
 # lab 2's round trip's (the judge compares any lab's values alike), and a mistaken student here would add
 # a whole notebook of ZeRO on ranks to the suite.
-(test_every_exercise_is_graded, test_correct_answers_get_every_point,
+
+# Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
+RULES: dict[str, dict] = {}
+
+(test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
+ test_correct_answers_get_every_point,
  test_each_mistake_costs_exactly_its_exercise, test_grading_round_trip) = fairness_tests(
-    LAB, DIFFERENT, MISTAKES, round_trip=())
+    LAB, DIFFERENT, MISTAKES, RULES, round_trip=())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.rules import NotARule  # noqa: F401 -- the rule table below
 from helpers.submissions import CHECK_REBOUND, fairness_tests
 
 LAB = "06_pipeline_parallel"
@@ -435,6 +436,11 @@ def gpipe(stage, inputs, targets, *, micro_batches, loss_fn, shape, forward_step
 # nbgrader round trip (its last test): the full notebook, as an instructor grades it, of one student
 # who answers differently. The mistake behind a check rebound is in the forked runs, against the stored
 # values; the judge's catch of one through the grader is lab 2's round trip's.
-(test_every_exercise_is_graded, test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,
+
+# Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
+RULES: dict[str, dict] = {}
+
+(test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
+ test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,
  test_other_correct_answers_get_every_point, test_grading_round_trip) = fairness_tests(
-    LAB, DIFFERENT, MISTAKES, {**ALSO_DIFFERENT, **LOSS_SUMMED_OTHERWISE}, round_trip=())
+    LAB, DIFFERENT, MISTAKES, RULES, {**ALSO_DIFFERENT, **LOSS_SUMMED_OTHERWISE}, round_trip=())

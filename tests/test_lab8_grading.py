@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.rules import NotARule  # noqa: F401 -- the rule table below
 from helpers.submissions import fairness_tests
 
 LAB = "08_experts"
@@ -253,6 +254,11 @@ MISTAKES = {
 
 # The nbgrader round trip (its last test): the full notebook, as an instructor grades it, of the student who
 # answers differently. This lab's mistakes are plain ones, which the forked runs hold.
-(test_every_exercise_is_graded, test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,
+
+# Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
+RULES: dict[str, dict] = {}
+
+(test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
+ test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,
  test_grading_round_trip) = fairness_tests(
-    LAB, DIFFERENT, MISTAKES, round_trip=())
+    LAB, DIFFERENT, MISTAKES, RULES, round_trip=())

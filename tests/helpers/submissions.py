@@ -27,6 +27,7 @@ from grader.common.labs import graded_cells
 
 from . import REPO, session_pid
 from .forked_cells import failing_tests_forked
+from .rules import problems as rule_table_problems
 
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
@@ -209,11 +210,12 @@ def forked_failures(lab: str, variants, tmp_path_factory, stop_where_unreached=f
     return _FORKED[lab]
 
 
-def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_correct: dict | None = None,
-                   round_trip: tuple[str, ...] | None = None):
+def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, rules: dict[str, dict],
+                   also_correct: dict | None = None, round_trip: tuple[str, ...] | None = None):
     """The tests that say a lab grades fairly, for a lab's test module to bind to test_* names:
 
-    every exercise is graded and has a classic mistake; the reference and an
+    every exercise is graded and has a classic mistake; every rule its text states is
+    listed in `rules` beside the mistakes that break it (helpers/rules.py); the reference and an
     answer written differently (`different`: grade_id -> answer) get every
     point, each on both instruction sets (the machine's, torch's "default") and
     with the kernel on 1 and on 2 threads (CORRECT_SETTINGS, where the reference's
@@ -251,6 +253,10 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
         assert set(points) == {f"test_{gid}" for gid in different}, points
         assert {cell for _, cell in mistakes.values()} == set(points), "a mistake for every exercise"
 
+    def test_every_rule_the_text_states_is_tested():
+        found = rule_table_problems(lab, rules, mistakes)
+        assert not found, "\n".join(found)
+
     settings = [(student, *setting) for student, each in CORRECT_SETTINGS.items() for setting in each
                 if not (round_trip is not None and (student, setting) == (WRITTEN_DIFFERENTLY, ROUND_TRIP_SETTING))]
 
@@ -274,7 +280,8 @@ def fairness_tests(lab: str, different: dict[str, str], mistakes: dict, also_cor
         failed = forked(tmp_path_factory)[1][f"mistake: {mistake}"]
         assert set(failed) == {exercise}, failed
 
-    tests = (test_every_exercise_is_graded, test_correct_answers_get_every_point,
+    tests = (test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
+             test_correct_answers_get_every_point,
              test_each_mistake_costs_exactly_its_exercise)
     tests_after = ()
     if round_trip is not None:

@@ -21,7 +21,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from grader import GraderError
 from grader.common.compare import compare_releases
-from grader.common.labs import DEMO_NOTEBOOK, find_labs, ignore_patterns
+from grader.common.labs import DEMO_NOTEBOOK, find_labs, ignore_patterns, lab_notebooks
 from grader.release import release
 from helpers import REPO
 
@@ -51,8 +51,8 @@ def test_labs_match_fresh_release(tmp_path):
 
 
 def test_labs_and_solutions_pair_up():
-    sources = {p.relative_to(SOLUTIONS) for p in SOLUTIONS.glob("*/*.ipynb")}
-    released = {p.relative_to(LABS) for p in LABS.glob("*/*.ipynb")}
+    sources = {p.relative_to(SOLUTIONS) for p in lab_notebooks(SOLUTIONS)}
+    released = {p.relative_to(LABS) for p in lab_notebooks(LABS)}
     assert sources, "no solutions/<lab>/<lab>.ipynb found"
     # solutions/demo.ipynb is the live demo (`make demo`), not a lab: never released
     assert (SOLUTIONS / DEMO_NOTEBOOK).is_file(), f"solutions/{DEMO_NOTEBOOK}: the live demo is missing"
@@ -283,6 +283,23 @@ def test_the_demo_notebook_is_skipped_and_other_stray_notebooks_still_fail(small
     nbformat.write(new_notebook(cells=[new_code_cell("1 + 1")]), stray)
     with pytest.raises(GraderError, match=re.escape("solutions/demo_2.ipynb: notebooks belong in a lab folder")):
         find_labs(small_course)
+
+
+def test_jupyterlab_checkpoints_are_neither_labs_nor_released(small_course):
+    # `make demo` and `make lab` open the notebooks in JupyterLab, which saves copies beside them
+    demo = new_notebook(cells=[new_markdown_cell("# The live demo"), new_code_cell("1 + 1")])
+    for folder in (small_course / "solutions", small_course / "solutions" / "00_ranks"):
+        (folder / ".ipynb_checkpoints").mkdir()
+        nbformat.write(demo, folder / ".ipynb_checkpoints" / "demo-checkpoint.ipynb")
+    assert [p.relative_to(small_course).as_posix() for p in lab_notebooks(small_course / "solutions")] == [
+        "solutions/00_ranks/00_ranks.ipynb"]
+    assert [lab.name for lab in find_labs(small_course)] == ["00_ranks"]
+    release(root=small_course, quiet=True)
+    assert not list((small_course / "labs").rglob(".ipynb_checkpoints"))
+    (small_course / "labs" / ".ipynb_checkpoints").mkdir()
+    nbformat.write(demo, small_course / "labs" / ".ipynb_checkpoints" / "index-checkpoint.ipynb")
+    assert [p.relative_to(small_course).as_posix() for p in lab_notebooks(small_course / "labs")] == [
+        "labs/00_ranks/00_ranks.ipynb"]
 
 
 def test_notebook_not_json(small_course):

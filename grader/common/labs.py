@@ -126,6 +126,15 @@ def read_notebook(path: Path, root: Path = COURSE_ROOT) -> dict:
     return data
 
 
+def lab_notebooks(folder: Path) -> list[Path]:
+    """The notebooks one folder down (``folder/<lab>/*.ipynb``), in order, none under a hidden folder:
+    JupyterLab's ``.ipynb_checkpoints/`` (which `make demo` and `make lab` leave in solutions/ and labs/)
+    holds copies, not labs."""
+    folder = Path(folder)
+    return [p for p in sorted(folder.glob("*/*.ipynb"))
+            if not any(part.startswith(".") for part in p.relative_to(folder).parts)]
+
+
 def notebook_title(nb: dict) -> str | None:
     """The text of the first level-1 markdown heading ("# Title"), if any."""
     for cell in nb.get("cells", []):

@@ -34,12 +34,12 @@ from pathlib import Path
 import nbformat
 
 from grader import reference
-from grader.common.labs import graded_cells, ignore_patterns
+from grader.common.labs import graded_cells, ignore_patterns, lab_notebooks
 
 from . import REPO
 from .forked_cells import SETTINGS_PROBE, assert_ran_on
 
-SOLUTIONS = sorted((REPO / "solutions").glob("*/*.ipynb"))
+SOLUTIONS = lab_notebooks(REPO / "solutions")
 # The labs whose ranks $COURSE_RANKS sets.
 ON_RANKS = [p for p in SOLUTIONS if "course.lab_ranks(" in p.read_text()]
 # The labs the fairness tests do not run on the machine's instruction set: those with nothing graded.

@@ -207,13 +207,13 @@ def test_rank_output_and_a_deadlock_reach_the_cell_readably(server, page):
     notebook.run_all(60)
     elapsed = time.monotonic() - started
     hello, deadlock = notebook.code_cells()
-    shown = notebook.output_text(hello["index"])
+    shown = notebook.output_text(hello["index"], "[rank 1]")
     for rank in (0, 1):
         assert f"[rank {rank}] hello from rank {rank} of 2" in shown, shown
 
     errors = [o for o in deadlock["outputs"] if o["output_type"] == "error"]
     assert [e["ename"] for e in errors] == ["RankTimeout"], deadlock["outputs"]
-    shown = notebook.output_text(deadlock["index"])
+    shown = notebook.output_text(deadlock["index"], "did not finish rank_1_skips_the_all_reduce")
     assert f"did not finish rank_1_skips_the_all_reduce within {DEADLOCK_TIMEOUT_S} s" in shown, shown
     assert "dist.all_reduce(torch.ones(4))" in shown, f"the page does not show where rank 0 waits:\n{shown}"
     assert "rank 1" in shown and "returned" in shown, f"the page does not say that rank 1 returned:\n{shown}"
@@ -228,15 +228,17 @@ def test_a_drawing_shows_and_a_prediction_typed_in_the_page_comes_back_against_t
     notebook.run_all(120)
     assert not notebook.errors(), notebook.errors()
     drawing, prediction, verdict = notebook.code_cells()
-    assert notebook.cell(drawing["index"]).locator(".jp-RenderedImage img").count() == 1, "the ring is not drawn"
-    assert "You wrote no prediction" in notebook.output_text(verdict["index"])
+    ring = notebook.cell(drawing["index"]).locator(".jp-RenderedImage img")
+    ring.first.wait_for(timeout=60_000)      # rendered after the run's end
+    assert ring.count() == 1, "the ring is drawn more than once"
+    notebook.output_text(verdict["index"], "You wrote no prediction")
     # A student types a number in place of None, as the labs' prediction cells ask, and runs all again.
     editor = notebook.cell(prediction["index"]).locator(".cm-content")
     editor.click()
     page.keyboard.press("Control+A")
     page.keyboard.type("PREDICTED = 2")
     notebook.run_all(120)
-    shown = notebook.output_text(verdict["index"])
+    shown = notebook.output_text(verdict["index"], "you predicted 2")
     assert "you predicted 2 tensors, measured 3 tensors: 33% too low" in shown, shown
     notebook.screenshot(verdict["index"], ARTIFACTS / "prediction.png")
     notebook.close()
@@ -282,7 +284,7 @@ def test_validate_tells_a_student_what_fails_and_passes_a_finished_lab(server, p
     notebook.open()
     page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-NotebookPanel-toolbar").get_by_role(
         "button", name="Validate").click()
-    dialog = page.locator(".jp-Dialog")
+    dialog = page.locator(".jp-Dialog").filter(has_text="Validation Results")   # the results, not "Validating"
     dialog.wait_for(timeout=RUN_LIMIT_S * 1e3)
     text = dialog.inner_text()
     assert "Validation Results" in text, text[:2000]

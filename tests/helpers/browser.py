@@ -52,12 +52,18 @@ _CODE_CELLS = """() => {
 }"""
 _KERNEL_IDLE = "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'"
 # Done: nothing running, and every cell ran, or one failed (JupyterLab then skips the rest).
-_RUN_FINISHED = """() => {
+# Finished: no cell running, and every code cell ran in this run (its count past the highest before it),
+# or one that ran in it failed (Run All stops there). Counts from an earlier run never count: a second
+# Run All is finished when its own cells are, not at once.
+_RUN_FINISHED = """before => {
     const cells = window.jupyterapp.shell.currentWidget.content.widgets.filter(c => c.model.type === 'code');
     if (cells.some(c => c.model.executionState === 'running')) return false;
-    const failed = cells.some(c => c.model.outputs.toJSON().some(o => o.output_type === 'error'));
-    return failed || cells.every(c => c.model.executionCount !== null);
+    const ran = c => c.model.executionCount !== null && c.model.executionCount > before;
+    const failed = cells.some(c => ran(c) && c.model.outputs.toJSON().some(o => o.output_type === 'error'));
+    return failed || cells.every(ran);
 }"""
+_HIGHEST_COUNT = """() => Math.max(0, ...window.jupyterapp.shell.currentWidget.content.widgets
+    .filter(c => c.model.type === 'code').map(c => c.model.executionCount || 0))"""
 
 
 def chromium_path() -> str | None:
@@ -120,8 +126,9 @@ class Notebook:
     def run_all(self, timeout_s: float = 300) -> float:
         """Run > Run All Cells, and wait until it has finished; returns the seconds it took."""
         started = time.monotonic()
+        before = self.page.evaluate(_HIGHEST_COUNT)
         self.menu("Run", "Run All Cells")
-        self.page.wait_for_function(_RUN_FINISHED, timeout=timeout_s * 1e3, polling=500)
+        self.page.wait_for_function(_RUN_FINISHED, arg=before, timeout=timeout_s * 1e3, polling=500)
         return time.monotonic() - started
 
     def code_cells(self) -> list[dict]:
@@ -145,9 +152,19 @@ class Notebook:
                            ".setAttribute('data-course-test-cell', String(i))", index)
         return self.page.locator(f"[data-course-test-cell='{index}']")
 
-    def output_text(self, index: int) -> str:
-        """What the page shows under the cell at `index`."""
-        return self.cell(index).locator(".jp-OutputArea").inner_text()
+    def output_text(self, index: int, showing: str, timeout_s: float = 60) -> str:
+        """What the page shows under the cell at `index`, once it shows `showing`: the kernel's
+        outputs reach the notebook's model before the page renders them, so a read right after
+        the run may find the area still empty. Fails, saying what it waited for, at the deadline."""
+        area = self.cell(index).locator(".jp-OutputArea")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            shown = area.inner_text()
+            if showing in shown:
+                return shown
+            assert time.monotonic() < deadline, \
+                f"cell {index}'s output did not show {showing!r} within {timeout_s:g} s; it shows:\n{shown[-2000:]}"
+            self.page.wait_for_timeout(200)
 
     def screenshot(self, index: int, path: Path) -> Path:
         """The page, scrolled so the cell at `index` is at the top."""

@@ -237,8 +237,7 @@ def test_opening_the_hostile_page_in_a_browser_runs_nothing_of_the_students(grad
     page_file = graded["work"] / "feedback" / "hostile" / LAB / f"{LAB}.html"
     with chromium() as browser:
         page = browser.new_page()
-        page.goto(page_file.as_uri())
-        page.wait_for_timeout(1000)
+        page.goto(page_file.as_uri(), wait_until="load")   # the page and all it loads: what it will ever run
         assert page.title() == LAB
         assert page.locator("marquee").count() == 0
         assert "owned by the student" in page.locator("body").inner_text()   # shown, as text

@@ -502,6 +502,11 @@ def test_a_long_verdict_line_is_cut_between_clauses_never_inside_a_value():
     line = verdict.fitted(one_clause)
     assert len(line) <= verdict.MAX_LINE and line.endswith("word…"), line
     assert verdict.fitted("short; enough") == "short; enough"
+    # nor is a number in a student's words: cut through, it would read as a value
+    for said, cut in (("expected 0.5714286", "«expected …»"), ("got -1.5e-07", "«got …»"),
+                      ("at [2]: 12345", "«at [2]: …»")):
+        assert quoted("x" * 150 + " " + said, 150 + len(said) - 3) == "«" + "x" * 150 + " " + cut[1:], said
+    assert quoted("y" * 200, 160) == "«" + "y" * 159 + "…»"       # words are cut where the limit falls
     # and on the feedback page, a long unbroken value wraps rather than running off the screen
     assert 'style="overflow-wrap: anywhere"' in verdict_html(["graded: 0 of 1 points", "x" * 500])
 

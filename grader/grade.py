@@ -56,8 +56,11 @@ DEFAULT_LIMITS = bwrap.Limits()  # frozen: one instance serves every call
 def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFAULT_WORK,
           root: Path = COURSE_ROOT, csv_path: Path | None = None, limits: bwrap.Limits = DEFAULT_LIMITS,
           cell_timeout: float | None = None, jobs: int = 1, unsafe: bool = False, regrade: bool = False,
-          judge_values: Path | None = None, shard: tuple[int, int] | None = None, say=print) -> Path:
-    """Collect, autograde, give feedback and export; returns the CSV's path.
+          judge_values: Path | None = None, shard: tuple[int, int] | None = None, whole_term: bool = False,
+          say=print) -> Path:
+    """Collect, autograde, give feedback and export; returns the CSV's path. The CSV reports the labs
+    named in `labs`, or every graded lab with `whole_term`; else the labs handed in
+    (grader.grading.export.reported_labs).
 
     judge_values: an earlier run's judge/ folder, whose recordings are reused where they can be
     (grader.judge_values); shard: (K, N), grade only the K-th of N shards of the class
@@ -159,8 +162,10 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
             receipts.keep(submission, ws.feedback / submission.student / submission.lab)
         gradebook_ready.result()
         target = Path(csv_path) if csv_path else ws.root / "grades.csv"
-        shards.write_run(ws, list(infos), shard, uncollected)
-        export.write_class(target, ws.gradebook, root, infos, status, uncollected, {s.student for s in found})
+        every_lab = bool(labs) or whole_term
+        shards.write_run(ws, list(infos), shard, uncollected, every_lab)
+        export.write_class(target, ws.gradebook, root, infos, status, uncollected, {s.student for s in found},
+                           every=every_lab)
         say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
         return target
 
@@ -207,7 +212,10 @@ def add_subcommand(subparsers) -> None:
                     "HTML without hidden tests, and export one CSV row per student.")
     p.add_argument("submissions", type=Path, help="folder (or zip) with one subfolder per student")
     p.add_argument("--lab", dest="labs", action="append", metavar="LAB",
-                   help="grade only this lab (repeatable; default: every graded lab)")
+                   help="grade only this lab (repeatable; default: every graded lab handed in; the CSV reports "
+                        "the labs named, or those handed in)")
+    p.add_argument("--whole-term", action="store_true",
+                   help="report every graded lab in the CSV, those nobody handed in yet too")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK,
                    help="where the gradebook and nbgrader's folders go (default: grader/work)")
     p.add_argument("--csv", type=Path, help="where to write the grades (default: WORK/grades.csv)")
@@ -247,5 +255,5 @@ def _main(args: argparse.Namespace) -> int:
                      processes=args.max_processes, cpus=args.cpus)
     grade(args.submissions, labs=args.labs, work=args.work, root=args.root, csv_path=args.csv, limits=limits,
           cell_timeout=args.cell_timeout, jobs=args.jobs, unsafe=args.unsafe, regrade=args.regrade,
-          judge_values=args.judge_values, shard=args.shard)
+          judge_values=args.judge_values, shard=args.shard, whole_term=args.whole_term)
     return 0

@@ -666,7 +666,9 @@ class _Stand:
         return Grader()
 
 
-def _run_with(stand, tmp_path, monkeypatch, labs, jobs):
+def _run_with(stand, tmp_path, monkeypatch, labs, jobs, handed_in=None, whole_term=False):
+    """Grade ada's and bo's notebooks of `handed_in` (default: `labs`) with the stand's parts; the labs
+    the CSV would report go to stand.reported."""
     from grader import grade as grading_run
 
     class Worker:
@@ -678,11 +680,13 @@ def _run_with(stand, tmp_path, monkeypatch, labs, jobs):
                         "prepare_gradebook": stand.prepare_gradebook}.items():
         monkeypatch.setattr(grading_run, name, value)
     monkeypatch.setattr(grading_run, "jail_unavailable", lambda: None)
-    monkeypatch.setattr(grading_run.export, "write_csv", lambda *args, **kwargs: None)
+    monkeypatch.setattr(grading_run.export, "write_csv",
+                        lambda path, students, points, *args, **kwargs: setattr(stand, "reported", list(points)))
     for student in ("ada", "bo"):
-        for lab in labs:
+        for lab in labs if handed_in is None else handed_in:
             _notebook(tmp_path / "in" / student / f"{lab}.ipynb")
-    return grading_run.grade(tmp_path / "in", labs=labs, work=tmp_path / "work", jobs=jobs, say=lambda line: None)
+    return grading_run.grade(tmp_path / "in", labs=labs, work=tmp_path / "work", jobs=jobs, whole_term=whole_term,
+                             say=lambda line: None)
 
 
 def test_each_lab_is_recorded_before_its_students_are_graded_several_at_once(tmp_path, monkeypatch):
@@ -693,6 +697,18 @@ def test_each_lab_is_recorded_before_its_students_are_graded_several_at_once(tmp
     # each student after their lab's recording and the gradebook's preparation
     assert sorted(graded) == sorted(("grade", lab, True) for lab in labs for _ in range(2))
     assert stand.recording_at_once == 2  # --jobs recordings side by side
+
+
+def test_the_csv_reports_the_labs_handed_in_unless_named_or_asked_for_the_whole_term(tmp_path, monkeypatch):
+    every = list(gradable_labs(COURSE_ROOT))
+    for labs, whole_term, reported in ((None, False, ["03_model_parallel"]),   # not 7 labs nobody was given
+                                       (None, True, every),
+                                       (["02_data_parallel", "03_model_parallel"], False,
+                                        ["02_data_parallel", "03_model_parallel"])):
+        stand = _Stand()
+        _run_with(stand, tmp_path / str(len(reported)) / str(whole_term), monkeypatch, labs, jobs=1,
+                  handed_in=["03_model_parallel"], whole_term=whole_term)
+        assert stand.reported == reported, (labs, whole_term)
 
 
 def test_a_failed_recording_stops_the_run_and_none_of_its_labs_students_is_graded(tmp_path, monkeypatch):

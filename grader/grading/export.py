@@ -142,10 +142,20 @@ def write_csv(path: Path, students: list[str], points: dict[str, float], status:
     return path
 
 
+def reported_labs(labs: list[str], status: dict, uncollected: dict, every: bool) -> list[str]:
+    """The labs a run's CSV reports: all of `labs` where asked (the run named its labs, or was asked for the
+    whole term); else those some student handed in, graded or not, in this work folder's runs (`status`,
+    `uncollected`): a run on one lab's submissions is not a table of labs never given. All where none was."""
+    handed_in = {lab for entries in (*status.values(), *uncollected.values()) for lab in entries}
+    return list(labs) if every else [lab for lab in labs if lab in handed_in] or list(labs)
+
+
 def write_class(path: Path, gradebook_path: Path, root: Path, infos: dict, status: dict, uncollected: dict,
-                students) -> Path:
+                students, every: bool = True) -> Path:
     """The CSV of a grading run (or of its merged shards): a row for each of `students` and each student of
-    `status`; each lab's entry from `status`, or from `uncollected` (the labs this run could not collect)."""
+    `status`; each lab's entry from `status`, or from `uncollected` (the labs this run could not collect);
+    the labs of `reported_labs`."""
+    infos = {lab: infos[lab] for lab in reported_labs(list(infos), status, uncollected, every)}
     graded = {**status, **{student: {**status.get(student, {}), **labs}
                            for student, labs in uncollected.items()}}
     return write_csv(path, sorted(set(students) | set(graded)), {lab: info.max_score for lab, info in infos.items()},

@@ -54,9 +54,12 @@ def students_of(shard: tuple[int, int], students) -> set[str]:
     return {student for i, student in enumerate(sorted(set(students))) if i % n == k - 1}
 
 
-def write_run(ws: Workspace, labs: list[str], shard: tuple[int, int] | None, uncollected: dict) -> None:
-    """What a grading run was: its labs, its shard (K, N) or none, and what it could not collect."""
-    about = {"labs": sorted(labs), "shard": list(shard) if shard else None, "uncollected": uncollected}
+def write_run(ws: Workspace, labs: list[str], shard: tuple[int, int] | None, uncollected: dict,
+              every_lab: bool = True) -> None:
+    """What a grading run was: its labs, its shard (K, N) or none, what it could not collect, and whether its
+    CSV reports every one of its labs or those handed in (grader.grading.export.reported_labs)."""
+    about = {"labs": sorted(labs), "shard": list(shard) if shard else None, "uncollected": uncollected,
+             "every_lab": every_lab}
     write_private(ws.root / RUN_FILE, json.dumps(about, indent=1, sort_keys=True) + "\n")
 
 
@@ -160,9 +163,10 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
                 target.parent.mkdir(mode=0o700, exist_ok=True)
                 shutil.copyfile(recorded, target)
     ws.save_status(status)
-    write_run(ws, labs, None, uncollected)
+    every_lab = all(_read_run(folder).get("every_lab", True) for folder in folders)  # as the shards were asked
+    write_run(ws, labs, None, uncollected, every_lab)
     target = Path(csv_path) if csv_path else ws.root / "grades.csv"
-    export.write_class(target, ws.gradebook, root, infos, status, uncollected, students=set(status))
+    export.write_class(target, ws.gradebook, root, infos, status, uncollected, students=set(status), every=every_lab)
     ws.make_private(say)  # what was copied keeps its shard's modes: any a shard left open, closed now
     merged = sum(len(entries) for entries in status.values())
     say(f"merged {len(folders)} shards, {merged} submissions: wrote {target}; feedback in {ws.feedback}/")

@@ -8,12 +8,38 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.spawn
+import multiprocessing.util
 import os
 import signal
 import socket
+import tempfile
+
+# The forkserver listens on a unix socket, TEMP/pymp-XXXXXXXX/listener-XXXXXXXX, whose path the kernel
+# caps at 107 bytes: a TMPDIR longer than this leaves no room.
+LONGEST_TEMP_DIR = 107 - len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+SHORT_TEMP_DIR = "/tmp"
+
+
+def _room_for_the_forkserver_socket() -> None:
+    """Where TMPDIR is too long for the forkserver's socket, multiprocessing's folder goes in /tmp
+    (it keeps that folder for the process, and removes it at exit); where it cannot, say what to do."""
+    if len(tempfile.gettempdir()) <= LONGEST_TEMP_DIR:
+        return
+    if not multiprocessing.current_process()._config.get("tempdir") and os.access(SHORT_TEMP_DIR, os.W_OK | os.X_OK):
+        before, tempfile.tempdir = tempfile.tempdir, SHORT_TEMP_DIR
+        try:
+            multiprocessing.util.get_temp_dir()
+        finally:
+            tempfile.tempdir = before
+    made = multiprocessing.util.get_temp_dir()
+    if len(made) > LONGEST_TEMP_DIR + len("/pymp-xxxxxxxx"):
+        raise RuntimeError(f"the temporary folder {made!r} is too long ({len(made)} characters) for the unix socket "
+                           f"the ranks are started through (107 bytes in all): set TMPDIR to a shorter folder, such "
+                           f"as {SHORT_TEMP_DIR}, before starting Python (or Jupyter)")
 
 
 def forkserver():
+    _room_for_the_forkserver_socket()
     context = multiprocessing.get_context("forkserver")
     # The server imports torch once; every rank is a fork of it after that.
     # torch._dynamo too: the first optimizer a rank builds imports it (torch.optim's

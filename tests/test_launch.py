@@ -388,6 +388,21 @@ def _twenty_runs_in(private_tmp: Path):
     assert report["after"] == report["before"]
 
 
+def test_ranks_start_under_a_temporary_folder_too_long_for_a_unix_socket(tmp_path):
+    # multiprocessing's forkserver listens on a socket in TMPDIR; unix socket paths are capped at 107
+    # bytes. The launcher puts it in /tmp instead, and multiprocessing removes that folder at exit.
+    long_tmp = tmp_path / ("t" * (120 - len(str(tmp_path))))
+    long_tmp.mkdir()
+    script = ("import multiprocessing.util, course\n"
+              "print(course.launch(lambda: 7, 2)[1], multiprocessing.util.get_temp_dir())\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TMPDIR": str(long_tmp)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer, used = done.stdout.split()
+    assert answer == "7" and Path(used).parent == Path("/tmp"), done.stdout
+    assert not Path(used).exists(), f"{used} left behind"
+
+
 def test_an_interrupt_ends_every_rank_within_two_seconds(tmp_path):
     script = tmp_path / "interrupted.py"
     script.write_text(textwrap.dedent(f"""

@@ -20,6 +20,9 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 TORCH_PIN := torch==2.13.0
 
 INSTALL_STAMP := $(VENV)/.installed
+# JupyterLab's defaults for everyone who opens the course (make lab, make demo, the handout, the hub):
+# no "Would you like to get notified about official Jupyter news?" over the page on each first start.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 LAB_INDEX := labs/index.ipynb
 # The instructor's live demo: a notebook beside the solutions, not a lab.
 DEMO := solutions/demo.ipynb
@@ -28,7 +31,7 @@ BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.
 
 .PHONY: install sandbox-tools browser-tools slurm-tools site-tools site hub hub-tools hub-remove test test-fast test-lab lint lab demo release handout reference grade bench check-hardware clean
 
-install: $(INSTALL_STAMP)
+install: $(INSTALL_STAMP) $(LAB_OVERRIDES)
 
 # Redone when pyproject.toml changes; pip skips what is already installed.
 $(INSTALL_STAMP): pyproject.toml
@@ -37,6 +40,10 @@ $(INSTALL_STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
 	sh grader/sandbox-tools.sh
 	touch $@
+
+$(LAB_OVERRIDES): deploy/handout/jupyterlab-overrides.json $(INSTALL_STAMP)
+	mkdir -p $(dir $@)
+	cp $< $@
 
 # The grader's sandbox; a no-op where bubblewrap is already installed.
 sandbox-tools:
@@ -67,7 +74,7 @@ site: $(INSTALL_STAMP) $(SITE_STAMP)
 slurm-tools:
 	sh tests/slurm-tools.sh
 
-test: $(INSTALL_STAMP) browser-tools slurm-tools site-tools hub-tools
+test: $(INSTALL_STAMP) $(LAB_OVERRIDES) browser-tools slurm-tools site-tools hub-tools
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # The edit-run loop, about 2 minutes on 2 cores: every test that is none of the kinds
@@ -77,7 +84,7 @@ test-fast: $(INSTALL_STAMP)
 
 # Everything about one lab, every tier: its fairness tests and round trip, browser page (its run on
 # 4 ranks), torchrun runs, tamper scan and guide (tests/README.md), e.g. LAB=02_data_parallel.
-test-lab: $(INSTALL_STAMP) browser-tools slurm-tools site-tools hub-tools
+test-lab: $(INSTALL_STAMP) $(LAB_OVERRIDES) browser-tools slurm-tools site-tools hub-tools
 	@test -n "$(LAB)" || { echo "usage: make test-lab LAB=02_data_parallel (a folder of solutions/)" >&2; exit 2; }
 	$(VENV)/bin/python -m pytest $(PARALLEL) --lab '$(LAB)' $(PYTEST_ARGS)
 
@@ -91,11 +98,11 @@ lint: $(INSTALL_STAMP)
 jupyter_lab_on = $(VENV)/bin/jupyter lab --ServerApp.root_dir='$(CURDIR)' --LabApp.default_url=/lab/tree/$(1) $(ROOT_FLAG) $(LAB_ARGS)
 
 # Listing the notebook as a prerequisite makes a missing one an error, not a 404 page.
-lab: $(INSTALL_STAMP) $(LAB_INDEX)
+lab: $(INSTALL_STAMP) $(LAB_OVERRIDES) $(LAB_INDEX)
 	$(call jupyter_lab_on,$(LAB_INDEX))
 
 # The live demo, for a projector: Run All Cells (its measured time: bench/README.md).
-demo: $(INSTALL_STAMP) $(DEMO)
+demo: $(INSTALL_STAMP) $(LAB_OVERRIDES) $(DEMO)
 	$(call jupyter_lab_on,$(DEMO))
 
 # Regenerates labs/ from solutions/.

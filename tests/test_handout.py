@@ -21,7 +21,7 @@ from grader.common.labs import find_labs
 from helpers import REPO, graded_labs
 from helpers.submissions import hidden_lines, regions
 
-EXPECTED = {"labs", "course", "pyproject.toml", "Makefile", "README.md"}
+EXPECTED = {"labs", "course", "pyproject.toml", "Makefile", "README.md", "jupyterlab-overrides.json"}
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,7 @@ def test_make_lab_in_the_handout_installs_the_courses_torch_and_opens_the_index(
     assert pin(handout / "Makefile") == pin(REPO / "Makefile") != []
     planned = subprocess.run(["make", "-n", "lab"], cwd=handout, capture_output=True, text=True, check=True).stdout
     assert "pip install -q -e ." in planned
+    assert "cp jupyterlab-overrides.json .venv/share/jupyter/lab/settings/overrides.json" in planned  # no news prompt
     jupyter = next(line for line in planned.splitlines() if "jupyter lab" in line)
     assert f"--ServerApp.root_dir='{handout}'" in jupyter
     assert "--LabApp.default_url=/lab/tree/labs/index.ipynb" in jupyter

@@ -197,6 +197,9 @@ def test_an_instructor_and_two_students_on_the_hub(tmp_path):
 
 def _play(hub, browser, pages: dict, finished: Path) -> None:
     """The term, step by step; `pages` gathers each person's browser page as they log in."""
+    # every user's JupyterLab starts with the course's defaults: no news prompt over formgrader's links
+    overrides = Path(hub.state["venv"]) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    assert overrides.read_bytes() == (REPO / "deploy" / "handout" / "jupyterlab-overrides.json").read_bytes()
     teacher = pages[INSTRUCTOR] = _log_in(browser, hub, INSTRUCTOR)
     assert (hub.home(INSTRUCTOR) / "course" / "solutions" / LAB).is_dir()
     _formgrader_action(teacher, "release", f"Successfully released '{LAB}'", "released")

@@ -98,3 +98,14 @@ def test_server_runs_from_this_repository(server):
     assert json.loads(body)["type"] == "directory"
     info = [json.loads(f.read_text()) for f in server.runtime_dir.glob("jpserver-*.json")]
     assert [Path(i["root_dir"]) for i in info] == [REPO]
+
+
+def test_jupyterlab_asks_no_news_question_of_whoever_opens_the_course(server):
+    # On every first start JupyterLab asks "Would you like to get notified about official Jupyter news?"
+    # over the page (it hid formgrader's links). The course's defaults, deploy/handout/jupyterlab-overrides.json,
+    # installed in the venv by make (and by the handout's make and the hub), answer it: no news, no update check.
+    running, _ = server
+    status, _, body = http_get(running.port, "/lab/api/settings/@jupyterlab/apputils-extension:notification")
+    assert status == 200, body[:500]
+    defaults = {name: spec.get("default") for name, spec in json.loads(body)["schema"]["properties"].items()}
+    assert (defaults["fetchNews"], defaults["checkForUpdates"]) == ("false", False), defaults

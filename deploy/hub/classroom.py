@@ -46,6 +46,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+LAB_OVERRIDES = Path("deploy") / "handout" / "jupyterlab-overrides.json"   # JupyterLab's defaults for the course
 PROXY_PACKAGE = "configurable-http-proxy@4.6.3"
 HUB_PACKAGES = ["jupyterhub==6.1.1", "jupyterhub-idle-culler==2.0.0"]
 # Off in a student's server (class_config): formgrader, the course list, the authoring tools.
@@ -96,6 +97,9 @@ def make_environment(root: Path, python: str, torch_pin: str, compile_bytecode: 
     target = Path(purelib) / "course"
     shutil.rmtree(target, ignore_errors=True)  # the repository's current course/, every run
     shutil.copytree(REPO / "course", target, ignore=shutil.ignore_patterns("__pycache__"))
+    settings = venv / "share" / "jupyter" / "lab" / "settings"   # every user's JupyterLab: no news prompt
+    settings.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO / LAB_OVERRIDES, settings / "overrides.json")
     return venv
 
 

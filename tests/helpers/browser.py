@@ -32,11 +32,11 @@ CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-
                   "--disable-dev-shm-usage"]
 VIEWPORT = {"width": 1440, "height": 1000}
 # JupyterLab's settings for the tests: every cell in the page (no windowing, so each
-# can be found), nothing saved over the course's notebooks, no news fetched.
+# can be found), nothing saved over the course's notebooks. The rest is what users get
+# (the news prompt answered by the course's defaults: tests/test_lab_server.py).
 LAB_SETTINGS = {
     "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
     "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
-    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
 }
 SERVER_ARGS = ["--LabApp.expose_app_in_browser=True"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -919,10 +919,19 @@ def test_the_feedback_page_says_pending_for_an_answer_nobody_graded_and_escapes_
                                   "db_url": db}}
         pages[student] = html_page(new_notebook(cells=cells), ["graded: 4 of 5 points"], [], [released], resources)
     ada, bo = pages["ada"], pages["bo"]
-    assert "Score: pending / 2.0, graded by hand" in ada and "Score: pending / 3.0, graded by hand" in ada
-    assert "Score: 0.0 / 1.0" in ada  # left as released: autograde's 0 stands
-    assert "5.0 points await grading by hand" in ada
-    assert "Score: 1.5 / 2.0" in bo and "3.0 points await grading by hand" in bo
+    assert "Score: pending / 2, graded by hand" in ada and "Score: pending / 3, graded by hand" in ada
+    assert "Score: 0 / 1" in ada  # left as released: autograde's 0 stands
+    # the heading counts as the verdict does: the code's points apart from the answers' given by hand
+    assert f"{WRITTEN_LAB}: 4 of 5 autograded points; written answers: 0 of 1 given by hand, 5 points to be " \
+           "graded by hand</h4>" in ada
+    assert "Score: 1.5 / 2" in bo and "written answers: 1.5 of 3 given by hand, 3 points to be graded by hand" in bo
+    assert '<a href="#test_step">test_step</a> (Score: 4 / 5)' in ada   # no exercise heading in this notebook
+    # with the lab's heading before it, a test cell is named by its exercise; a heading of the student's is not
+    heading, forged = "## Exercise 1 · One step (5 points)\n\nWrite `step`.", "## Exercise 9 · Forged (9 points)"
+    named = html_page(new_notebook(cells=[new_markdown_cell(heading), new_markdown_cell(forged), *cells]),
+                      ["graded: 4 of 5 points"], [], [released, heading], resources)
+    assert '<a href="#test_step">Exercise 1 · One step</a> (Score: 4 / 5)' in named
+    assert '<a href="#test_step">Exercise 9' not in named
     for page in (ada, bo):
         assert "<script>" not in page and "<img src=x" not in page
         assert "My answer to written_why &lt;script&gt;alert(" in page  # shown, as text

@@ -66,9 +66,10 @@ $(SITE_STAMP):
 	touch $@
 
 # The course as a website: build/site/_build/html/index.html, each lab as released with its figures
-# (each solution run here for them). HUB_URL and REPOSITORY add a launch button to a JupyterHub.
+# (each solution run here for them). HUB_URL and REPOSITORY (and BRANCH, default main) add a launch button
+# to a JupyterHub.
 site: $(INSTALL_STAMP) $(SITE_STAMP)
-	$(VENV)/bin/python -m grader site --out build/site $(if $(HUB_URL),--hub-url '$(HUB_URL)') $(if $(REPOSITORY),--repository '$(REPOSITORY)')
+	$(VENV)/bin/python -m grader site --out build/site $(if $(HUB_URL),--hub-url '$(HUB_URL)') $(if $(REPOSITORY),--repository '$(REPOSITORY)') $(if $(BRANCH),--branch '$(BRANCH)')
 
 # Debian's Slurm and munge for the test that grades a class as a Slurm array; a no-op where installed.
 slurm-tools:

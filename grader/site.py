@@ -17,7 +17,7 @@ Jupyter Book 1 (Sphinx, MyST-NB) builds it: everything it needs comes from PyPI.
 build downloads its theme from api.mystmd.org, which course machines do not reach. It is installed
 in a virtualenv of its own (`make site-tools`: .venv-site), apart from the course's pins.
 
-    python -m grader site --out build/site [--executed FOLDER] [--hub-url URL --repository URL]
+    python -m grader site --out build/site [--executed FOLDER] [--hub-url URL --repository URL [--branch B]]
 """
 from __future__ import annotations
 
@@ -38,15 +38,17 @@ SITE_VENV = ".venv-site"
 #: Outputs a static page cannot show: a widget's view needs its live kernel.
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 EXECUTE_TIMEOUT_S = 600
+DEFAULT_BRANCH = "main"
 
 
 def _kept_outputs(cell) -> list:
-    """A run's outputs of one cell, less widget views (a page cannot draw them; their figures stay)."""
+    """A run's outputs of one cell, less widget views (a page cannot draw them; their figures stay), and
+    the text a widget's view carries beside it: its repr, "VBox(children=(Dropdown(...", no reader's."""
     kept = []
     for output in cell.get("outputs", []):
         data = output.get("data")
         if data and WIDGET_VIEW in data:
-            data = {kind: value for kind, value in data.items() if kind != WIDGET_VIEW}
+            data = {kind: value for kind, value in data.items() if kind not in (WIDGET_VIEW, "text/plain")}
             if not data:
                 continue
             output = {**output, "data": data}
@@ -87,7 +89,8 @@ def _executed(lab, root: Path, executed: Path | None, say) -> nbformat.NotebookN
     return nb
 
 
-def _config(title: str, hub_url: str | None, binder_url: str | None, repository: str | None) -> str:
+def _config(title: str, hub_url: str | None, binder_url: str | None, repository: str | None,
+            branch: str = DEFAULT_BRANCH) -> str:
     launch = {"notebook_interface": "jupyterlab"}
     if hub_url:
         launch["jupyterhub_url"] = hub_url
@@ -97,14 +100,15 @@ def _config(title: str, hub_url: str | None, binder_url: str | None, repository:
               "execute": {"execute_notebooks": "off"},
               "launch_buttons": launch, "sphinx": {"config": {"html_show_copyright": False}}}
     if repository:
-        config["repository"] = {"url": repository, "branch": "main"}
+        config["repository"] = {"url": repository, "branch": branch}
     elif hub_url or binder_url:
         raise GraderError("launch buttons open the labs from the course's repository: give --repository URL too")
     return json.dumps(config, indent=1)     # YAML reads JSON
 
 
 def build(out: Path, root: Path = COURSE_ROOT, executed: Path | None = None, hub_url: str | None = None,
-          binder_url: str | None = None, repository: str | None = None, say=print) -> Path:
+          binder_url: str | None = None, repository: str | None = None, branch: str = DEFAULT_BRANCH,
+          say=print) -> Path:
     """Write the site's sources into out/src and build them into out/html; returns the index page."""
     root, out = Path(root).resolve(), Path(out).resolve()
     jupyter_book = root / SITE_VENV / "bin" / "jupyter-book"
@@ -115,9 +119,9 @@ def build(out: Path, root: Path = COURSE_ROOT, executed: Path | None = None, hub
     if source.exists():
         shutil.rmtree(source)
     (source / "labs").mkdir(parents=True)
-    index = nbformat.read(root / "labs" / "index.ipynb", as_version=4)   # its links are relative to labs/
-    (source / "labs" / "index.md").write_text("\n\n".join(c.source for c in index.cells if c.cell_type == "markdown"),
-                                              encoding="utf-8")
+    # The index as the notebook it is (its links relative to labs/): a page with the launch buttons too.
+    index = nbformat.read(root / "labs" / "index.ipynb", as_version=4)
+    nbformat.write(index, source / "labs" / "index.ipynb")
     chapters = []
     for lab in labs:
         released = root / "labs" / lab.name / f"{lab.name}.ipynb"
@@ -131,7 +135,7 @@ def build(out: Path, root: Path = COURSE_ROOT, executed: Path | None = None, hub
     (source / "_toc.yml").write_text("format: jb-book\nroot: labs/index\nchapters:\n" + "\n".join(chapters) + "\n",
                                      encoding="utf-8")
     (source / "_config.yml").write_text(_config(index.cells[0].source.splitlines()[0].lstrip("# "), hub_url,
-                                                binder_url, repository), encoding="utf-8")
+                                                binder_url, repository, branch), encoding="utf-8")
     built = subprocess.run([str(jupyter_book), "build", str(source), "--path-output", str(out), "--builder", "html",
                             "--warningiserror", "--keep-going"], capture_output=True, text=True)
     if built.returncode != 0:
@@ -152,10 +156,12 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--binder-url", help="a BinderHub, for a second launch button")
     p.add_argument("--repository", help="the course's repository on GitHub or GitLab (its URL), which the launch "
                                         "buttons open")
+    p.add_argument("--branch", default=DEFAULT_BRANCH,
+                   help=f"the repository's branch the launch buttons open (default: {DEFAULT_BRANCH})")
     p.add_argument("--root", type=Path, default=COURSE_ROOT, help="course root (default: this repository)")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
-    build(args.out, args.root, args.executed, args.hub_url, args.binder_url, args.repository)
+    build(args.out, args.root, args.executed, args.hub_url, args.binder_url, args.repository, args.branch)
     return 0

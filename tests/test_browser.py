@@ -387,7 +387,7 @@ def test_the_site_shows_every_lab_as_released_with_its_figures(page, executed_la
 
     hub, repository = "https://hub.example.edu", "https://github.com/example/multi-gpu-course"
     built = subprocess.run([sys.executable, "-m", "grader", "site", "--out", str(tmp_path / "site"), "--executed",
-                            str(executed_labs), "--hub-url", hub, "--repository", repository],
+                            str(executed_labs), "--hub-url", hub, "--repository", repository, "--branch", "fall"],
                            cwd=REPO, capture_output=True, text=True, timeout=900)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     html = tmp_path / "site" / "_build" / "html"
@@ -404,10 +404,14 @@ def test_the_site_shows_every_lab_as_released_with_its_figures(page, executed_la
             assert figures > 0 and text.count("<img") >= figures, (lab.name, figures, text.count("<img"))
         assert text.count("<img") > 0, f"{lab.name}'s page shows no figure"
         assert f"{hub}/hub/user-redirect/git-pull?repo=" in text, f"{lab.name}'s page has no launch button to the hub"
+        assert "branch%3Dfall" in text or "branch=fall" in text, f"{lab.name}'s launch button ignores --branch"
+        assert "VBox(" not in html_module.unescape(text), f"{lab.name}'s page prints a widget's repr"
         page_text = html_module.unescape(text)
         leaked = [line for line in (hidden_lines(lab.name) if lab.points else []) if line in page_text]
         assert not leaked, f"{lab.name}'s page shows hidden test lines: {leaked[:3]}"
         assert "### BEGIN SOLUTION" not in page_text
+    assert f"{hub}/hub/user-redirect/git-pull?repo=" in (html / "labs" / "index.html").read_text(encoding="utf-8"), \
+        "the index page has no launch button to the hub"
     page.goto((html / "index.html").as_uri())
     page.get_by_role("link", name=re.compile("08 · Experts")).first.click()
     page.wait_for_load_state("load")

@@ -38,7 +38,7 @@ def test_a_page_shows_the_demonstrations_outputs_and_nothing_of_an_exercise_or_i
     assert page["ex"].outputs == [] and page["ex"].source.endswith("NotImplementedError()")
     assert page["t"].outputs == []
     assert [o["data"] for o in page["demo"].outputs] == [figure]
-    assert [o["data"] for o in page["view"].outputs] == [figure, {"text/plain": "VBox"}]   # the widget's view gone
+    assert [o["data"] for o in page["view"].outputs] == [figure]   # the widget's view gone, and its repr
     assert page["moved"].outputs == []          # a cell whose source is not the run's shows no run's output
     assert released.cells[3].outputs == []      # the release itself unchanged
     nbformat.validate(with_figures(released, ran))
@@ -58,5 +58,8 @@ def test_a_launch_button_needs_the_repository_it_opens():
         _config("The course", "https://hub.example.edu", None, None)
     config = json.loads(_config("The course", "https://hub.example.edu", None, "https://github.com/you/course"))
     assert config["launch_buttons"]["jupyterhub_url"] == "https://hub.example.edu"
+    assert config["repository"]["branch"] == "main"
+    config = json.loads(_config("The course", "https://hub.example.edu", None, "https://github.com/you/course", "fall"))
+    assert config["repository"]["branch"] == "fall"
     assert config["repository"]["url"] == "https://github.com/you/course"
     assert config["execute"]["execute_notebooks"] == "off"      # the pages show the given runs, never a new one

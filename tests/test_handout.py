@@ -100,6 +100,11 @@ def test_make_lab_in_the_handout_installs_the_courses_torch_and_opens_the_index(
     planned = subprocess.run(["make", "-n", "lab"], cwd=handout, capture_output=True, text=True, check=True).stdout
     assert "pip install -q -e ." in planned
     assert "cp jupyterlab-overrides.json .venv/share/jupyter/lab/settings/overrides.json" in planned  # no news prompt
+    assert "--index-url" not in planned
+    # a Linux laptop without a GPU: PyTorch's CPU build, not PyPI's with the CUDA libraries
+    cpu = subprocess.run(["make", "-n", "lab", "TORCH=cpu"], cwd=handout, capture_output=True, text=True,
+                         check=True).stdout
+    assert "pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in cpu
     jupyter = next(line for line in planned.splitlines() if "jupyter lab" in line)
     assert f"--ServerApp.root_dir='{handout}'" in jupyter
     assert "--LabApp.default_url=/lab/tree/labs/index.ipynb" in jupyter

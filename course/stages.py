@@ -1,6 +1,7 @@
 """A model cut into pipeline stages, and what lab 6's schedules are run and checked with.
 
     stages = split(model, 4)              # whole layers, in order, one nn.Sequential per stage
+    input_width(stages[1])                # the features stage 1 takes in: its first Linear's
     forward, backward = timed_steps(forward_step, backward_step)   # spans "forward i", "backward i"
     lone = LoneStage(model, stage=2, stages=4, inputs=x, targets=y, micro_batches=8, loss_fn=loss)
 
@@ -58,6 +59,11 @@ def split(model: nn.Sequential, stages: int) -> list[nn.Sequential]:
     return cuts
 
 
+def input_width(stage: nn.Module) -> int:
+    """The features a stage takes in: its first Linear's."""
+    return next(layer for layer in stage.modules() if isinstance(layer, nn.Linear)).in_features
+
+
 def timed_steps(forward_step, backward_step):
     """The two steps, each call timed as a span named "forward i" or "backward i" (i: the micro-batch).
 
@@ -83,13 +89,17 @@ def timed_steps(forward_step, backward_step):
 
 class HeldSend:
     """What a LoneStage step appends to `sends` where a real step appends `dist.isend`'s request:
-    `wait()` returns at once (nobody receives), and the object keeps `tensor` alive until dropped."""
+    `wait()` returns at once (nobody receives), and the object keeps `tensor` alive until dropped.
+    on_wait, if given, is called at its first wait()."""
 
-    def __init__(self, tensor: torch.Tensor):
+    def __init__(self, tensor: torch.Tensor, on_wait=None):
         self.tensor = tensor
         self.waited = False
+        self._on_wait = on_wait
 
     def wait(self, timeout=None) -> bool:
+        if not self.waited and self._on_wait is not None:
+            self._on_wait()
         self.waited = True
         return True
 
@@ -105,8 +115,9 @@ class LoneStage:
     After a schedule has run with these steps, `stage` holds the gradients it left,
     `expected` one process's, `actions` the ("F", i) and ("B", i) it ran in order,
     `peak_alive` the most micro-batches alive at once (an activation of theirs, or a request of
-    theirs in `sends`, still held), `peak_activations_alive` the same without the requests, and
-    `problems` what it did that real neighbours would not allow.
+    theirs in `sends`, still held), `peak_activations_alive` the same without the requests,
+    `unwaited` how many of its sends' requests the schedule never waited for, and `problems`
+    what it did that real neighbours would not allow.
     """
 
     def __init__(self, model: nn.Sequential, *, stage: int, stages: int, inputs: torch.Tensor,
@@ -137,6 +148,7 @@ class LoneStage:
         self._alive: list[tuple] = []   # per forward run: weak references to its input and output
         self._requests: list[list] = []  # per forward run: weak references to its HeldSends
         self.peak_alive = self.peak_activations_alive = 0
+        self.sent = self.waited = 0     # requests appended to `sends`, and those waited for
 
     def _count_alive(self) -> None:
         def alive(refs):
@@ -146,8 +158,17 @@ class LoneStage:
         self.peak_activations_alive = max(self.peak_activations_alive, sum(activations))
         self.peak_alive = max(self.peak_alive, sum(either))
 
+    @property
+    def unwaited(self) -> int:
+        """Requests appended to `sends` that the schedule has not waited for (yet)."""
+        return self.sent - self.waited
+
+    def _waited_one(self) -> None:
+        self.waited += 1
+
     def _send(self, sends, number: int, tensor: torch.Tensor) -> None:
-        request = HeldSend(tensor)
+        request = HeldSend(tensor, on_wait=self._waited_one)
+        self.sent += 1
         self._requests[number].append(weakref.ref(request))
         sends.append(request)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.rules import NotARule  # noqa: F401 -- the rule table below
+from helpers.rules import NotARule
 from helpers.submissions import CHECK_REBOUND, fairness_tests
 
 LAB = "06_pipeline_parallel"
@@ -323,6 +323,48 @@ MISTAKES = {
         {"pipeline_steps": [("dist.recv(arrived, src=rank - 1)", "dist.recv(arrived)"),
                             ("dist.recv(gradient, src=rank + 1)", "dist.recv(gradient)")]},
         "test_pipeline_steps"),
+    # The stages narrow (narrowing_mlp): the gradient of a stage's output is narrower than its input. Received into
+    # a buffer shaped like the input, it fills part of it, and the backward refuses a gradient of the input's shape;
+    # on a model that widens (the lab's 64 -> 512) gloo aborts the rank. Either way only exercise 1 fails.
+    "the output's gradient received into a buffer shaped like the stage's input": (
+        {"pipeline_steps": [("gradient = torch.empty(stage_output.shape, device=course.message_device())",
+                             "gradient = torch.empty(stage_input.shape, device=course.message_device())")]},
+        "test_pipeline_steps"),
+    "the input received as (rows, WIDTH), the setup cell's width, not `shape`": (
+        {"pipeline_steps": [("arrived = torch.empty(shape, device=course.message_device())",
+                             "arrived = torch.empty(shape[0], WIDTH, device=course.message_device())")]},
+        "test_pipeline_steps"),
+    "the input received into a float64 buffer": (
+        {"pipeline_steps": [("arrived = torch.empty(shape, device=course.message_device())",
+                             "arrived = torch.empty(shape, dtype=torch.float64, device=course.message_device())")]},
+        "test_pipeline_steps"),
+    "the last stage sends its output too, to a rank N that does not exist": (
+        {"pipeline_steps": [("    if rank < world_size - 1:\n", "    if rank < world_size:\n")]},
+        "test_pipeline_steps"),
+    "forward_step returns `inputs`, not the stage's input": (
+        {"pipeline_steps": [("    return stage_input, stage_output\n", "    return inputs, stage_output\n")]},
+        "test_pipeline_steps"),
+    "the last stage back-propagates ones, not the loss": (
+        {"pipeline_steps": [("        loss.backward()\n",
+                             "        stage_output.backward(torch.ones_like(stage_output))\n")]},
+        "test_pipeline_steps"),
+    "the gradient that arrived taken through torch.autograd.grad: no parameter gets a gradient": (
+        {"pipeline_steps": [("        stage_output.backward(gradient.to(stage_output.device))\n",
+                             "        stage_input.grad, = torch.autograd.grad(stage_output, stage_input,\n"
+                             "                                                gradient.to(stage_output.device))\n")]},
+        "test_pipeline_steps"),
+    # gloo sends a message whose request was dropped all the same: the values are right, the requests missing.
+    "the isends' requests dropped, not appended to sends": (
+        {"pipeline_steps": [("sends.append(dist.isend(stage_output.detach().to(course.message_device()), "
+                             "dst=rank + 1))",
+                             "dist.isend(stage_output.detach().to(course.message_device()), dst=rank + 1)"),
+                            ("sends.append(dist.isend(stage_input.grad.to(course.message_device()), dst=rank - 1))",
+                             "dist.isend(stage_input.grad.to(course.message_device()), dst=rank - 1)")]},
+        "test_pipeline_steps"),
+    # The request irecv returns, dropped at once: gloo never fills the buffer, and the stage runs on what it held.
+    "the input received with dist.irecv, its request never waited for": (
+        {"pipeline_steps": [("dist.recv(arrived, src=rank - 1)", "dist.irecv(arrived, src=rank - 1)")]},
+        "test_pipeline_steps"),
     "GPipe's micro-batch losses not divided by m": (
         {"gpipe": [("loss_fn(stage_output, answer.to(stage_output.device)) / micro_batches if last",
                     "loss_fn(stage_output, answer.to(stage_output.device)) if last")]},
@@ -337,6 +379,16 @@ MISTAKES = {
     "GPipe with each backward right after its forward (F0 B0 F1 B1 ...)": (
         {"gpipe": [(GPIPE_LOOPS, INTERLEAVED)]},
         "test_gpipe"),
+    "GPipe cuts the batch with split(m): parts of m rows, not m parts": (
+        {"gpipe": [("inputs.chunk(micro_batches)", "inputs.split(micro_batches)"),
+                   ("targets.chunk(micro_batches)", "targets.split(micro_batches)")]},
+        "test_gpipe"),
+    "GPipe never waits for its sends": (
+        {"gpipe": [("    for request in sends:\n        request.wait()\n", "")]},
+        "test_gpipe"),
+    "GPipe returns 0.0, not None, on the stages before the last": (
+        {"gpipe": [("return total if last else None", "return total")]},
+        "test_gpipe"),
     "the idle fraction with spans not cut at the window's edges": (
         {"idle_fraction": [("(max(s.start, start), min(s.end, end))", "(s.start, s.end)")]},
         "test_idle_fraction"),
@@ -348,6 +400,10 @@ MISTAKES = {
         "test_idle_fraction"),
     "the idle fraction counts every rank's spans as each rank's": (
         {"idle_fraction": [(" for s in spans if s.rank == rank)", " for s in spans)")]},
+        "test_idle_fraction"),
+    "the idle fraction's area counts only the ranks that have spans": (
+        {"idle_fraction": [("busy / (len(ranks) * (end - start))",
+                            "busy / (len({s.rank for s in spans} & set(ranks)) * (end - start))")]},
         "test_idle_fraction"),
     "1F1B runs the newest micro-batch's backward first": (
         {"one_f_one_b": [("waiting.pop(0)", "waiting.pop()")]},
@@ -375,6 +431,23 @@ MISTAKES = {
         "test_one_f_one_b"),
     "GPipe's order submitted as 1F1B": (
         {"one_f_one_b": [(ONE_F_ONE_B_LOOPS, ALL_FORWARDS_FIRST)]},
+        "test_one_f_one_b"),
+    "1F1B without its last backwards (the cool-down)": (
+        {"one_f_one_b": [("    while waiting:\n        backward()\n", "")]},
+        "test_one_f_one_b"),
+    "1F1B drops each micro-batch's requests without waiting for them": (
+        {"one_f_one_b": [("        for request in sends:                                   # then its messages go, "
+                          "with its activations\n            request.wait()\n", "")]},
+        "test_one_f_one_b"),
+    "1F1B returns 0.0, not None, on the stages before the last": (
+        {"one_f_one_b": [("return total if last else None", "return total")]},
+        "test_one_f_one_b"),
+    "1F1B's micro-batch losses not divided by m": (
+        {"one_f_one_b": [("loss_fn(stage_output, answers[i].to(stage_output.device)) / micro_batches if last",
+                          "loss_fn(stage_output, answers[i].to(stage_output.device)) if last")]},
+        "test_one_f_one_b"),
+    "1F1B returns the last micro-batch's loss, not the batch's": (
+        {"one_f_one_b": [("total += loss.item() if last else 0.0", "total = loss.item() if last else 0.0")]},
         "test_one_f_one_b"),
 }
 
@@ -438,7 +511,74 @@ def gpipe(stage, inputs, targets, *, micro_batches, loss_fn, shape, forward_step
 # values; the judge's catch of one through the grader is lab 2's round trip's.
 
 # Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
-RULES: dict[str, dict] = {}
+RULES: dict[str, dict] = {
+    "pipeline_steps": {
+        "every other stage receives its input from rank r − 1": (
+            "the forward receives from rank + 1, not rank - 1",
+            "the forward receives from (rank + 1) % N, not rank - 1: a deadlock on 3 stages",
+            "both receives from any rank (no src)"),
+        "(a float32 tensor of `shape`)": ("the input received as (rows, WIDTH), the setup cell's width, not `shape`",
+                                          "the input received into a float64 buffer"),
+        "marks it `requires_grad`": "the received input without requires_grad_: no gradient to send back",
+        "every stage but the last sends its output to rank r + 1":
+            "the last stage sends its output too, to a rank N that does not exist",
+        "Return `(stage_input, stage_output)`": "forward_step returns `inputs`, not the stage's input",
+        "the last stage calls `loss.backward()`": "the last stage back-propagates ones, not the loss",
+        "every other stage receives the gradient of its output from rank r + 1": "both receives from any rank (no src)",
+        "a float32 tensor of the output's shape, which need not be the input's":
+            "the output's gradient received into a buffer shaped like the stage's input",
+        "back-propagates it (`stage_output.backward(gradient)`)":
+            "the gradient that arrived taken through torch.autograd.grad: no parameter gets a gradient",
+        "Every stage but the first sends its input's gradient to rank r − 1": (
+            "the gradient that arrived sent back, not the input's",
+            "the gradient that arrived sent back, behind a check rebound to a no-op"),
+        "**Send without waiting.**": "blocking dist.send in place of isend: two micro-batches crossing deadlock",
+        "Receive with the blocking `dist.recv`": "the input received with dist.irecv, its request never waited for",
+        "send with `dist.isend` and append the request it returns to `sends`": (
+            "blocking dist.send in place of isend: two micro-batches crossing deadlock",
+            "the isends' requests dropped, not appended to sends"),
+    },
+    "gpipe": {
+        "into `micro_batches` equal parts": "GPipe cuts the batch with split(m): parts of m rows, not m parts",
+        "runs every micro-batch's forward, then every backward":
+            "GPipe with each backward right after its forward (F0 B0 F1 B1 ...)",
+        "do not zero them in between": "GPipe zeroes the gradients between micro-batches",
+        "each micro-batch's loss, a mean over m times fewer samples, counts 1/m":
+            "GPipe's micro-batch losses not divided by m",
+        "wait for every send": "GPipe never waits for its sends",
+        "return the batch's loss (a number) on the last stage, None elsewhere": (
+            "GPipe returns the last micro-batch's loss, not the batch's",
+            "GPipe returns 0.0, not None, on the stages before the last"),
+    },
+    "idle_fraction": {
+        "of the area len(ranks) × (end − start)":
+            "the idle fraction divided by one rank's window, not len(ranks) of them",
+        "the fraction that no span of that rank covers": "the idle fraction counts every rank's spans as each rank's",
+        "count only its part inside": "the idle fraction with spans not cut at the window's edges",
+        "count that time once": "the idle fraction counts overlapping spans of a rank twice",
+        "A rank with no span was idle all along.": "the idle fraction's area counts only the ranks that have spans",
+    },
+    "one_f_one_b": {
+        "first runs w = min(N − s − 1, m) warm-up forwards": (
+            "1F1B warms up with N - s forwards, one too many",
+            "1F1B's warm-up not capped at m: N - s - 1 forwards even when fewer micro-batches remain"),
+        "one forward and one backward in turn, each backward the oldest micro-batch's": (
+            "1F1B runs the newest micro-batch's backward first", "GPipe's order submitted as 1F1B"),
+        "then the remaining backwards": "1F1B without its last backwards (the cool-down)",
+        "Write `one_f_one_b` with `gpipe`'s arguments and result": (
+            "1F1B returns 0.0, not None, on the stages before the last",
+            "1F1B's micro-batch losses not divided by m",
+            "1F1B returns the last micro-batch's loss, not the batch's"),
+        "Let go of a micro-batch's stage input and output once its backward has run":
+            "1F1B keeps every micro-batch's input and output until the step ends",
+        "keep each micro-batch's requests apart, and once its backward has run here, wait for them and drop them": (
+            "1F1B keeps every send's request in one list until the step ends, then waits for them",
+            "1F1B drops each micro-batch's requests without waiting for them"),
+        "PyTorch's `Schedule1F1B` waits for each send before the next, and Megatron-LM frees each output's memory "
+        "once it is sent": NotARule("says what PyTorch and Megatron-LM do, as the reason; asks nothing more of the "
+                                    "answer than the sentence before"),
+    },
+}
 
 (test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
  test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,

@@ -40,6 +40,11 @@ def test_split_keeps_the_layers_in_order_and_shares_the_parameters():
         stages.split(torch.nn.Linear(2, 2), 1)
 
 
+def test_input_width_is_the_first_linears_in_features():
+    parts = stages.split(models.mlp(in_features=6, hidden=(5, 4), classes=3), 3)
+    assert [stages.input_width(part) for part in parts] == [6, 5, 4]
+
+
 def gpipe_order(stage, inputs, targets, *, micro_batches, loss_fn, shape, forward_step, backward_step):
     """A plain GPipe step written for these tests: every forward, then every backward."""
     first, last = inputs is not None, targets is not None
@@ -148,6 +153,19 @@ def test_a_lone_stage_sends_what_a_real_one_would():
     stage_input, stage_output = middle.forward_step(middle.stage, None, (3, 5), sends)
     middle.backward_step(stage_input, stage_output, None, sends)
     assert len(sends) == 2 and sends[1].tensor is stage_input.grad     # the input's gradient goes back
+
+
+def test_a_lone_stage_counts_the_requests_never_waited_for():
+    middle, *_ = lone(1)
+    sends = []
+    stage_input, stage_output = middle.forward_step(middle.stage, None, (3, 5), sends)
+    middle.backward_step(stage_input, stage_output, None, sends)
+    assert (middle.sent, middle.unwaited) == (2, 2)
+    sends[0].wait()
+    sends[0].wait()                   # a second wait counts once
+    assert middle.unwaited == 1
+    sends.clear()                     # dropped without a wait: still unwaited
+    assert middle.unwaited == 1
 
 
 def test_an_unscaled_loss_leaves_gradients_m_times_too_large_on_the_last_stage():

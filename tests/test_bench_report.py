@@ -52,11 +52,14 @@ args.json.write_text(json.dumps({{"steps": 8}}))
 """
 # Starts a child of its own, records its pid, then never finishes.
 HANGING = """
-import subprocess, sys, time
+import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-open({pid_file!r}, "w").write(str(child.pid))
+open({pid_file!r} + ".tmp", "w").write(str(child.pid))
+os.replace({pid_file!r} + ".tmp", {pid_file!r})     # whole, or not there
 time.sleep(600)
 """
+# Long enough for the script to start its child on a machine busy with other work (a second, idle).
+HANGING_TIMEOUT_S = 15
 
 
 def alive(pid: int) -> bool:
@@ -117,8 +120,9 @@ def test_a_benchmark_out_of_time_is_stopped_with_everything_it_started(tmp_path)
     pid_file = tmp_path / "child.pid"
     script = fabricate(tmp_path, "hanging.py", HANGING, pid_file=str(pid_file))
     out = tmp_path / "results"
-    assert report.main([str(script), "--out", str(out), "--timeout", "3"]) == 1
-    assert "was still running after 3 s and was stopped" in (out / "report.md").read_text()
+    assert report.main([str(script), "--out", str(out), "--timeout", str(HANGING_TIMEOUT_S)]) == 1
+    assert f"was still running after {HANGING_TIMEOUT_S} s and was stopped" in (out / "report.md").read_text()
+    assert pid_file.is_file(), f"the benchmark had not started its child {HANGING_TIMEOUT_S} s after it began"
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 5
     while alive(child):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.rules import NotARule  # noqa: F401 -- the rule table below
+from helpers.rules import NotARule
 from helpers.submissions import fairness_tests
 
 LAB = "08_experts"
@@ -20,9 +20,10 @@ LAB = "08_experts"
 pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 
 # The same exercises, answered in other correct ways than the reference's: the softmax of the k largest logits;
-# every expert on every token, the chosen ones gathered; the counts as int32, received with irecv, empty blocks sent
-# too; the all-to-all's two directions as one helper; the per-expert counts by an all-to-all, the received rows
-# sorted by expert; capacity by a loop over the slots; the fractions from one-hot rows; the grid's groups by lists.
+# the slots sorted by expert and split, the experts no slot chose skipped; the counts as int32, received with irecv,
+# empty blocks sent too; the all-to-all's two directions as one helper; the per-expert counts by an all-to-all, the
+# received rows sorted by expert; capacity by a loop over the slots; the fractions from one-hot rows; the grid's
+# groups by lists.
 DIFFERENT = {
     "route": '''
 def route(logits, top_k):
@@ -31,9 +32,14 @@ def route(logits, top_k):
 ''',
     "moe_forward": '''
 def moe_forward(x, weights, chosen, w1, w2):
-    every = torch.stack([moe.expert_mlp(x, w1[e], w2[e]) for e in range(len(w1))], dim=1)     # (T, E, h)
-    picked = torch.gather(every, 1, chosen[:, :, None].expand(-1, -1, x.shape[1]))           # (T, k, h)
-    return torch.einsum("tk,tkh->th", weights, picked)
+    tokens, top_k = chosen.shape
+    slots = chosen.flatten()
+    order = slots.argsort()
+    sizes = torch.bincount(slots, minlength=len(w1)).tolist()
+    rows = x.repeat_interleave(top_k, dim=0)[order].split(sizes)
+    ran = torch.cat([moe.expert_mlp(part, w1[e], w2[e]) for e, part in enumerate(rows) if len(part)])
+    weighted = ran * weights.flatten()[order].unsqueeze(1)
+    return torch.zeros_like(x).index_add(0, order // top_k, weighted)
 ''',
     "all_to_all": '''
 def all_to_all(rows, counts):
@@ -252,11 +258,285 @@ MISTAKES = {
         "test_all_to_all"),
 }
 
+# The layer's body (exercise 2) and expert parallelism's experts (exercise 5), as the reference writes them: what the
+# mistakes below that run the experts another way replace.
+MOE_BODY = """\
+    tokens, top_k = chosen.shape
+    slots = chosen.reshape(-1)
+    token_of = torch.arange(tokens, device=x.device).repeat_interleave(top_k)
+    y = torch.zeros_like(x)
+    for e in range(w1.shape[0]):
+        mine = (slots == e).nonzero().squeeze(1)
+        rows = moe.expert_mlp(x[token_of[mine]], w1[e], w2[e])
+        y = y.index_add(0, token_of[mine], rows * weights.reshape(-1)[mine, None])
+    return y"""
+EXPERTS_LOOP = """\
+    for e in range(len(mine)):
+        at = (local == e).nonzero().squeeze(1)
+        out = out.index_add(0, at, moe.expert_mlp(received[at], w1[e], w2[e]))"""
+
+MISTAKES.update({
+    # Exercise 1: the order of the choices, their type, the gradient, the pair's order.
+    "the chosen experts least probable first": (
+        {"route": [("    weights, chosen = logits.softmax(dim=-1).topk(top_k, dim=-1)\n",
+                    "    probabilities = logits.softmax(dim=-1)\n"
+                    "    chosen = probabilities.argsort(dim=-1)[:, -top_k:]\n"
+                    "    weights = probabilities.gather(1, chosen)\n")]}, "test_route"),
+    "the k smallest probabilities kept (sorted ascending)": (
+        {"route": [("    weights, chosen = logits.softmax(dim=-1).topk(top_k, dim=-1)\n",
+                    "    weights, chosen = logits.softmax(dim=-1).sort(dim=-1)\n"
+                    "    weights, chosen = weights[:, :top_k], chosen[:, :top_k]\n")]}, "test_route"),
+    "the chosen experts returned as int32": (
+        {"route": [("keepdim=True), chosen", "keepdim=True), chosen.int()")]}, "test_route"),
+    "the weights detached from the logits": (
+        {"route": [("logits.softmax(dim=-1)", "logits.detach().softmax(dim=-1)")]}, "test_route"),
+    "the pair returned as (chosen, weights)": (
+        {"route": [("return weights / weights.sum(dim=-1, keepdim=True), chosen",
+                    "return chosen, weights / weights.sum(dim=-1, keepdim=True)")]}, "test_route"),
+    # Exercise 2: each expert once, on its rows; the gradients; the rows added back at their tokens.
+    "each expert called once per token": (
+        {"moe_forward": [(MOE_BODY, """\
+    y = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(chosen.shape[1]):
+            e = chosen[t, j]
+            out = moe.expert_mlp(x[t:t + 1], w1[e], w2[e])
+            y = y.index_add(0, torch.tensor([t], device=x.device), weights[t, j] * out)
+    return y""")]}, "test_moe_forward"),
+    "each expert called once per choice, k times": (
+        {"moe_forward": [(MOE_BODY, """\
+    y = torch.zeros_like(x)
+    for j in range(chosen.shape[1]):
+        for e in range(w1.shape[0]):
+            mine = (chosen[:, j] == e).nonzero().squeeze(1)
+            y = y.index_add(0, mine, weights[mine, j, None] * moe.expert_mlp(x[mine], w1[e], w2[e]))
+    return y""")]}, "test_moe_forward"),
+    "every expert run on every token, the chosen ones gathered": (
+        {"moe_forward": [(MOE_BODY, """\
+    every = torch.stack([moe.expert_mlp(x, w1[e], w2[e]) for e in range(len(w1))], dim=1)     # (T, E, h)
+    picked = torch.gather(every, 1, chosen[:, :, None].expand(-1, -1, x.shape[1]))           # (T, k, h)
+    return torch.einsum("tk,tkh->th", weights, picked)""")]}, "test_moe_forward"),
+    "the routing weights detached": (
+        {"moe_forward": [("weights.reshape(-1)[mine, None]", "weights.detach().reshape(-1)[mine, None]")]},
+        "test_moe_forward"),
+    "the results added back at the wrong tokens": (
+        {"moe_forward": [("y.index_add(0, token_of[mine],", "y.index_add(0, mine % tokens,")]}, "test_moe_forward"),
+    # Exercise 3: one number each; its own block kept; rank order; one tensor; none received; the counts' list.
+    "every rank sent the whole counts list to each": (
+        {"all_to_all": [("dist.isend(torch.tensor([counts[peer]], device=on), peer)",
+                         "dist.isend(torch.tensor(counts, device=on), peer)"),
+                        ("torch.zeros(1, dtype=torch.int64, device=on)",
+                         "torch.zeros(world_size, dtype=torch.int64, device=on)"),
+                        ("int(heard[peer]) for peer", "int(heard[peer][rank]) for peer")]},
+        "test_all_to_all"),
+    "this rank's own block sent to itself too": (
+        {"all_to_all": [("others = [peer for peer in range(world_size) if peer != rank]",
+                         "others = list(range(world_size))")]},
+        "test_all_to_all"),
+    "the blocks cut by what this rank receives": (
+        {"all_to_all": [("blocks = rows.split(counts)", "blocks = rows.split(received_counts)")]}, "test_all_to_all"),
+    "the received blocks in arrival order, this rank's own first": (
+        {"all_to_all": [("return received.to(rows.device), received_counts",
+                         "return torch.cat([into[rank], *(into[peer] for peer in others)]).to(rows.device), "
+                         "received_counts")]},
+        "test_all_to_all"),
+    "the rows returned as a list of blocks, not one tensor": (
+        {"all_to_all": [("return received.to(rows.device), received_counts",
+                         "return [block.to(rows.device) for block in into], received_counts")]},
+        "test_all_to_all"),
+    "a rank that receives no rows fails (a cat of no blocks)": (
+        {"all_to_all": [("return received.to(rows.device), received_counts",
+                         "return torch.cat([block for block in into if len(block)]).to(rows.device), "
+                         "received_counts")]},
+        "test_all_to_all"),
+    "the received counts returned as a tensor": (
+        {"all_to_all": [("return received.to(rows.device), received_counts",
+                         "return received.to(rows.device), torch.tensor(received_counts)")]},
+        "test_all_to_all"),
+    # Exercise 4: the forward's splits; the backward's three returns; a gradient at all.
+    "the forward's splits swapped": (
+        {"all_to_all_backward": [(
+            "output_split_sizes=ctx.receive_counts,\n                               input_split_sizes=ctx.send_counts)",
+            "output_split_sizes=ctx.send_counts,\n                               input_split_sizes=ctx.receive_counts)"
+        )]},
+        "test_all_to_all_backward"),
+    "the backward returns the gradient alone, without the two Nones": (
+        {"all_to_all_backward": [("return out.to(grad.device), None, None", "return out.to(grad.device)")]},
+        "test_all_to_all_backward"),
+    "the backward returns no gradient": (
+        {"all_to_all_backward": [("return out.to(grad.device), None, None", "return None, None, None")]},
+        "test_all_to_all_backward"),
+    # Exercise 5: the experts once each, on this rank's weights; the dispatch's order and exchange; the combine.
+    "each expert run once per sending rank": (
+        {"expert_parallel": [(EXPERTS_LOOP, """\
+    sender = torch.arange(world_size).repeat_interleave(from_each.sum(1)).to(x.device)
+    for s in range(world_size):
+        for e in range(len(mine)):
+            at = ((local == e) & (sender == s)).nonzero().squeeze(1)
+            out = out.index_add(0, at, moe.expert_mlp(received[at], w1[e], w2[e]))""")]},
+        "test_expert_parallel"),
+    "each expert run once per received row": (
+        {"expert_parallel": [(EXPERTS_LOOP, """\
+    for i in range(len(received)):
+        e = int(local[i])
+        one = moe.expert_mlp(received[i:i + 1], w1[e], w2[e])
+        out = out.index_add(0, torch.tensor([i], device=x.device), one)""")]},
+        "test_expert_parallel"),
+    "the experts indexed by their number over all ranks": (
+        {"expert_parallel": [("moe.expert_mlp(received[at], w1[e], w2[e])",
+                              "moe.expert_mlp(received[at], w1[mine[e]], w2[mine[e]])")]},
+        "test_expert_parallel"),
+    "the slots not sorted by expert": (
+        {"expert_parallel": [("order = slots.argsort(stable=True)",
+                              "order = torch.arange(len(slots), device=slots.device)")]},
+        "test_expert_parallel"),
+    "the rows exchanged with dist.all_to_all_single, outside autograd": (
+        {"expert_parallel": [("    received = all_to_all_rows(x[token_of], send_counts, receive_counts)\n",
+                              "    received = torch.empty(sum(receive_counts), x.shape[1], dtype=x.dtype)\n"
+                              "    dist.all_to_all_single(received, x[token_of], receive_counts, send_counts)\n")]},
+        "test_expert_parallel"),
+    "a rank that receives no rows fails (a cat of no labels)": (
+        {"expert_parallel": [(
+            "local = torch.arange(len(mine)).repeat(world_size).repeat_interleave(from_each.reshape(-1)).to(x.device)",
+            "local = torch.cat([torch.full((n,), i % len(mine)) for i, n in enumerate(from_each.reshape(-1).tolist())"
+            " if n]).to(x.device)")]},
+        "test_expert_parallel"),
+    "the combine's splits not swapped": (
+        {"expert_parallel": [("all_to_all_rows(out, receive_counts, send_counts)",
+                              "all_to_all_rows(out, send_counts, receive_counts)")]},
+        "test_expert_parallel"),
+    "the combined rows not weighted": (
+        {"expert_parallel": [("back * weights.reshape(-1)[order, None]", "back")]}, "test_expert_parallel"),
+    # Exercise 6: capacity places, kept's type, the residual.
+    "capacity + 1 places an expert": (
+        {"capacity": [("kept = (place < capacity)", "kept = (place <= capacity)")]}, "test_capacity"),
+    "kept returned as 0/1 floats": (
+        {"capacity": [("kept = (place < capacity)", "kept = (place < capacity).float()")]}, "test_capacity"),
+    "the residual x left out": (
+        {"capacity": [("return x + moe_forward(", "return moe_forward(")]}, "test_capacity"),
+    # Exercise 7: P_i a mean; the gradient through the probabilities; one number.
+    "the probabilities summed over the tokens, not averaged": (
+        {"balance": [("probabilities.mean(dim=0)", "probabilities.sum(dim=0)")]}, "test_balance"),
+    "the probabilities detached": (
+        {"balance": [("probabilities.mean(dim=0)", "probabilities.detach().mean(dim=0)")]}, "test_balance"),
+    "the loss left per expert, not summed": (
+        {"balance": [("(fraction * probabilities.mean(dim=0)).sum()", "fraction * probabilities.mean(dim=0)")]},
+        "test_balance"),
+    # Exercise 8: in place; the refusal's type and words.
+    "the lists' entries rebound, not the tensors changed in place": (
+        {"grid": [("        for gradient in gradients:\n", "        for i, gradient in enumerate(gradients):\n"),
+                  ("gradient.copy_(total / world_size)", "gradients[i] = total / world_size")]},
+        "test_grid"),
+    "each gradient's .data rebound, not copied into": (
+        {"grid": [("gradient.copy_(total / world_size)", "gradient.data = total / world_size")]}, "test_grid"),
+    "the refusal names ep alone": (
+        {"grid": [('raise ValueError(f"{world_size} ranks do not split into expert-parallel groups of {ep}: pick an ep'
+                   ' that "\n                         f"divides {world_size}")',
+                   'raise ValueError(f"ep = {ep} does not divide the number of ranks")')]},
+        "test_grid"),
+    "refused with a RuntimeError, not a ValueError": (
+        {"grid": [("raise ValueError(", "raise RuntimeError(")]}, "test_grid"),
+})
+
 # The nbgrader round trip (its last test): the full notebook, as an instructor grades it, of the student who
 # answers differently. This lab's mistakes are plain ones, which the forked runs hold.
 
 # Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
-RULES: dict[str, dict] = {}
+RULES: dict[str, dict] = {
+    "route": {
+        "Take the softmax over the experts": "the softmax over the tokens, not the experts",
+        "keep each token's `top_k` largest probabilities and their experts":
+            "the k smallest probabilities kept (sorted ascending)",
+        "renormalise the kept ones to sum to 1": "the kept probabilities not renormalised",
+        "Return `(weights, chosen)`, both (T, top_k)": "the pair returned as (chosen, weights)",
+        "carrying gradients back to `logits`": "the weights detached from the logits",
+        "the experts (int64)": "the chosen experts returned as int32",
+        "each row's most probable expert first": "the chosen experts least probable first",
+    },
+    "moe_forward": {
+        "each expert once, on its tokens": ("each expert called once per token",
+                                            "each expert called once per choice, k times"),
+        "each token's weighted sum of its k experts' outputs": ("the experts' outputs added unweighted",
+                                                                "each expert run on the wrong tokens' rows"),
+        "Run each expert **once**, on all the rows routed to it": ("each expert called once per token",
+                                                                   "each expert called once per choice, k times"),
+        "add the weighted results back at their tokens' positions": "the results added back at the wrong tokens",
+        "An expert that no token chose computes nothing": "every expert run on every token, the chosen ones gathered",
+        "Gradients must reach `x`, `weights`, `w1` and `w2`": "the routing weights detached",
+        "each expert run once on the rows routed to it": ("each expert called once per token",
+                                                          "every expert run on every token, the chosen ones gathered"),
+    },
+    "all_to_all": {
+        "with `dist.send`, `dist.recv`, `dist.isend`, `dist.irecv` only": (
+            "the all-to-all as one all_gather_object, the kernel's checks silenced",
+            "the all-to-all as the functional collectives' all_to_all_single"),
+        "first **the counts**": "the counts not exchanged: a rank expects what it sends",
+        "(one number each)": "every rank sent the whole counts list to each",
+        "then **the rows**, each block to its rank": "the blocks cut by what this rank receives",
+        "this rank's own block stays (it is not sent)": "this rank's own block sent to itself too",
+        "the rows every rank sent this one, in rank order": (
+            "the received blocks in arrival order, this rank's own first",
+            "the received rows cut by what this rank sends, not by what it receives"),
+        "one tensor (R', ...)": "the rows returned as a list of blocks, not one tensor",
+        "(a rank may receive none: (0, ...))": "a rank that receives no rows fails (a cat of no blocks)",
+        "the list of how many came from each rank": "the received counts returned as a tensor",
+        "(gloo sends CPU tensors only)": NotARule("says what gloo can send; asks nothing of the answer"),
+    },
+    "all_to_all_backward": {
+        "the backward of an all-to-all is an all-to-all with the splits swapped": "the backward's splits not swapped",
+        "so autograd must get through it": "the backward returns no gradient",
+        "exchanges `rows` with `dist.all_to_all_single(output, input, output_split_sizes=..., input_split_sizes=...)`":
+            "the forward's splits swapped",
+        "returns the gradient of `rows` (and `None` for the two lists)":
+            "the backward returns the gradient alone, without the two Nones",
+        "so that a mistake here costs this exercise only": NotARule("says how exercise 5's tests are built"),
+    },
+    "expert_parallel": {
+        "returns what `moe_forward` would give for them on one process holding every expert":
+            "tokens returned in the dispatch order",
+        "this rank's experts only, `moe.experts_of(rank, experts, N)`, in that order":
+            "the experts indexed by their number over all ranks",
+        "the slots sorted by expert, hence by rank": "the slots not sorted by expert",
+        "every rank must also learn how many rows it gets from each rank *for each of its experts*":
+            "the received rows taken as one block per expert, not one per sender",
+        "then the rows with `all_to_all_rows`": "the rows exchanged with dist.all_to_all_single, outside autograd",
+        "each of this rank's experts once, `moe.expert_mlp`, on the rows it received for it": (
+            "each expert run once per sending rank", "each expert run once per received row"),
+        "the results back with a second `all_to_all_rows` (the splits swapped)": "the combine's splits not swapped",
+        "each row weighted by its slot's weight": "the combined rows not weighted",
+        "added at **its token's original position**": "tokens returned in the dispatch order",
+        "A rank may receive no rows at all.": "a rank that receives no rows fails (a cat of no labels)",
+    },
+    "capacity": {
+        "`kept` (T, k), bool": "kept returned as 0/1 floats",
+        "Expert e's places go first to the first choices (`chosen[:, 0]`) in token order, then to the second choices":
+            "the slots queued in token order, not first choices first",
+        "until `capacity` are taken": "capacity + 1 places an expert",
+        "x plus the kept slots' weighted experts": (
+            "the residual x left out", "a token that loses every slot vanishes instead of taking the residual path"),
+        "The kept slots keep their weights as they were: no renormalisation over what is left":
+            "the kept slots' weights renormalised",
+    },
+    "balance": {
+        "balance = E · Σ_i f_i · P_i": ("the loss without the factor E", "the loss left per expert, not summed"),
+        "f_i the fraction of the step's T·k slots routed to expert i":
+            "the fractions over the tokens, not the T·k slots",
+        "P_i the router's probability of expert i averaged over the T tokens":
+            "the probabilities summed over the tokens, not averaged",
+        "the probabilities do, and the gradient pushes down the probability of the crowded experts":
+            "the probabilities detached",
+    },
+    "grid": {
+        "In place: each tensor of `dense` becomes the mean of that tensor over all ranks": (
+            "the lists' entries rebound, not the tensors changed in place",
+            "each gradient's .data rebound, not copied into"),
+        "each of `expert` becomes the sum over the ranks holding the same experts as this one, divided by the number "
+        "of ranks": ("the experts' gradients averaged over their holders, not over all ranks",
+                     "the experts' gradients over their expert-parallel group"),
+        "refuse, with a `ValueError` naming both numbers": ("the refusal names ep alone",
+                                                           "refused with a RuntimeError, not a ValueError"),
+    },
+}
 
 (test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
  test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,

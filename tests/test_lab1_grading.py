@@ -129,6 +129,36 @@ MISTAKES = {
     "a phase lapped twice keeps only its last lap": (
         {"phase_timer": [("phases[phase] = phases.get(phase, 0.0) + seconds", "phases[phase] = seconds")]},
         "test_phase_timer"),
+    "a clock of the process's CPU time: the sleeps not counted": (
+        {"phase_timer": [("return time.perf_counter()", "return time.process_time()")]},
+        "test_phase_timer"),
+    "a clock in nanoseconds: phases not in seconds": (
+        {"phase_timer": [("return time.perf_counter()", "return time.perf_counter_ns()")]},
+        "test_phase_timer"),
+    "phases in the order they last ran": (
+        {"phase_timer": [("phases[phase] = phases.get(phase, 0.0) + seconds",
+                          "phases[phase] = phases.pop(phase, 0.0) + seconds")]},
+        "test_phase_timer"),
+    "totals kept across steps: start() does not forget the earlier laps": (
+        {"phase_timer": [("        self.marks = None   # [(phase, time mark)], the first one from start()\n",
+                          "        self.marks = None   # [(phase, time mark)], the first one from start()\n"
+                          "        self.totals = {}\n"),
+                         ("        phases = {}\n", "        phases = self.totals\n")]},
+        "test_phase_timer"),
+    "the first step's velocity zero instead of the gradient": (
+        {"momentum_sgd": [("self.velocity[i] = p.grad.clone()", "self.velocity[i] = torch.zeros_like(p)")]},
+        "test_momentum_sgd"),
+    "weights rebound to new tensors (p.data = ...), not updated in place": (
+        {"momentum_sgd": [("self.params[i].add_(self.velocity[i], alpha=-self.lr)",
+                           "self.params[i].data = self.params[i] - self.lr * self.velocity[i]")]},
+        "test_momentum_sgd"),
+    "the weight update recorded by autograd: apply_updates without torch.no_grad()": (
+        {"momentum_sgd": [("    @torch.no_grad()\n    def apply_updates(self):", "    def apply_updates(self):")]},
+        "test_momentum_sgd"),
+    "zero_grad() fills the gradients with zeros instead of setting them to None": (
+        {"momentum_sgd": [("            p.grad = None\n",
+                           "            if p.grad is not None:\n                p.grad.zero_()\n")]},
+        "test_momentum_sgd"),
     "momentum dampened": (
         {"momentum_sgd": [("self.velocity[i].mul_(self.momentum).add_(p.grad)",
                            "self.velocity[i].mul_(self.momentum).add_(p.grad, alpha=1 - self.momentum)")]},
@@ -162,6 +192,16 @@ MISTAKES = {
         "test_train_step"),
     "the loss returned still attached to the graph": (
         {"train_step": [("return loss.detach(), timer.stop()", "return loss, timer.stop()")]},
+        "test_train_step"),
+    "each forward lap taken before its layer runs": (
+        {"train_step": [('        h = layer(h)\n        timer.lap(f"forward {name}")\n',
+                         '        timer.lap(f"forward {name}")\n        h = layer(h)\n')]},
+        "test_train_step"),
+    "both optimizer phases run before the lap 'optimizer step'": (
+        {"train_step": [('    optimizer.compute_updates()\n    timer.lap("optimizer step")\n'
+                         '    optimizer.apply_updates()\n',
+                         '    optimizer.compute_updates()\n    optimizer.apply_updates()\n'
+                         '    timer.lap("optimizer step")\n')]},
         "test_train_step"),
     "the backward forgotten: the forward's FLOPs only": (
         {"step_flops": [("return 3 * forward", "return forward")]},
@@ -212,7 +252,56 @@ def step_flops(model):
 
 
 # Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
-RULES: dict[str, dict] = {}
+RULES: dict[str, dict] = {
+    "phase_timer": {
+        "`start()`: a step begins now (forget any earlier laps)":
+            "totals kept across steps: start() does not forget the earlier laps",
+        "`lap(phase)`: the time since the previous lap (or since `start`) was spent in `phase`":
+            "laps measured from start()",
+        "**returns `None`**": "lap() returns the time, which a gradient hook takes for the gradient",
+        "returns `{phase: seconds}` in the order the phases first ran": (
+            "phases in the order they last ran", "a clock in nanoseconds: phases not in seconds"),
+        "a phase lapped more than once in a step gets the sum of its laps":
+            "a phase lapped twice keeps only its last lap",
+        "elsewhere the wall clock, time.perf_counter()": "a clock of the process's CPU time: the sleeps not counted",
+    },
+    "momentum_sgd": {
+        "the velocity becomes `v = momentum * v + grad`": "momentum dampened",
+        "(on a parameter's first step, `v = grad`)": "the first step's velocity zero instead of the gradient",
+        "The weights do not change yet.": "weights move in compute_updates",
+        "`w = w - lr * v` for those same parameters": "a parameter without a gradient this step still moves",
+        "`zero_grad()`: forget the gradients (set them to `None`, as PyTorch does)":
+            "zero_grad() fills the gradients with zeros instead of setting them to None",
+        "Parameters whose gradient is `None` are left alone by both phases":
+            "a parameter without a gradient this step still moves",
+        "Update weights in place": "weights rebound to new tensors (p.data = ...), not updated in place",
+        "without recording the operation for autograd (`torch.no_grad()`)":
+            "the weight update recorded by autograd: apply_updates without torch.no_grad()",
+    },
+    "train_step": {
+        "It zeroes the gradients": "no zero_grad: gradients add up from step to step",
+        "so the laps must happen **inside** it": "every backward lap after loss.backward()",
+        "register a hook on each layer's input": "hooks on each layer's output: every backward lap one layer early",
+        "the loss, detached from the graph": "the loss returned still attached to the graph",
+        "`forward <name>` for each layer of `model.named_children()`, in order, lapped after each":
+            "each forward lap taken before its layer runs",
+        "a `lap` at the end of every phase": (
+            "each forward lap taken before its layer runs",
+            "both optimizer phases run before the lap 'optimizer step'"),
+        "`optimizer step`: `optimizer.compute_updates()`":
+            "both optimizer phases run before the lap 'optimizer step'",
+    },
+    "step_flops": {
+        "wherever they sit in it": (
+            "only the model's direct children looked at: the Linears nested in Sequentials missed",
+            "Linears looked for one level below the children only: those nested deeper missed",
+            "recursion into Sequentials only: the Linears inside a module of another kind missed"),
+        "costs 2·in·out FLOPs forward": "a multiply-add counted as one FLOP",
+        "the backward costs twice the forward": (
+            "the backward forgotten: the forward's FLOPs only", "the backward counted as large as the forward"),
+        "Leave out biases and activations": "the biases counted too",
+    },
+}
 
 (test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
  test_correct_answers_get_every_point,

@@ -10,7 +10,7 @@ In a notebook, all of them show the student's cell and the rank's own lines,
 not the launcher's frames (`_render_traceback_`, IPython's hook; see
 course._tracebacks.ipython_traceback).
 
-Used in: lab 0 (00_ranks), the demo (solutions/demo.ipynb).
+Used in: lab 0 (00_ranks), lab 6 (06_pipeline_parallel), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -152,6 +152,24 @@ STRAIGHT_TO_EVERY_RANK = """    others = [other for other in range(world_size) i
         request.wait()
 """
 
+# The ring's steps with the whole tensor passed round instead of chunks: the right sums, from neighbours
+# only, but each rank sends N - 1 whole tensors where a ring sends 2(N - 1) chunks.
+WHOLE_TENSOR_ROUND_THE_RING = """    passing = tensor.view(-1).clone()
+    for step in range(world_size - 1):       # every rank's tensor travels round the ring
+        incoming = torch.empty_like(passing)
+        sending = dist.isend(passing, dst=right)
+        dist.recv(incoming, src=left)
+        sending.wait()
+        tensor.view(-1).add_(incoming)
+        passing = incoming
+"""
+SHARD_REFUSAL = """    if batch % world_size:
+        raise ValueError(
+            f"a batch of {batch} samples does not split evenly over {world_size} ranks "
+            f"({batch % world_size} left over), and unequal shards would weigh samples unequally "
+            f"in the averaged gradient: use a batch size that is a multiple of {world_size}")
+"""
+
 # The classic mistakes, each in one exercise, and the test cell that must catch it.
 MISTAKES = {
     "overlapping shards": (
@@ -230,6 +248,99 @@ MISTAKES = {
                                "            dist.recv(incoming, src=other)\n"
                                "            if other > 1:\n                continue")]},
         "test_naive_all_reduce"),
+    "inputs and targets split differently": (
+        {"shard": [("return inputs[rows], targets[rows]", "return inputs[rows], targets[rank::world_size]")]},
+        "test_shard"),
+    "the last rank takes what is left over instead of refusing": (
+        {"shard": [(SHARD_REFUSAL, ""),
+                   ("rows = slice(rank * per_rank, (rank + 1) * per_rank)",
+                    "rows = slice(rank * per_rank, (rank + 1) * per_rank if rank < world_size - 1 else batch)")]},
+        "test_shard"),
+    "the refusal names neither the batch size nor the number of ranks": (
+        {"shard": [(SHARD_REFUSAL, "    if batch % world_size:\n        raise ValueError(\"the batch does not split "
+                                   "evenly: use a batch size that is a multiple of the number of ranks\")\n")]},
+        "test_shard"),
+    "weights averaged over the ranks (an all-reduce) instead of rank 0's": (
+        {"broadcast_parameters": [("dist.broadcast(tensor.detach(), src=0)",
+                                   "dist.all_reduce(tensor.detach())\n        tensor.div_(dist.get_world_size())")]},
+        "test_broadcast_parameters"),
+    "tensors rebound to received copies (p.data = ...), not broadcast in place": (
+        {"broadcast_parameters": [("dist.broadcast(tensor.detach(), src=0)",
+                                   "received = tensor.detach().clone()\n        dist.broadcast(received, src=0)\n"
+                                   "        tensor.data = received")]},
+        "test_broadcast_parameters"),
+    "parameters broadcast twice: the state_dict holds them too": (
+        {"broadcast_parameters": [("for tensor in [*model.parameters(), *model.buffers()]:",
+                                   "for tensor in [*model.parameters(), *model.state_dict().values()]:")]},
+        "test_broadcast_parameters"),
+    "frozen parameters given a zero gradient": (
+        {"average_gradients": [("    for p in model.parameters():\n        if p.grad is not None:\n",
+                                "    for p in model.parameters():\n        if p.grad is None:\n"
+                                "            p.grad = torch.zeros_like(p)\n        if p.grad is not None:\n")]},
+        "test_average_gradients"),
+    "divided by 2, not by the number of ranks": (
+        {"average_gradients": [("p.grad /= world_size", "p.grad /= 2")]},
+        "test_average_gradients"),
+    "the sum sent back with a broadcast (a collective)": (
+        {"naive_all_reduce": [("        for other in range(1, world_size):\n            dist.send(tensor, dst=other)\n",
+                               "        dist.broadcast(tensor, src=0)\n"),
+                              ("        dist.recv(tensor, src=0)\n", "        dist.broadcast(tensor, src=0)\n")]},
+        "test_naive_all_reduce"),
+    "the root's sum in a new tensor": (
+        {"naive_all_reduce": [("tensor += incoming", "tensor = tensor + incoming")]},
+        "test_naive_all_reduce"),
+    "the root's sum rebound into the tensor (tensor.data = ...)": (
+        {"naive_all_reduce": [("tensor += incoming", "tensor.data = tensor + incoming")]},
+        "test_naive_all_reduce"),
+    "nothing returned": (
+        {"naive_all_reduce": [("\n    return tensor", "")]},
+        "test_naive_all_reduce"),
+    "the root receives into a float32 buffer": (
+        {"naive_all_reduce": [("incoming = torch.empty_like(tensor)", "incoming = torch.empty(tensor.shape)")]},
+        "test_naive_all_reduce"),
+    "torch.chunk, which makes fewer than N chunks of a short tensor": (
+        {"ring_all_reduce": [("tensor.view(-1).tensor_split(world_size)", "tensor.view(-1).chunk(world_size)")]},
+        "test_ring_all_reduce"),
+    "a ring that passes whole tensors instead of chunks": (
+        {"ring_all_reduce": [(RING_STEPS, WHOLE_TENSOR_ROUND_THE_RING)]},
+        "test_ring_all_reduce"),
+    "the all-gather by broadcasts (a collective)": (
+        {"ring_all_reduce": [("    for step in range(world_size - 1):       # all-gather\n"
+                              "        pass_on((rank + 1 - step) % world_size, chunks[(rank - step) % world_size])\n",
+                              "    for owner in range(world_size):          # all-gather: each sum from its owner\n"
+                              "        dist.broadcast(chunks[(owner + 1) % world_size], src=owner)\n")]},
+        "test_ring_all_reduce"),
+    "each receive buffer sized like the rank's own chunk": (
+        {"ring_all_reduce": [("incoming = torch.empty_like(partial)", "incoming = torch.empty_like(chunks[rank])")]},
+        "test_ring_all_reduce"),
+    "the ring on a flat copy, rebound into the tensor (tensor.data = ...)": (
+        {"ring_all_reduce": [("chunks = tensor.view(-1).tensor_split(world_size)",
+                              "flat = tensor.view(-1).clone()\n    chunks = flat.tensor_split(world_size)"),
+                             ("\n    return tensor", "\n    tensor.data = flat.view_as(tensor)\n    return tensor")]},
+        "test_ring_all_reduce"),
+    "hooks registered again in every wait()": (
+        {"gradient_hooks": [("        self.world_size = dist.get_world_size()\n",
+                             "        self.world_size = dist.get_world_size()\n        self.model = model\n"),
+                            ("            param.grad /= self.world_size\n        self.in_flight = []",
+                             "            param.grad /= self.world_size\n        self.in_flight = []\n"
+                             "        for p in self.model.parameters():        # ready for the next step\n"
+                             "            p.register_post_accumulate_grad_hook(self.gradient_ready)")]},
+        "test_gradient_hooks"),
+    "hooks leave the sum in the gradients": (
+        {"gradient_hooks": [("            param.grad /= self.world_size\n", "")]},
+        "test_gradient_hooks"),
+    "hooks never forget the all-reduces of earlier steps": (
+        {"gradient_hooks": [("            param.grad /= self.world_size\n        self.in_flight = []",
+                             "            param.grad /= self.world_size")]},
+        "test_gradient_hooks"),
+    "bucket hooks registered twice": (
+        {"bucketed_gradients": [("        for p in params:\n            p.register_post_accumulate_grad_hook",
+                                 "        for p in [*params, *params]:\n"
+                                 "            p.register_post_accumulate_grad_hook")]},
+        "test_bucketed_gradients"),
+    "buckets leave the sum in the gradients": (
+        {"bucketed_gradients": [("torch.div(param.grad, self.world_size, out=slot)", "slot.copy_(param.grad)")]},
+        "test_bucketed_gradients"),
 }
 
 
@@ -240,7 +351,94 @@ MISTAKES = {
 # the grader, is test_hostile_judge.py's (lab 1's stub_with_checks_rebound, lab 2's forges_lab2).
 
 # Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
-RULES: dict[str, dict] = {}
+RULES: dict[str, dict] = {
+    "shard": {
+        "`(inputs, targets)` with `len(inputs) // world_size` samples each":
+            "the last rank takes what is left over instead of refusing",
+        "every input still paired with its target": "inputs and targets split differently",
+        "Together, the ranks' shards hold every sample of the batch exactly once.": "overlapping shards",
+        "The shards must be equal.": "the last rank takes what is left over instead of refusing",
+        "So refuse a batch that does not split evenly": "the last rank takes what is left over instead of refusing",
+        "raise a `ValueError` whose message gives the batch size and the number of ranks":
+            "the refusal names neither the batch size nor the number of ranks",
+    },
+    "broadcast_parameters": {
+        "Training must start from one set of weights: rank 0's.": (
+            "no initial broadcast", "weights averaged over the ranks (an all-reduce) instead of rank 0's"),
+        "copy rank 0's parameters **and buffers**": "buffers not broadcast",
+        "into every rank's model, in place":
+            "tensors rebound to received copies (p.data = ...), not broadcast in place",
+        "with `dist.broadcast(tensor, src=0)`": "weights averaged over the ranks (an all-reduce) instead of rank 0's",
+        "It runs once, before training": NotARule("when the lab's data_parallel_training, given code, calls it"),
+        "broadcasts each tensor once": "parameters broadcast twice: the state_dict holds them too",
+        "every rank's model is rank 0's bit for bit":
+            "weights averaged over the ranks (an all-reduce) instead of rank 0's",
+        "Make every rank's parameters and buffers equal to rank 0's, in place": (
+            "buffers not broadcast", "tensors rebound to received copies (p.data = ...), not broadcast in place"),
+    },
+    "average_gradients": {
+        "adds a tensor up across the ranks, in place, and leaves the sum on every rank":
+            NotARule("says what dist.all_reduce does"),
+        "divide it by the number of ranks and you have the mean": (
+            "a sum where the mean belongs", "divided by 2, not by the number of ranks"),
+        "every parameter's `.grad` is the mean of that gradient over the ranks": (
+            "a sum where the mean belongs", "a sum where the mean belongs, behind a check rebound to a no-op"),
+        "Leave parameters without a gradient (`p.grad is None`) alone.": "frozen parameters given a zero gradient",
+    },
+    "naive_all_reduce": {
+        "`recv` writes into the tensor you give it": NotARule("says what dist.recv does"),
+        "which must have the sender's size and dtype": "the root receives into a float32 buffer",
+        "replace it in place by its sum over the ranks": (
+            "the root's sum in a new tensor", "the root's sum rebound into the tensor (tensor.data = ...)"),
+        "and return it": "nothing returned",
+        "Use only these four calls (no collectives).": "the sum sent back with a broadcast (a collective)",
+        "Every rank sends its tensor to rank 0; rank 0 adds them all up and sends the sum back to each.": (
+            "naive root keeps the sum", "the root adds only rank 1's tensor"),
+        "Sum `tensor` over the ranks, in place, through rank 0; return it.": (
+            "the root's sum rebound into the tensor (tensor.data = ...)", "nothing returned"),
+    },
+    "ring_all_reduce": {
+        "`recv` writes into the tensor you give it": NotARule("says what dist.recv does"),
+        "which must have the sender's size and dtype": "each receive buffer sized like the rank's own chunk",
+        "replace it in place by its sum over the ranks, and return it":
+            "the ring on a flat copy, rebound into the tensor (tensor.data = ...)",
+        "Use only these four calls (no collectives).": "the all-gather by broadcasts (a collective)",
+        "Cut the tensor into N chunks": (
+            "torch.chunk, which makes fewer than N chunks of a short tensor", "ring drops what N does not divide"),
+        "Each rank sends only to its right neighbour, `(rank + 1) % N`, "
+        "and receives only from its left, `(rank − 1) % N`":
+            "a ring that sends every chunk straight to its owner",
+        "Every rank sends 2(N−1) chunks, 2(N−1)/N of the tensor": "a ring that passes whole tensors instead of chunks",
+        "Sum `tensor` over the ranks, in place, with a ring": (
+            "the ring on a flat copy, rebound into the tensor (tensor.data = ...)",),
+    },
+    "gradient_hooks": {
+        "The constructor registers `gradient_ready` as the hook of every parameter, once.": (
+            "hooks all-reduce every gradient twice", "hooks miss a parameter",
+            "hooks registered again in every wait()"),
+        "each parameter's all-reduce starts in its hook, exactly one per parameter": (
+            "every gradient's all-reduce started by the last hook of backward",
+            "hooks all-reduce every gradient twice"),
+        "`wait()` waits for all of them, and leaves every `.grad` the mean over the ranks":
+            "hooks leave the sum in the gradients",
+        "The same object serves every step": "hooks never forget the all-reduces of earlier steps",
+    },
+    "bucketed_gradients": {
+        "The constructor registers `gradient_ready` as the hook of every parameter, once.":
+            "bucket hooks registered twice",
+        "in the order backward produces their gradients (the reverse of `model.parameters()`)":
+            "buckets filled in forward order",
+        "add parameters to a bucket until it holds at least `bucket_bytes`":
+            "buckets of at most bucket_bytes, not at least",
+        "(the last bucket holds what is left)": "the last bucket is never sent",
+        "when every gradient of a bucket is ready, put them into one flat tensor and start one all-reduce on it":
+            "every bucket's all-reduce started by the last hook of backward",
+        "`wait()` waits for every bucket and leaves each `.grad` the mean over the ranks":
+            "buckets leave the sum in the gradients",
+        "The reference solution avoids both copies":
+            NotARule("describes the reference's way; either way earns full marks"),
+    },
+}
 
 (test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
  test_correct_answers_get_every_point,

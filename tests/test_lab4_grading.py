@@ -157,6 +157,112 @@ MISTAKES = {
         {"average_gradients": [("        dist.all_reduce(p.grad)\n        p.grad /= grid.data\n",
                                 "        dist.all_reduce(p.grad)\n        p.grad /= grid.ranks\n")]},
         "test_average_gradients"),
+    # Round 4: one planted mistake for each rule the texts state (RULES below).
+    "the model side counted as NCCL's reduce-scatter, not gloo's all-reduce": (
+        {"choose_parallelism": [("model_bytes = 3 * share", "model_bytes = 2 * share")]},
+        "test_choose_parallelism"),
+    "the gradient counted once, not all-reduced": (
+        {"choose_parallelism": [("data_bytes = 2 * share", "data_bytes = share")]},
+        "test_choose_parallelism"),
+    "elements, not bytes": (
+        {"choose_parallelism": [("data_bytes = 2 * share * layer.weights * 4",
+                                 "data_bytes = 2 * share * layer.weights"),
+                                ("model_bytes = 3 * share * layer.activations(batch) * 4",
+                                 "model_bytes = 3 * share * layer.activations(batch)")]},
+        "test_choose_parallelism"),
+    "a tie goes to the model": (
+        {"choose_parallelism": [('"model" if model_bytes < data_bytes else "data"',
+                                 '"model" if model_bytes <= data_bytes else "data"')]},
+        "test_choose_parallelism"),
+    "one GPU let through": (
+        {"choose_parallelism": [("    if gpus < 2:\n        raise ValueError(f\"with {gpus} GPU nothing is sent either "
+                                 "way: compare on 2 GPUs or more\")\n", "")]},
+        "test_choose_parallelism"),
+    "a rank outside the grid let through": (
+        {"grid": [("    if not 0 <= rank < grid.ranks:\n"
+                   "        raise ValueError(f\"rank {rank} is not on a {grid} grid: its ranks are 0 to "
+                   "{grid.ranks - 1}\")\n", "")]},
+        "test_grid"),
+    # the right members on every rank, but each rank makes only its own two groups: the groups are crossed
+    "each rank makes only its own two groups": (
+        {"grid": [("    columns = [dist.new_group([row * grid.model + position for row in range(grid.data)])\n"
+                   "               for position in range(grid.model)]\n"
+                   "    rows = [dist.new_group([row * grid.model + position for position in range(grid.model)])\n"
+                   "            for row in range(grid.data)]\n"
+                   "    return columns[m], rows[d]",
+                   "    data_group = dist.new_group([row * grid.model + m for row in range(grid.data)])\n"
+                   "    model_group = dist.new_group([d * grid.model + position for position in range(grid.model)])\n"
+                   "    return data_group, model_group")]},
+        "test_grid"),
+    "the groups returned as (model, data)": (
+        {"grid": [("return columns[m], rows[d]", "return rows[d], columns[m]")]},
+        "test_grid"),
+    "features gathered from every rank, not the group": (
+        {"hand_over": [("dist.all_gather(parts, features.contiguous().to(on), group=group)",
+                        "dist.all_gather(parts, features.contiguous().to(on))")]},
+        "test_hand_over"),
+    # the right numbers, by the wrong messages: only the collectives show it
+    "the features pooled by an all-reduce of zero-padded rows": (
+        {"hand_over": [("        on = course.message_device()\n"
+                        "        parts = [torch.empty_like(features, device=on) for _ in range(ctx.size)]\n"
+                        "        dist.all_gather(parts, features.contiguous().to(on), group=group)\n"
+                        "        return torch.cat(parts).to(features.device)\n",
+                        "        rows = features.shape[0]\n"
+                        "        whole = features.new_zeros(ctx.size * rows, *features.shape[1:])\n"
+                        "        whole[ctx.index * rows:(ctx.index + 1) * rows] = features\n"
+                        "        dist.all_reduce(whole, group=group)    # the other ranks' rows are zero here\n"
+                        "        return whole\n")]},
+        "test_hand_over"),
+    "the error summed by gathering every rank's whole error": (
+        {"hand_over": [("        own = torch.empty_like(whole.chunk(ctx.size)[ctx.index])\n"
+                        "        reduce_scatter(own, whole, group=ctx.group)\n",
+                        "        everyone = [torch.empty_like(whole) for _ in range(ctx.size)]\n"
+                        "        dist.all_gather(everyone, whole, group=ctx.group)\n"
+                        "        own = sum(everyone).chunk(ctx.size)[ctx.index]\n")]},
+        "test_hand_over"),
+    "the partial outputs summed over every rank, not the group": (
+        {"hand_over": [("dist.all_reduce(total, group=group)", "dist.all_reduce(total)")]},
+        "test_hand_over"),
+    "the sum's backward all-reduces the error again": (
+        {"hand_over": [("        total = partial.contiguous().clone()\n",
+                        "        ctx.group = group\n        total = partial.contiguous().clone()\n"),
+                       ("        return grad, None",
+                        "        total = grad.contiguous().clone()\n"
+                        "        dist.all_reduce(total, group=ctx.group)\n"
+                        "        return total, None")]},
+        "test_hand_over"),
+    "conv2 left out of the convolutions": (
+        {"hybrid_convnet": [("nn.Sequential(full.conv1, full.conv2)", "nn.Sequential(full.conv1)")]},
+        "test_hybrid_convnet"),
+    "the dense bias share not copied": (
+        {"hybrid_convnet": [("            self.dense.bias.copy_(dense.bias.chunk(size)[m])\n", "")]},
+        "test_hybrid_convnet"),
+    "no ReLU after the dense share": (
+        {"hybrid_convnet": [("hidden = F.relu(self.dense(GatherImages.apply(features, self.group)))",
+                             "hidden = self.dense(GatherImages.apply(features, self.group))")]},
+        "test_hybrid_convnet"),
+    # the right logits: the bias enters the sum once, but only the group's first rank holds a gradient for it
+    "the output bias added by the group's first rank alone, before the sum": (
+        {"hybrid_convnet": [("SumOverGroup.apply(F.linear(hidden, self.output.weight), self.group) + self.output.bias",
+                             "SumOverGroup.apply(F.linear(hidden, self.output.weight, self.output.bias "
+                             "if dist.get_rank(self.group) == 0 else None), self.group)")]},
+        "test_hybrid_convnet"),
+    # the right numbers, in new tensors: only the memory of each .grad shows it
+    "gradients rebound, not averaged in place": (
+        {"average_gradients": [("p.grad /= grid.data", "p.grad = p.grad / grid.data")]},
+        "test_average_gradients"),
+    "the two lists zipped: the loop stops at the shorter": (
+        {"average_gradients": [("    for p in convolution_params:\n        dist.all_reduce(p.grad)\n"
+                                "        p.grad /= grid.data\n    for p in dense_params:\n"
+                                "        dist.all_reduce(p.grad, group=data_group)\n        p.grad /= grid.data",
+                                "    for c, p in zip(convolution_params, dense_params):\n"
+                                "        dist.all_reduce(c.grad)\n        c.grad /= grid.data\n"
+                                "        dist.all_reduce(p.grad, group=data_group)\n        p.grad /= grid.data")]},
+        "test_average_gradients"),
+    "dense shards summed over the data-parallel group, not averaged": (
+        {"average_gradients": [("        dist.all_reduce(p.grad, group=data_group)\n        p.grad /= grid.data",
+                                "        dist.all_reduce(p.grad, group=data_group)")]},
+        "test_average_gradients"),
 }
 
 
@@ -165,7 +271,87 @@ MISTAKES = {
 # student would add a whole notebook's grading to the suite for nothing the judge alone could catch.
 
 # Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
-RULES: dict[str, dict] = {}
+RULES: dict[str, dict] = {
+    "choose_parallelism": {
+        "with a ring on $N$ GPUs every rank sends $2\\frac{N-1}{N}W$ elements per step":
+            "the gradient counted once, not all-reduced",
+        "gathers its **output** forward ($\\frac{N-1}{N}A$ for $A$ activations of the whole batch) and all-reduces "
+        "that output's error backward ($2\\frac{N-1}{N}A$): $3\\frac{N-1}{N}A$":
+            "activations counted once, not gathered and all-reduced",
+        "gloo, which this lab runs on, has no reduce-scatter of its own and all-reduces the whole error: this "
+        "exercise counts gloo's $3\\frac{N-1}{N}A$":
+            "the model side counted as NCCL's reduce-scatter, not gloo's all-reduce",
+        "the float32 **bytes** one rank sends per step each way": "elements, not bytes",
+        '(a tie goes to `"data"`: it is the simpler)': "a tie goes to the model",
+        "Fewer than 2 GPUs send nothing either way: raise `ValueError`.": "one GPU let through",
+    },
+    "grid": {
+        "rank $r$ sits in data-parallel replica $d = \\lfloor r / \\text{model} \\rfloor$ at model-parallel position "
+        "$m = r \\bmod \\text{model}$": "the wrong rank coordinates (position and replica swapped)",
+        "**every rank** must call it for **every group**, in the same order, even for groups it is not in":
+            "each rank makes only its own two groups",
+        "(a rank outside the grid raises `ValueError`)": "a rank outside the grid let through",
+        "`grid_groups(grid)` → `(data_group, model_group)`: the calling rank's two groups":
+            "the groups returned as (model, data)",
+    },
+    "hand_over": {
+        "every rank of `group` receives the features of all the group's images, stacked in group-rank order "
+        "(all-gather)": ("features gathered from every rank, not the group",
+                         "the features pooled by an all-reduce of zero-padded rows"),
+        "Backward, each rank holds the error of *all* the group's images, but only part of each: the dense layer is "
+        "split, so each rank's error is a partial sum": "the hand-over keeps its partial error, unsummed",
+        "Sum them over the group and keep the rows of this rank's own images: that is a **reduce-scatter**": (
+            "the hand-over keeps its partial error, unsummed",
+            "the hand-over keeps the rows of its global rank, not of its place in the group",
+            "the error summed by gathering every rank's whole error"),
+        "forward, the sum of the group's partial outputs (all-reduce;":
+            "the partial outputs summed over every rank, not the group",
+        "Backward: the error as it is.": "the sum's backward all-reduces the error again",
+        "`dist.get_rank(group)` is this rank's place in the group":
+            "the hand-over keeps the rows of its global rank, not of its place in the group",
+        "gloo's all-gather takes CPU tensors only": NotARule(
+            "says what gloo's all-gather accepts, as the torch docs do; the advice after it (gather on "
+            "course.message_device()) changes nothing where every rank is a CPU process, as in these tests"),
+    },
+    "hybrid_convnet": {
+        "`.convolutions`: `full.conv1` then `full.conv2`, whole: every rank keeps a copy":
+            "conv2 left out of the convolutions",
+        "`.dense`: a `Linear` holding this rank's $m$-th share of the dense layer's **output** features (a column "
+        "split: rows of `weight` and of `bias`)": ("the dense shards of the global rank, not of the place in the group",
+                                                  "the dense bias share not copied"),
+        "the whole bias, added once, after the sum": (
+            "the output bias added on every rank of the group",
+            "the output bias added by the group's first rank alone, before the sum"),
+        "returns the logits of **all** the model-parallel group's images":
+            "the dense layers get only this rank's images (no gather)",
+        "convolutions, flatten, `GatherImages`, dense share, ReLU, output share, `SumOverGroup`, bias": (
+            "no ReLU after the dense share", "the dense layers get only this rank's images (no gather)"),
+        "$m$ is `dist.get_rank(model_group)`, the rank's place in its group":
+            "the dense shards of the global rank, not of the place in the group",
+    },
+    "average_gradients": {
+        "the **convolutions'**, from its own images only: the replica's gradient is the **sum** over its "
+        "model-parallel group; the step's is the **mean** over the `data` replicas of those sums": (
+            "convolution gradients averaged over the data-parallel group only",
+            "convolution gradients divided by every rank (a mean where a sum belongs)"),
+        "One all-reduce over every rank, divided by `grid.data`.": (
+            "convolution gradients averaged over the data-parallel group only",
+            "convolution gradients divided by every rank (a mean where a sum belongs)"),
+        "the mean over the ranks that hold the same shard, its **data-parallel group**": (
+            "dense shards averaged over every rank",
+            "dense shards averaged over every rank, behind a check rebound to a no-op",
+            "dense shards summed over the data-parallel group, not averaged"),
+        "in place, on every `.grad`": ("gradients rebound, not averaged in place",
+                                       "the two lists zipped: the loop stops at the shorter"),
+        "In place: convolution gradients summed over every rank and divided by the replicas; dense shard gradients "
+        "averaged over the data-parallel group": (
+            "gradients rebound, not averaged in place",
+            "convolution gradients averaged over the data-parallel group only",
+            "convolution gradients divided by every rank (a mean where a sum belongs)",
+            "dense shards averaged over every rank",
+            "dense shards summed over the data-parallel group, not averaged"),
+    },
+}
 
 (test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
  test_correct_answers_get_every_point,

@@ -349,6 +349,14 @@ MISTAKES.update({
                          "return torch.cat([block for block in into if len(block)]).to(rows.device), "
                          "received_counts")]},
         "test_all_to_all"),
+    "the rows sent with a blocking dist.send before receiving": (
+        {"all_to_all": [(
+            "    sends = [dist.isend(blocks[peer].contiguous().to(on), peer) for peer in others if counts[peer]]\n",
+            "    for peer in others:\n"
+            "        if counts[peer]:\n"
+            "            dist.send(blocks[peer].contiguous().to(on), peer)\n"
+            "    sends = []\n")]},
+        "test_all_to_all"),
     "the received counts returned as a tensor": (
         {"all_to_all": [("return received.to(rows.device), received_counts",
                          "return received.to(rows.device), torch.tensor(received_counts)")]},
@@ -434,6 +442,10 @@ MISTAKES.update({
                    ' that "\n                         f"divides {world_size}")',
                    'raise ValueError(f"ep = {ep} does not divide the number of ranks")')]},
         "test_grid"),
+    "each rank makes only the group it is in": (
+        {"grid": [("[dist.new_group(list(range(place, world_size, ep))) for place in range(ep)]",
+                   "{rank % ep: dist.new_group(list(range(rank % ep, world_size, ep)))}")]},
+        "test_grid"),
     "refused with a RuntimeError, not a ValueError": (
         {"grid": [("raise ValueError(", "raise RuntimeError(")]}, "test_grid"),
 })
@@ -480,6 +492,7 @@ RULES: dict[str, dict] = {
         "one tensor (R', ...)": "the rows returned as a list of blocks, not one tensor",
         "(a rank may receive none: (0, ...))": "a rank that receives no rows fails (a cat of no blocks)",
         "the list of how many came from each rank": "the received counts returned as a tensor",
+        "Post the sends with `isend` before receiving": "the rows sent with a blocking dist.send before receiving",
         "(gloo sends CPU tensors only)": NotARule("says what gloo can send; asks nothing of the answer"),
     },
     "all_to_all_backward": {
@@ -533,6 +546,8 @@ RULES: dict[str, dict] = {
         "each of `expert` becomes the sum over the ranks holding the same experts as this one, divided by the number "
         "of ranks": ("the experts' gradients averaged over their holders, not over all ranks",
                      "the experts' gradients over their expert-parallel group"),
+        "Make the groups with `dist.new_group` (every rank creates every group, in the same order)":
+            "each rank makes only the group it is in",
         "refuse, with a `ValueError` naming both numbers": ("the refusal names ep alone",
                                                            "refused with a RuntimeError, not a ValueError"),
     },

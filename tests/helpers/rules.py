@@ -54,13 +54,19 @@ def exercise_texts(lab: str) -> dict[str, str]:
     texts, since_heading = {}, None
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("## Exercise"):
-            since_heading = [cell.source]
-        elif cell.cell_type == "markdown" and since_heading is not None and not meta:
-            since_heading.append(cell.source)
+        if cell.cell_type == "markdown" and not meta:
+            headings = [i for i, line in enumerate(cell.source.splitlines()) if line.startswith("## ")]
+            last = cell.source.splitlines()[headings[-1]] if headings else ""
+            if last.startswith("## Exercise"):            # an exercise's text runs from its heading
+                since_heading = ["\n".join(cell.source.splitlines()[headings[-1]:])]
+            elif headings:                                # a section of another kind: no exercise's text
+                since_heading = None
+            elif since_heading is not None:
+                since_heading.append(cell.source)
         elif cell.cell_type == "code" and meta.get("solution"):
             assert since_heading is not None, f"{lab}: answer {meta.get('grade_id')} has no '## Exercise' heading"
             texts[meta["grade_id"]] = "\n\n".join([*since_heading, cell.source])
+            since_heading = since_heading[:1]             # a second answer of the exercise: its heading, then its own
     return texts
 
 

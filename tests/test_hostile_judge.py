@@ -248,8 +248,18 @@ def ring_all_reduce(tensor):
 '''
 
 
+# A broadcast that sends the right bytes into copies: every rank keeps its own weights, which only the
+# values of ranks 1 and 2 show (the forgers below forward rank 0's in their place).
+BROADCAST_INTO_COPIES = """
+@torch.no_grad()
+def broadcast_parameters(model):
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor.clone(), src=0)
+"""
+
+
 def _forges_lab_2():
-    nb = solved(LAB_2, answers={"broadcast_parameters": "def broadcast_parameters(model):\n    pass\n",
+    nb = solved(LAB_2, answers={"broadcast_parameters": BROADCAST_INTO_COPIES,
                                 "ring_all_reduce": RING_BY_HAND})
     setup = next(i for i, c in enumerate(nb.cells) if "REFERENCE = course.grading.Reference" in c.source)
     nb.cells.insert(setup + 1, new_code_cell(FORWARD_RANK_0_ONLY))
@@ -258,7 +268,7 @@ def _forges_lab_2():
 
 @pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
 def test_a_kernel_that_sends_rank_0_alone_and_forges_a_ring_earns_nothing_unflagged(round_trip_class):
-    """The broadcast left as `pass`, rank 0's checks forwarded alone: the judge expects every rank's, as the
+    """The broadcast received into copies, rank 0's checks forwarded alone: the judge expects every rank's, as the
     solution's recording made them, and gives the cell nothing. The ring made of torch's all-reduce through
     distributed_c10d, with hand-written records beside it, is recorded where it reaches the process group:
     it loses its exercise too, and each line is flagged."""
@@ -352,7 +362,8 @@ _g["REFERENCE"].check = _rank_0_for_every_rank
 
 @torch.no_grad()
 def broadcast_parameters(model):
-    pass
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor.clone(), src=0)
 '''
 THROUGH_A_FRAME_STUDENT, HONEST_2 = "frames_lab2", "honest_lab2"
 

@@ -306,6 +306,171 @@ MISTAKES = {
                           ("    rank, world_size = dist.get_rank(), dist.get_world_size()\n",
                            "    rank, world_size = dist.get_rank(), dist.get_world_size()\n" + GATHERED_FORWARD)]},
         "test_ring_forward"),
+    # Each rule of the texts broken the way a student who read only the released lab would (RULES, below).
+    "storages told apart by the tensor's address, not the storage's": (
+        {"saved_bytes": [("kept[storage.data_ptr()] = storage.nbytes()",
+                          "kept[tensor.data_ptr()] = storage.nbytes()")]},
+        "test_saved_bytes"),
+    "the excluded tensors told apart by identity, not by storage": (
+        {"saved_bytes": [("excluded = {tensor.untyped_storage().data_ptr() for tensor in exclude}",
+                          "excluded = {id(tensor) for tensor in exclude}"),
+                         ("if storage.data_ptr() not in excluded:", "if id(tensor) not in excluded:")]},
+        "test_saved_bytes"),
+    "pack returns nothing: backward unpacks None": (
+        {"saved_bytes": [("            kept[storage.data_ptr()] = storage.nbytes()\n        return tensor\n",
+                          "            kept[storage.data_ptr()] = storage.nbytes()\n")]},
+        "test_saved_bytes"),
+    "unpack returns nothing": (
+        {"saved_bytes": [("saved_tensors_hooks(pack, lambda tensor: tensor)",
+                          "saved_tensors_hooks(pack, lambda tensor: None)")]},
+        "test_saved_bytes"),
+    "run() called after the hooks were left": (
+        {"saved_bytes": [("        run()\n    return", "        pass\n    run()\n    return")]},
+        "test_saved_bytes"),
+    "the generator left where the recomputation put it, not restored": (
+        {"recompute": [("        with torch.random.fork_rng(devices=[x.device] if x.is_cuda else []):\n"
+                        "            torch.set_rng_state(ctx.cpu_state)\n"
+                        "            if ctx.gpu_state is not None:\n"
+                        "                torch.cuda.set_rng_state(ctx.gpu_state, x.device)\n"
+                        "            x = x.detach().requires_grad_()\n"
+                        "            with torch.enable_grad():\n"
+                        "                y = ctx.run(x)\n",
+                        "        torch.set_rng_state(ctx.cpu_state)\n"
+                        "        if ctx.gpu_state is not None:\n"
+                        "            torch.cuda.set_rng_state(ctx.gpu_state, x.device)\n"
+                        "        x = x.detach().requires_grad_()\n"
+                        "        with torch.enable_grad():\n"
+                        "            y = ctx.run(x)\n")]},
+        "test_recompute"),
+    "the generator's state taken after run drew from it": (
+        {"recompute": [("        ctx.save_for_backward(x)\n        return run(x)",
+                        "        ctx.save_for_backward(x)\n        y = run(x)\n"
+                        "        ctx.cpu_state = torch.get_rng_state()\n        return y")]},
+        "test_recompute"),
+    "a copy of the input kept": (
+        {"recompute": [("ctx.save_for_backward(x)", "ctx.save_for_backward(x.detach().clone())")]},
+        "test_recompute"),
+    "x kept as an attribute of ctx, not with save_for_backward": (
+        {"recompute": [("ctx.save_for_backward(x)", "ctx.x = x"), ("(x,) = ctx.saved_tensors", "x = ctx.x")]},
+        "test_recompute"),
+    "the saved input run again itself, not a detached copy": (
+        {"recompute": [("x = x.detach().requires_grad_()", "x.requires_grad_()")]},
+        "test_recompute"),
+    "the forward rerun with autograd off": (
+        {"recompute": [("            with torch.enable_grad():\n                y = ctx.run(x)",
+                        "            y = ctx.run(x)")]},
+        "test_recompute"),
+    "one gradient returned, not one for each input": (
+        {"recompute": [("return None, x.grad", "return x.grad")]},
+        "test_recompute"),
+    "the blocks gathered along the last dimension": (
+        {"sequence_parallel": [("return torch.cat(blocks).to(x.device)",
+                                "return torch.cat(blocks, dim=-1).to(x.device)")]},
+        "test_sequence_parallel"),
+    "this rank's block first in the gather, not rank order": (
+        {"sequence_parallel": [("return torch.cat(blocks).to(x.device)",
+                                "return torch.cat(blocks[dist.get_rank():] + blocks[:dist.get_rank()]).to(x.device)")]},
+        "test_sequence_parallel"),
+    "a sequence the ranks do not divide, not refused": (
+        {"sequence_parallel": [(
+            "        if grad.shape[0] % world_size:\n"
+            "            raise ValueError(f\"a sequence of {grad.shape[0]} tokens does not cut into {world_size} "
+            "equal blocks: \"\n"
+            "                             f\"pad it to a multiple of {world_size}\")\n", "")]},
+        "test_sequence_parallel"),
+    "the refusal names the tensor's shape, not the ranks": (
+        {"sequence_parallel": [(
+            "raise ValueError(f\"a sequence of {grad.shape[0]} tokens does not cut into {world_size} equal blocks: \"\n"
+            "                             f\"pad it to a multiple of {world_size}\")",
+            "raise ValueError(f\"a tensor of shape {tuple(grad.shape)} does not cut into equal blocks\")")]},
+        "test_sequence_parallel"),
+    "scatter's backward copies its gradient to every block, no all-gather": (
+        {"sequence_parallel": [("return GatherSequence.forward(ctx, grad)        # the same all-gather",
+                                "return torch.cat([grad] * dist.get_world_size())")]},
+        "test_sequence_parallel"),
+    "the merge without the running maximum": (
+        {"ring_forward": [(
+            "        new_max = torch.maximum(running_max, scores.amax(-1))\n"
+            "        weights = torch.exp(scores - new_max[..., None])\n"
+            "        correction = torch.exp(running_max - new_max)\n"
+            "        running_sum = running_sum * correction + weights.sum(-1)\n"
+            "        running_out = running_out * correction[..., None] + weights @ v\n"
+            "        running_max = new_max\n",
+            "        weights = torch.exp(scores)\n"
+            "        running_sum = running_sum + weights.sum(-1)\n"
+            "        running_out = running_out + weights @ v\n"),
+            ("running_max + torch.log(running_sum)", "torch.log(running_sum)")]},
+        "test_ring_forward"),
+    "the maximum of the rank's own block only, never updated": (
+        {"ring_forward": [("new_max = torch.maximum(running_max, scores.amax(-1))",
+                           "new_max = scores.amax(-1) if step == 0 else running_max")]},
+        "test_ring_forward"),
+    "K and V sent and received at the last step too": (
+        {"ring_forward": [("if step < world_size - 1:", "if world_size > 1:")]},
+        "test_ring_forward"),
+    # Blocking sends in the order that cannot deadlock (even ranks send first, odd ranks receive first): the right
+    # bytes to the right rank, but the block does not travel while the rank computes.
+    "a blocking dist.send: nothing travels while the rank computes": (
+        {"ring_forward": [("sends = [dist.isend(t.contiguous().to(course.message_device()), (rank + 1) % world_size) "
+                           "for t in (k, v)]",
+                           "held = [t.contiguous().to(course.message_device()) for t in (k, v)]"),
+                          ("            dist.recv(k, (rank - 1) % world_size)\n"
+                           "            dist.recv(v, (rank - 1) % world_size)\n",
+                           "            if rank % 2 == 0:\n"
+                           "                for t in held:\n"
+                           "                    dist.send(t, (rank + 1) % world_size)\n"
+                           "            dist.recv(k, (rank - 1) % world_size)\n"
+                           "            dist.recv(v, (rank - 1) % world_size)\n"
+                           "            if rank % 2 == 1:\n"
+                           "                for t in held:\n"
+                           "                    dist.send(t, (rank + 1) % world_size)\n"),
+                          ("            for request in sends:\n                request.wait()\n", "")]},
+        "test_ring_forward"),
+    "the received block shaped like the rank's own": (
+        {"ring_forward": [("arriving = len(positions[(rank - step - 1) % world_size])", "arriving = k.shape[-2]")]},
+        "test_ring_forward"),
+    "the scores divided by head_dim, not its square root": (
+        {"ring_forward": [("scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / q.shape[-1]")]},
+        "test_ring_forward"),
+    "the log-sum-exp without the running maximum": (
+        {"ring_forward": [("running_max + torch.log(running_sum)", "torch.log(running_sum)")]},
+        "test_ring_forward"),
+    "K and V sent again at the last step": (
+        {"ring_backward": [("travelling = (k, v, dk, dv) if step < world_size - 1 else (dk, dv)",
+                            "travelling = (k, v, dk, dv)"),
+                           ("        if step < world_size - 1:\n            k, v, dk, dv = received\n"
+                            "        else:\n            dk, dv = received\n",
+                            "        k, v, dk, dv = received\n")]},
+        "test_ring_backward"),
+    "dK without 1/√d": (
+        {"ring_backward": [("dk = dk + dscores.transpose(-1, -2) @ q * scale",
+                            "dk = dk + dscores.transpose(-1, -2) @ q")]},
+        "test_ring_backward"),
+    "dQ passed on with dK and dV at the last step": (
+        {"ring_backward": [("else (dk, dv)", "else (dk, dv, dq)"),
+                           ("        else:\n            dk, dv = received",
+                            "        else:\n            dk, dv, dq = received")]},
+        "test_ring_backward"),
+    "the backward's ring turned the other way": (
+        {"ring_backward": [("(rank + 1) % world_size) for t in travelling]",
+                            "(rank - 1) % world_size) for t in travelling]"),
+                           ("dist.recv(tensor, (rank - 1) % world_size)",
+                            "dist.recv(tensor, (rank + 1) % world_size)")]},
+        "test_ring_backward"),
+    "positions as lists of ints, not tensors": (
+        {"zigzag": [("chunks[2 * ranks - 1 - r]]) for r in range(ranks)]",
+                     "chunks[2 * ranks - 1 - r]]).tolist() for r in range(ranks)]")]},
+        "test_zigzag"),
+    "positions as float tensors": (
+        {"zigzag": [("torch.arange(sequence)", "torch.arange(0.0, sequence)")]}, "test_zigzag"),
+    "the late chunk first: positions not in increasing order": (
+        {"zigzag": [("torch.cat([chunks[r], chunks[2 * ranks - 1 - r]])",
+                     "torch.cat([chunks[2 * ranks - 1 - r], chunks[r]])")]},
+        "test_zigzag"),
+    "chunks of s // 2N tokens, the rest a chunk more": (
+        {"zigzag": [("torch.arange(sequence).tensor_split(2 * ranks)",
+                     "torch.arange(sequence).split(sequence // (2 * ranks))")]},
+        "test_zigzag"),
 }
 
 # The nbgrader round trip (its last test): the full notebook, as an instructor grades it, of the student
@@ -313,7 +478,98 @@ MISTAKES = {
 # student would add a whole notebook's grading to the suite for nothing the judge alone could catch.
 
 # Each rule the exercises' texts state, beside the planted mistakes that break it (tests/helpers/rules.py).
-RULES: dict[str, dict] = {}
+RULES: dict[str, dict] = {
+    "saved_bytes": {
+        "call `run()` (a function with no argument that runs a forward pass) under `saved_tensors_hooks`":
+            "run() called after the hooks were left",
+        "the bytes of the distinct storages autograd saved during it":
+            "storages told apart by the tensor's address, not the storage's",
+        "each storage counted once": "each saved tensor counted, not each storage",
+        "and whole (`nbytes()` of the storage, however small the view that was saved)":
+            "a view counted at its own size, not its storage's",
+        "leaving out the storages of the tensors in `exclude`":
+            ("the parameters counted too", "the excluded tensors told apart by identity, not by storage"),
+        "`pack` and `unpack` return what they are given": ("pack returns nothing: backward unpacks None",
+                                                            "unpack returns nothing"),
+    },
+    "recompute": {
+        "so `run(x)` keeps no activations": "no recomputation: the forward's graph kept",
+        "Keep `x` (with `ctx.save_for_backward`)": ("x kept as an attribute of ctx, not with save_for_backward",
+                                                    "a copy of the input kept"),
+        "the random number generator's state as it was before `run` drew from it":
+            "the generator's state taken after run drew from it",
+        "with the generator's state put back as the forward found it": "dropout rerun with another random state",
+        "and then restored to what it was": "the generator left where the recomputation put it, not restored",
+        "run `run` again, autograd on (`torch.enable_grad()`)": "the forward rerun with autograd off",
+        "on a detached copy of `x` that requires its gradient": "the saved input run again itself, not a detached copy",
+        "which also adds the gradients of `run`'s parameters to their `.grad`":
+            "the parameters' gradients lost: only x's computed",
+        "Return a gradient for each input of `forward`: None for `run`, and `x`'s":
+            "one gradient returned, not one for each input",
+        "Keeps only the input": ("no recomputation: the forward's graph kept", "a copy of the input kept"),
+        "with the same random numbers": "dropout rerun with another random state",
+    },
+    "sequence_parallel": {
+        "every rank's block, in rank order": "this rank's block first in the gather, not rank order",
+        "along dimension 0 (an all-gather)": "the blocks gathered along the last dimension",
+        "backward, the sum over the ranks of the gradient, this rank's block of it (a reduce-scatter)":
+            ("the gradient's own block kept, not summed over the ranks",
+             "an all-reduce where the gather's backward reduce-scatters"),
+        "forward, this rank's block of the sum over the ranks of `x` (a reduce-scatter)":
+            "an all-reduce where the gather's backward reduce-scatters",
+        "backward, every rank's block of the gradient, in rank order (an all-gather)":
+            "scatter's backward copies its gradient to every block, no all-gather",
+        "`dist.all_gather` and `dist.reduce_scatter` with lists of blocks, or their single-tensor forms":
+            "an all-reduce where the gather's backward reduce-scatters",
+        "Refuse, with a `ValueError` that names both numbers, a sequence that the ranks do not divide":
+            ("a sequence the ranks do not divide, not refused", "the refusal names the tensor's shape, not the ranks"),
+    },
+    "ring_forward": {
+        "(a list of N 1-D integer tensors, known to every rank, of different lengths where N does not divide the "
+        "sequence)": "the received block shaped like the rank's own",
+        "Scores are q·k/√head_dim.": "the scores divided by head_dim, not its square root",
+        "the log-sum-exp of each query's scores": "the log-sum-exp without the running maximum",
+        "at step j the rank holds the K and V of rank (r − j) mod N, starting with its own":
+            "the block's owner off by one",
+        "In every step but the last, pass the block you hold on to rank r + 1 with `dist.isend`":
+            ("K and V sent and received at the last step too",
+             "a blocking dist.send: nothing travels while the rank computes"),
+        "receive the next one from rank r − 1 with `dist.recv`":
+            "the ring turned the other way, the blocks indexed as before",
+        "(its shape follows from `positions`)": "the received block shaped like the rank's own",
+        "send K and V only": ("K and V sent and received at the last step too",
+                              "ring attention's forward as one all_gather_object, the kernel's checks silenced"),
+        "compute on the block you hold while they travel":
+            "a blocking dist.send: nothing travels while the rank computes",
+        "Merge each block into m, ℓ and o by the rules above": (
+            "the merge without the running maximum", "the maximum of the rank's own block only, never updated",
+            "the running max not rescaled when a new block arrives"),
+        "Masked scores are −∞": "the causal mask applied per block as if each block started the sequence",
+        "under a causal mask each query attends at least its own key":
+            "the causal mask applied per block as if each block started the sequence",
+    },
+    "ring_backward": {
+        "P = exp(S − lse) with the **whole** row's log-sum-exp":
+            "the backward's probabilities without the whole row's log-sum-exp",
+        "D = Σ_d dO·O per query": "the backward without D = rowsum(dO·O)",
+        "dK \\mathrel{+}= dS^\\top Q/\\sqrt{d}": "dK without 1/√d",
+        "dQ stays on the rank of its queries.": "dQ passed on with dK and dV at the last step",
+        "let them travel with the block": "dK and dV left on the rank that computed them last",
+        "(at the last step dK and dV only)": "K and V sent again at the last step",
+        "so that after N steps the rank holds the dK and dV of its own block":
+            "dK and dV left on the rank that computed them last",
+        "Messages only, to r + 1 and from r − 1.": "the backward's ring turned the other way",
+    },
+    "zigzag": {
+        "cuts the sequence into 2N chunks": "N chunks, not 2N",
+        "the first chunks one longer where 2N does not divide the sequence":
+            "chunks of s // 2N tokens, the rest a chunk more",
+        "gives rank r chunks r and 2N − 1 − r": "chunk 2N − r, not 2N − 1 − r",
+        "the same work on every rank": "N chunks, not 2N",
+        "in increasing order": "the late chunk first: positions not in increasing order",
+        "(a list of N 1-D integer tensors)": ("positions as lists of ints, not tensors", "positions as float tensors"),
+    },
+}
 
 (test_every_exercise_is_graded, test_every_rule_the_text_states_is_tested,
  test_correct_answers_get_every_point, test_each_mistake_costs_exactly_its_exercise,

@@ -7,6 +7,7 @@ repository's); the others differ from it only by their exercises, which the rele
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import tomllib
 from pathlib import Path
@@ -52,7 +53,11 @@ def test_no_solution_hidden_test_or_stored_value_reaches_the_handout(handout):
     text = {p: p.read_text(encoding="utf-8", errors="replace") for p in handout.rglob("*") if p.is_file()}
     for marker in ("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS"):
         assert not [p for p, t in text.items() if marker in t], marker
-    assert not list(handout.rglob("*.json")), "a stored value (grader/reference/<lab>.json) in the handout"
+    # JupyterLab's defaults for the course are the one JSON file a handout holds, and they hold no value
+    overrides = handout / "jupyterlab-overrides.json"
+    assert [p for p in handout.rglob("*.json") if p != overrides] == [], \
+        "a stored value (grader/reference/<lab>.json) in the handout"
+    assert list(json.loads(overrides.read_text())) == ["@jupyterlab/apputils-extension:notification"]
     for lab in graded_labs():
         released = "\n".join(c.source for c in nbformat.read(handout / "labs" / lab.name / f"{lab.name}.ipynb",
                                                             as_version=4).cells)

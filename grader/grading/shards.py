@@ -80,9 +80,10 @@ def _seeds(folder: Path) -> dict[str, int]:
             for path in sorted((folder / "judge").glob("*.seed.json"))}
 
 
-def _check_shards(folders: list[Path]) -> tuple[list[str], dict[str, dict], dict[Path, dict]]:
+def _check_shards(folders: list[Path]) -> tuple[list[str], dict[str, dict], dict[Path, dict], bool]:
     """Every shard of one split, once, of the same labs, judged on the same seeds, each student's lab graded in
-    one of them: (labs, uncollected, each shard's status). Checked before anything is written."""
+    one of them: (labs, uncollected, each shard's status, whether their CSVs report every lab). Checked before
+    anything is written."""
     runs = {folder: _read_run(folder) for folder in folders}
     first = folders[0]
     labs, n = runs[first]["labs"], runs[first]["shard"][1]
@@ -120,7 +121,8 @@ def _check_shards(folders: list[Path]) -> tuple[list[str], dict[str, dict], dict
     for about in runs.values():
         for student, entries in about["uncollected"].items():
             uncollected.setdefault(student, {}).update(entries)
-    return labs, uncollected, statuses
+    every_lab = all(about.get("every_lab", True) for about in runs.values())   # as the shards were asked
+    return labs, uncollected, statuses, every_lab
 
 
 @privately
@@ -130,7 +132,7 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
     folders = [Path(folder).resolve() for folder in folders]
     if not folders:
         raise GraderError("give the work folders of the shards to merge")
-    labs, uncollected, statuses = _check_shards(folders)
+    labs, uncollected, statuses, every_lab = _check_shards(folders)
     infos = lab_infos(root)
     unknown = [lab for lab in labs if lab not in infos]
     if unknown:
@@ -163,7 +165,6 @@ def merge(folders, work: Path, root: Path, csv_path: Path | None = None, say=pri
                 target.parent.mkdir(mode=0o700, exist_ok=True)
                 shutil.copyfile(recorded, target)
     ws.save_status(status)
-    every_lab = all(_read_run(folder).get("every_lab", True) for folder in folders)  # as the shards were asked
     write_run(ws, labs, None, uncollected, every_lab)
     target = Path(csv_path) if csv_path else ws.root / "grades.csv"
     export.write_class(target, ws.gradebook, root, infos, status, uncollected, students=set(status), every=every_lab)

@@ -55,11 +55,11 @@ def exercise_texts(lab: str) -> dict[str, str]:
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "markdown" and not meta:
-            headings = [i for i, line in enumerate(cell.source.splitlines()) if line.startswith("## ")]
-            last = cell.source.splitlines()[headings[-1]] if headings else ""
-            if last.startswith("## Exercise"):            # an exercise's text runs from its heading
-                since_heading = ["\n".join(cell.source.splitlines()[headings[-1]:])]
-            elif headings:                                # a section of another kind: no exercise's text
+            lines = cell.source.splitlines()
+            last = max((i for i, line in enumerate(lines) if line.startswith("## ")), default=None)
+            if last is not None and lines[last].startswith("## Exercise"):   # its text runs from its heading
+                since_heading = ["\n".join(lines[last:])]
+            elif last is not None:                        # a section of another kind: no exercise's text
                 since_heading = None
             elif since_heading is not None:
                 since_heading.append(cell.source)

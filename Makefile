@@ -26,10 +26,13 @@ LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 LAB_INDEX := labs/index.ipynb
 # The instructor's live demo: a notebook beside the solutions, not a lab.
 DEMO := solutions/demo.ipynb
+# Its instructor's mode, made afresh by each `make demo` from deploy/demo/: the file browser folded away
+# (the JupyterLab workspace "demo") and larger type (JupyterLab settings of its own, not the user's).
+DEMO_HOME := build/demo
 # bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools browser-tools slurm-tools site-tools site hub hub-tools hub-remove test test-fast test-lab lint lab demo release handout reference grade bench check-hardware clean
+.PHONY: install sandbox-tools browser-tools slurm-tools site-tools site hub hub-tools hub-remove test test-fast test-lab lint lab demo demo-home release handout reference grade bench check-hardware clean
 
 install: $(INSTALL_STAMP) $(LAB_OVERRIDES)
 
@@ -93,18 +96,24 @@ test-lab: $(INSTALL_STAMP) $(LAB_OVERRIDES) browser-tools slurm-tools site-tools
 lint: $(INSTALL_STAMP)
 	$(VENV)/bin/ruff check .
 
-# JupyterLab on the course, landing on the notebook $(1). default_url (not a file
-# argument) so that the printed URL, the browser and a visit to / all land on it,
-# also with --no-browser on a remote machine.
-jupyter_lab_on = $(VENV)/bin/jupyter lab --ServerApp.root_dir='$(CURDIR)' --LabApp.default_url=/lab/tree/$(1) $(ROOT_FLAG) $(LAB_ARGS)
+# JupyterLab on the course, landing on the notebook $(1) (in the workspace $(2), e.g. workspaces/demo/; more
+# flags: $(3)). default_url (not a file argument) so that the printed URL, the browser and a visit to / all
+# land on it, also with --no-browser on a remote machine.
+jupyter_lab_on = $(VENV)/bin/jupyter lab --ServerApp.root_dir='$(CURDIR)' --LabApp.default_url=/lab/$(2)tree/$(1) $(3) $(ROOT_FLAG) $(LAB_ARGS)
 
 # Listing the notebook as a prerequisite makes a missing one an error, not a 404 page.
 lab: $(INSTALL_STAMP) $(LAB_OVERRIDES) $(LAB_INDEX)
 	$(call jupyter_lab_on,$(LAB_INDEX))
 
-# The live demo, for a projector: Run All Cells (its measured time: bench/README.md).
-demo: $(INSTALL_STAMP) $(LAB_OVERRIDES) $(DEMO)
-	$(call jupyter_lab_on,$(DEMO))
+# The live demo, for a projector, in the instructor's mode: Run All Cells (its measured time: bench/README.md).
+demo: $(INSTALL_STAMP) $(LAB_OVERRIDES) $(DEMO) demo-home
+	$(call jupyter_lab_on,$(DEMO),workspaces/demo/,--LabApp.user_settings_dir='$(abspath $(DEMO_HOME))/settings' --LabApp.workspaces_dir='$(abspath $(DEMO_HOME))/workspaces')
+
+# The instructor's mode as deploy/demo/ has it, whatever the last demo changed.
+demo-home: $(INSTALL_STAMP)
+	rm -rf '$(DEMO_HOME)' && mkdir -p '$(DEMO_HOME)'
+	cp -R deploy/demo/settings '$(DEMO_HOME)/settings'
+	$(VENV)/bin/jupyter lab workspaces import --WorkspaceImportApp.workspaces_dir='$(abspath $(DEMO_HOME))/workspaces' deploy/demo/workspace.json
 
 # Regenerates labs/ from solutions/.
 release: $(INSTALL_STAMP)

@@ -100,7 +100,7 @@ def draw(*, model: str = LAB_CONVNET, batch: int = 256, gpus: int = 4, dtype: st
     one = predicted[Grid(1, 1)]["step"] if isinstance(predicted[Grid(1, 1)], dict) else None
 
     height = max(3.0, 1.6 + 0.45 * len(grids))
-    fig, (time_ax, sent_ax) = plt.subplots(1, 2, sharey=True, figsize=(12, height))
+    fig, (time_ax, sent_ax) = plt.subplots(1, 2, sharey=True, figsize=(12, height), layout="constrained")
     ys = list(runs)
     compute = [runs[y]["compute"] * 1e3 for y in ys]
     time_ax.barh(ys, compute, color=COLOURS["compute"], label="compute")
@@ -140,13 +140,14 @@ def draw(*, model: str = LAB_CONVNET, batch: int = 256, gpus: int = 4, dtype: st
     longest = max([p["step"] for p in runs.values()] + [v["step"] for _, v in dots], default=0) * 1e3
     time_ax.set_xlim(0, 1.1 * longest or 1)
     sent_ax.set_xlabel("MB sent per rank per step")
-    sent_ax.set_title(f"{dtype} tensors, ring collectives as {backend_of(link)} runs them", fontsize="medium")
+    sent_ax.set_title(f"{dtype} tensors,\nring collectives as {backend_of(link)} runs them", fontsize="medium")
     sent_ax.margins(x=0.3)
     sent_ax.set_xlim(left=0)
     fig.suptitle(f"{model}, batch {batch}, on {processor} over {link}; scheme {scheme!r}", fontsize="medium",
                  wrap=True)
-    fig.legend(*time_ax.get_legend_handles_labels(), loc="lower center", ncol=4, fontsize="small", frameon=False)
-    fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
+    # below both panels, in room the layout makes for it at any type size: never over a bar
+    fig.legend(*time_ax.get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize="small",
+               frameon=False)
     return fig
 
 

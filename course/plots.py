@@ -130,32 +130,75 @@ def mfu_curve(ax, frame, *, title: str | None = None, peak_label: str = "the mea
 
 
 #: What `projector` changes: type readable from the back of a room, lines visible on a washed-out
-#: screen, figures that fill a wide output area, and enough pixels for them (the inline backend
-#: renders a figure at `figure.dpi`).
+#: screen, figures that fill a wide output area, and enough pixels for them where they are saved.
 PROJECTOR = {"font.size": 17, "axes.titlesize": 19, "axes.labelsize": 17, "xtick.labelsize": 15,
              "ytick.labelsize": 15, "legend.fontsize": 15, "figure.titlesize": 19,
              "lines.linewidth": 3.0, "lines.markersize": 9.0, "axes.linewidth": 1.4,
              "figure.figsize": (12.0, 6.0), "figure.dpi": 110.0, "savefig.dpi": "figure"}
+#: The width, in CSS pixels, of a notebook's output area in the demo's instructor mode (`make demo`:
+#: the file browser folded away) on a 1024×768 projector, measured in Chromium (tests/test_demo.py).
+#: `projector` shows every figure drawn at this width, so the browser shows it pixel for pixel: a wider
+#: picture would be shrunk, its type with it, and blurred.
+PROJECTOR_WIDTH_PX = 840
+
+
+def _png_at_width(width_px: int):
+    """IPython's PNG formatter for a figure: drawn at the dpi that makes it width_px wide."""
+    def png(fig) -> bytes:
+        import io
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=width_px / fig.get_figwidth())
+        return buffer.getvalue()
+    return png
+
+
+def _load_backend() -> None:
+    """Import matplotlib's backend module now (pyplot does so at the first figure): the inline
+    backend chooses IPython's figure formats as it is imported."""
+    import importlib
+
+    backend = str(mpl.rcParams["backend"])
+    module = {"inline": "matplotlib_inline.backend_inline"}.get(backend, backend.removeprefix("module://"))
+    if backend == "inline" or backend.startswith("module://"):
+        importlib.import_module(module)
 
 
 class projector:
-    """Set matplotlib up for a projector (`PROJECTOR`, then `rc`: more rcParams) now.
+    """Set matplotlib up for a projector (`PROJECTOR`, then `rc`: more rcParams) now, and in IPython
+    show each figure drawn `width_px` wide (`PROJECTOR_WIDTH_PX`: the demo's output area).
 
     Called on its own (`plots.projector()`, the live demo's first cell), the settings stay
     for the session; as a context manager (`with plots.projector(): ...`), the previous
     values come back at the end of the block.
     """
 
-    def __init__(self, rc: Mapping | None = None):
+    def __init__(self, rc: Mapping | None = None, width_px: int = PROJECTOR_WIDTH_PX):
         settings = {**PROJECTOR, **(rc or {})}
         self.saved = {name: mpl.rcParams[name] for name in settings}   # KeyError for a name matplotlib lacks
         mpl.rcParams.update(settings)
+        self.formatter = self.shown_before = None
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is not None:
+            from matplotlib.figure import Figure
+            _load_backend()      # it sets its own formatter as it loads: before ours, not over it
+            self.formatter = shell.display_formatter.formatters["image/png"]
+            self.shown_before = self.formatter.for_type(Figure, _png_at_width(width_px))
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         mpl.rcParams.update(self.saved)
+        if self.formatter is not None:
+            from matplotlib.figure import Figure
+            if self.shown_before is None:
+                self.formatter.pop(Figure, None)
+            else:
+                self.formatter.for_type(Figure, self.shown_before)
         return False
 
 
@@ -226,6 +269,23 @@ def overlapping_text(fig, slack_px: float = 1.0) -> list[str]:
     return [f"{texts[i].get_text()!r} over {texts[j].get_text()!r}"
             for i in range(len(texts)) for j in range(i + 1, len(texts))
             if _overlap(quads[i], quads[j], slack_px)]
+
+
+def legends_over_axes(fig) -> list[str]:
+    """Each legend of the figure's own (fig.legend) drawn over a panel, as "legend over panel 'title'":
+    a figure's legend belongs beside its panels, where no bar or line can be under it (a panel's own
+    legend, placed inside it, is matplotlib's to keep clear). Draws fig as overlapping_text does."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    shown = fig.canvas
+    canvas = shown if isinstance(shown, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    try:
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        return [f"legend over panel {ax.get_title()!r}" for legend in fig.legends for ax in fig.axes
+                if ax.get_visible() and ax.axison and legend.get_window_extent(renderer).overlaps(ax.bbox)]
+    finally:
+        fig.set_canvas(shown)
 
 
 def bytes_bars(ax, schemes, sent: Mapping[str, float], seconds: Mapping[str, float], colours: Mapping[str, str],

@@ -40,7 +40,16 @@ from grader import reference
 from grader.common.labs import ignore_patterns
 from helpers import REPO
 from helpers import solution_runs as runs
-from helpers.browser import LAB_SETTINGS, SERVER_ARGS, Notebook, chromium, move_first_slider, text_of, widget_cells
+from helpers.browser import (
+    LAB_SETTINGS,
+    SCREENS,
+    SERVER_ARGS,
+    Notebook,
+    chromium,
+    move_first_slider,
+    text_of,
+    widget_cells,
+)
 from helpers.forked_cells import settings_env
 from helpers.lab_server import TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
 from helpers.submissions import hidden_lines, solved
@@ -137,11 +146,17 @@ def browser():
         yield running
 
 
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+@pytest.fixture(params=list(SCREENS))
+def page(browser, request):
+    """A page on each screen the course is looked at on (a test that names one, by indirect parametrizing,
+    on that one alone)."""
+    context = browser.new_context(viewport=SCREENS[request.param])
     yield context.new_page()
     context.close()
+
+
+# Each lab on one screen, the two screens in turn: both looked at on every run, no lab run twice.
+LAB_SCREENS = [list(SCREENS)[i % len(SCREENS)] for i in range(len(SOLUTIONS))]
 
 
 def test_the_server_serves_the_copy_with_the_tests_settings(server, course_copy):
@@ -156,7 +171,8 @@ def executed_labs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("executed")
 
 
-@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
+@pytest.mark.parametrize("path, page", list(zip(SOLUTIONS, LAB_SCREENS)), indirect=["page"],
+                         ids=[f"{p.stem}-{screen}" for p, screen in zip(SOLUTIONS, LAB_SCREENS)])
 def test_every_lab_runs_in_jupyterlab_and_its_figures_respond(server, page, path, record_property, course_copy,
                                                               recorded, executed_labs):
     notebook = Notebook(page, server, str(path))
@@ -244,6 +260,7 @@ def test_a_drawing_shows_and_a_prediction_typed_in_the_page_comes_back_against_t
     notebook.close()
 
 
+@pytest.mark.parametrize("page", ["projector"], indirect=True)
 def test_nbgrader_extensions_load_for_an_instructor(server, page):
     notebook = Notebook(page, server, "labs/index.ipynb")
     page.goto(f"{server.url}/lab?reset&token={TOKEN}")
@@ -279,6 +296,7 @@ def test_nbgrader_extensions_load_for_an_instructor(server, page):
     ("labs/01_single_gpu/01_single_gpu.ipynb", "failed"),
     ("student/01_single_gpu.ipynb", "passes"),
 ], ids=["the release as handed out", "a finished lab"])
+@pytest.mark.parametrize("page", ["laptop"], indirect=True)
 def test_validate_tells_a_student_what_fails_and_passes_a_finished_lab(server, page, path, verdict):
     notebook = Notebook(page, server, path)
     notebook.open()
@@ -312,6 +330,7 @@ def test_make_test_installs_the_browser_before_the_tests_run():
     assert browser < pytest_run, commands
 
 
+@pytest.mark.parametrize("page", ["projector"], indirect=True)
 def test_an_instructor_grades_a_written_answer_by_hand_in_formgrader(server, page, course_copy):
     """A lab 4 submission whose written answer autograde left pending (as `grader grade` leaves it in
     the class gradebook): formgrader's manual grading page shows the student's markup as text, the
@@ -379,6 +398,7 @@ def test_an_instructor_grades_a_written_answer_by_hand_in_formgrader(server, pag
 
 # --- the course as a website (grader/site.py) -------------------------------------------------
 
+@pytest.mark.parametrize("page", ["laptop"], indirect=True)
 def test_the_site_shows_every_lab_as_released_with_its_figures(page, executed_labs, tmp_path):
     """`python -m grader site` from the runs above: a page per lab, the release's cells (no answer, no hidden
     test) with each demonstration's figures, a launch button to a JupyterHub; looked at in Chromium."""

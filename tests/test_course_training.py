@@ -692,3 +692,29 @@ def test_overlapping_text_reads_a_closed_figure_as_it_was_shown():
     assert not hasattr(closed, "get_renderer")
     assert plots.overlapping_text(fig) == ["'one' over 'two'"]
     assert fig.canvas is closed, "the figure keeps its canvas"
+
+
+@pytest.mark.parametrize("inches", [12.0, 17.0])
+def test_projector_shows_a_figure_drawn_at_the_output_areas_width_whatever_its_size(inches):
+    import struct
+
+    fig = plt.figure(figsize=(inches, 4))
+    try:
+        png = plots._png_at_width(plots.PROJECTOR_WIDTH_PX)(fig)
+    finally:
+        plt.close(fig)
+    assert struct.unpack(">I", png[16:20])[0] == plots.PROJECTOR_WIDTH_PX
+
+
+def test_a_figures_legend_over_a_panel_is_named_and_one_beside_the_panels_is_not():
+    fig, ax = plt.subplots(figsize=(6, 3), layout="constrained")
+    ax.bar([0, 1], [1, 2], label="bars")
+    ax.set_title("sent")
+    try:
+        beside = fig.legend(loc="outside lower center")
+        assert plots.legends_over_axes(fig) == []
+        beside.remove()
+        fig.legend(loc="center")
+        assert plots.legends_over_axes(fig) == ["legend over panel 'sent'"]
+    finally:
+        plt.close(fig)

@@ -7,7 +7,9 @@ bench/labs.py's to hold, run alone); its figures are projector-sized; its number
 come from the runs it makes.
 That it is never released nor graded is tested in test_release.py; `make demo` (JupyterLab,
 landing on it) in test_lab_server.py; the views it shows, live in JupyterLab, by the labs that
-show them, in test_browser.py.
+show them, in test_browser.py. Its instructor's mode is looked at here, in Chromium, as `make demo`
+serves it, at a projector's 1024×768 and a laptop's 1280×800: the file browser folded away, larger
+type, and each figure shown pixel for pixel (drawn at the output area's width, never shrunk).
 
 Its "break it live" cells are off as written (one line each, nothing run); the fixture runs
 each once more, switched on (`BREAK_IT = True`), at the end of the same kernel, and the tests
@@ -20,28 +22,34 @@ import os
 import re
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from course.grid_model import TABLE_1
+from course.plots import PROJECTOR_WIDTH_PX
 from grader.common.execute import execute
 from helpers import REPO
+from helpers.browser import SCREENS, SERVER_ARGS, WIDGET_VIEW, chromium
+from helpers.lab_server import TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
 from labs import cell_seconds  # bench/labs.py
 
 pytestmark = pytest.mark.notebook
 
 DEMO = REPO / "solutions" / "demo.ipynb"
-# plots.projector(): 12 in at 110 dpi. A figure much narrower than the screen is a figure
-# the back of the room cannot read.
-MIN_FIGURE_WIDTH_PX = 1200
+ARTIFACTS = Path(os.environ.get("COURSE_TEST_ARTIFACTS", REPO / "test-artifacts")) / "demo"
+# JupyterLab's own type is 14 px (13 px for its menus); the instructor's mode sets larger.
+INSTRUCTOR_TYPE_PX = {"markdown": 18, "code": 18, "menus": 16}
 # What the demo may use of the course; labs/ and students' folders are deliberately absent.
 NEEDED = ("course", "grader", "solutions")
 # The first line of every "break it live" cell, and the line that switches one on.
 SWITCH_OFF, SWITCH_ON = "BREAK_IT = False  # set True in front of the class", "BREAK_IT = True"
 # Run after the demo's first cell (plots.projector()): every figure the kernel renders, through the
-# inline backend or a view's display, is checked for texts drawn over each other, as shown.
+# inline backend or a view's display, is checked for texts drawn over each other, and for a legend
+# over a panel, as shown.
 OVERLAP_RECORDER = """
 import matplotlib.backend_bases as _backend_bases
 from course import plots as _plots
@@ -51,7 +59,7 @@ _TEXT_OVERLAPS, _print_figure = [], _backend_bases.FigureCanvasBase.print_figure
 def _print_and_check(canvas, *args, **kwargs):
     printed = _print_figure(canvas, *args, **kwargs)
     _TEXT_OVERLAPS.extend(f"cell [{get_ipython().execution_count}]: {pair}"
-                          for pair in _plots.overlapping_text(canvas.figure))
+                          for pair in _plots.overlapping_text(canvas.figure) + _plots.legends_over_axes(canvas.figure))
     return printed
 
 _backend_bases.FigureCanvasBase.print_figure = _print_and_check
@@ -113,14 +121,82 @@ def test_the_demo_runs_from_a_copy_without_labs_or_student_folders(demo):
     assert not (root / "labs").exists()
 
 
-def test_every_figure_is_projector_sized(demo):
+def _figures(notebook) -> list[int]:
+    return [_png_width(o["data"]["image/png"]) for c in notebook.cells if c.cell_type == "code"
+            for o in c.outputs if "image/png" in o.get("data", {})]
+
+
+def test_every_figure_is_drawn_at_the_projectors_width(demo):
     notebook, _ = demo
-    widths = [_png_width(o["data"]["image/png"]) for c in notebook.cells if c.cell_type == "code"
-              for o in c.outputs if "image/png" in o.get("data", {})]
+    widths = _figures(notebook)
     # the three trainings, the timeline, the two bytes-and-time views, Table 1, the grid view, the memory view
     # and the pipeline's measured grids
     assert len(widths) >= 8, f"the demo drew {len(widths)} figures"
-    assert min(widths) >= MIN_FIGURE_WIDTH_PX, f"figure widths in pixels: {widths}"
+    assert set(widths) == {PROJECTOR_WIDTH_PX}, f"figure widths in pixels: {widths}"
+
+
+@pytest.fixture(scope="module")
+def instructor_mode(demo, tmp_path_factory):
+    """`make demo`'s server, its instructor's mode made by `make demo-home`, on the stripped copy holding
+    the demo as it ran. Its figures' live controls need its kernel, so each widget's view is left out
+    (its figure, a picture of its own, stays)."""
+    notebook, root = demo
+    shown = nbformat.from_dict(json.loads(json.dumps(notebook)))
+    for cell in shown.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if WIDGET_VIEW not in o.get("data", {})]
+    nbformat.write(shown, root / "solutions" / "demo.ipynb")
+    home = tmp_path_factory.mktemp("instructor")
+    made = subprocess.run(["make", "--no-print-directory", "demo-home", f"DEMO_HOME={home / 'demo'}",
+                           f"VENV={Path(sys.executable).parent.parent}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}})
+    assert made.returncode == 0, made.stdout + made.stderr
+    argv = make_jupyter_command("demo", [*TEST_LAB_ARGS, *SERVER_ARGS], DEMO_HOME=str(home / "demo"))
+    argv = [f"--ServerApp.root_dir={root}" if arg.startswith("--ServerApp.root_dir=") else arg for arg in argv]
+    (home / "jupyter").mkdir()
+    with serve(argv, home / "jupyter", cwd=root) as server, chromium() as browser:
+        yield server, browser, len(_figures(notebook))
+
+
+_LOOK = """() => {
+    const size = selector => parseFloat(getComputedStyle(document.querySelector(selector)).fontSize);
+    return {folded: window.jupyterapp.shell.leftCollapsed, path: window.jupyterapp.shell.currentWidget.context.path,
+            markdown: size('.jp-RenderedMarkdown p'), code: size('.jp-InputArea-editor .cm-content'),
+            menus: size('.lm-MenuBar-itemLabel')};
+}"""
+# Each figure scrolled into view (JupyterLab lays out only what is on screen), once its picture has loaded.
+_FIGURE = """async i => {
+    const image = document.querySelectorAll('.jp-RenderedImage img')[i];
+    image.scrollIntoView({block: 'center'});
+    for (let tries = 0; tries < 100 && !(image.complete && image.clientWidth > 0); tries++)
+        await new Promise(done => setTimeout(done, 100));
+    return {drawn: image.naturalWidth, shown: image.clientWidth,
+            room: image.closest('.jp-OutputArea-output').clientWidth};
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("screen", list(SCREENS))
+def test_make_demo_opens_the_instructors_mode_and_shows_each_figure_pixel_for_pixel(instructor_mode, screen):
+    server, browser, figures = instructor_mode
+    context = browser.new_context(viewport=SCREENS[screen])
+    try:
+        page = context.new_page()
+        page.goto(f"{server.url}/?token={TOKEN}")            # where `make demo`'s browser lands
+        page.wait_for_function(f"() => document.querySelectorAll('.jp-RenderedImage img').length === {figures}",
+                               timeout=60e3)
+        look = page.evaluate(_LOOK)
+        assert look["path"] == "solutions/demo.ipynb" and look["folded"], f"the file browser is open: {look}"
+        small = {what: px for what, px in INSTRUCTOR_TYPE_PX.items() if look[what] < px}
+        assert not small, f"type smaller than the instructor's mode sets, in px: {look}"
+        shrunk = [(i, shown) for i in range(figures)
+                  if (shown := page.evaluate(_FIGURE, i))["shown"] != shown["drawn"]]
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"demo-{screen}.png"))
+        assert not shrunk, f"figures shown at another width than they were drawn at ({screen}): {shrunk}"
+    finally:
+        context.close()
 
 
 def test_no_figure_draws_text_over_text_at_projector_size(demo):

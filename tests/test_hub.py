@@ -34,7 +34,7 @@ import pytest
 from nbgrader.utils import notebook_hash
 
 from helpers import REPO
-from helpers.browser import chromium, click_menu
+from helpers.browser import SCREENS, chromium, click_menu
 from helpers.hub import classroom
 from helpers.submissions import hidden_lines, solved
 
@@ -49,8 +49,9 @@ pytestmark = [pytest.mark.hub, pytest.mark.timeout(1500)]
 
 
 def _log_in(browser, hub, name: str):
-    """A browser of name's own (its cookies alone), logged in, in their JupyterLab."""
-    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    """A browser of name's own (its cookies alone), logged in, in their JupyterLab: the instructor's on a
+    projector's screen, a student's on a laptop's."""
+    context = browser.new_context(viewport=SCREENS["projector" if name == INSTRUCTOR else "laptop"])
     page = context.new_page()
     page.set_default_timeout(STEP_S * 1e3)
     page.goto(f"{hub.url}/hub/login")

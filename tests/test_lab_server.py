@@ -21,6 +21,9 @@ from helpers.lab_server import JUPYTER, TEST_LAB_ARGS, TOKEN, http_get, make_jup
 LAB_INDEX = "labs/index.ipynb"
 # make target -> the notebook its server lands on
 LANDING = {"lab": LAB_INDEX, "demo": "solutions/demo.ipynb"}
+# make target -> the page it opens: the demo in its JupyterLab workspace, the instructor's mode (deploy/demo/;
+# in the browser: tests/test_demo.py)
+OPENS = {"lab": f"/lab/tree/{LAB_INDEX}", "demo": "/lab/workspaces/demo/tree/solutions/demo.ipynb"}
 
 
 def make_lab_command(lab_args: list[str], target: str = "lab") -> list[str]:
@@ -32,7 +35,7 @@ def make_lab_command(lab_args: list[str], target: str = "lab") -> list[str]:
 def server(request, tmp_path_factory):
     """A server started as `make lab` or `make demo` starts it, and the notebook it lands on."""
     with serve(make_lab_command(TEST_LAB_ARGS, request.param), tmp_path_factory.mktemp("jupyter")) as running:
-        yield running, LANDING[request.param]
+        yield running, request.param
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +49,7 @@ def test_make_runs_this_venvs_jupyter_on_the_course_with_its_notebook(target):
     argv = make_lab_command([], target)
     assert argv[0] == str(JUPYTER)
     assert f"--ServerApp.root_dir={REPO}" in argv
-    assert any(LANDING[target] in arg for arg in argv[2:]), \
-        f"`make {target}` does not mention {LANDING[target]}: {argv}"
+    assert f"--LabApp.default_url={OPENS[target]}" in argv, f"`make {target}` does not open {OPENS[target]}: {argv}"
     assert (REPO / LANDING[target]).is_file()
 
 
@@ -70,8 +72,9 @@ def test_index_notebook_is_served_and_lists_the_labs(lab_server):
 
 
 def test_the_notebook_opens_in_jupyterlab(server):
-    server, landing = server
-    status, headers, body = http_get(server.port, f"/lab/tree/{landing}?token={TOKEN}", token=None)
+    server, target = server
+    landing = LANDING[target]
+    status, headers, body = http_get(server.port, f"{OPENS[target]}?token={TOKEN}", token=None)
     assert status == 200
     assert headers["content-type"].startswith("text/html")
     page = body.decode()
@@ -81,13 +84,13 @@ def test_the_notebook_opens_in_jupyterlab(server):
 
 
 def test_the_browser_and_the_root_url_land_on_the_notebook(server):
-    server, landing = server
+    server, target = server
     # What `make lab` / `make demo` hands the browser (also written with --no-browser).
     open_files = list(server.runtime_dir.glob("jpserver-*open.html"))
     opened_urls = [html.unescape(url) for f in open_files for url in re.findall(r'url=([^"]+)"', f.read_text())]
-    assert any(f"/lab/tree/{landing}?token=" in url for url in opened_urls), f"browser would open {opened_urls}"
+    assert any(f"{OPENS[target]}?token=" in url for url in opened_urls), f"browser would open {opened_urls}"
     status, headers, _ = http_get(server.port, "/")
-    assert status == 302 and headers["location"].split("?")[0].endswith(f"/lab/tree/{landing}"), \
+    assert status == 302 and headers["location"].split("?")[0].endswith(OPENS[target]), \
         (status, headers.get("location"))
 
 

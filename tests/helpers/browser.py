@@ -30,7 +30,8 @@ CHROMIUM_VARIABLE = "COURSE_CHROMIUM"  # a browser other than Debian's, by path
 CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage"]
-VIEWPORT = {"width": 1440, "height": 1000}
+# The screens the course is looked at on: a student's laptop, and the projector an instructor demonstrates on.
+SCREENS = {"laptop": {"width": 1280, "height": 800}, "projector": {"width": 1024, "height": 768}}
 # JupyterLab's settings for the tests: every cell in the page (no windowing, so each
 # can be found), nothing saved over the course's notebooks. The rest is what users get
 # (the news prompt answered by the course's defaults: tests/test_lab_server.py).

@@ -46,17 +46,21 @@ TEST_LAB_ARGS = [
 ]
 
 
-def make_jupyter_command(target: str, lab_args: list[str]) -> list[str]:
-    """The `jupyter lab` command line that `make TARGET` runs for this interpreter's venv."""
+def make_jupyter_command(target: str, lab_args: list[str], **make_variables: str) -> list[str]:
+    """The `jupyter lab` command line that `make TARGET` runs for this interpreter's venv
+    (and make's variables set as given, e.g. DEMO_HOME)."""
     # A parent `make test` passes its own settings down through MAKEFLAGS; drop them.
     env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
     result = subprocess.run(
-        ["make", "--no-print-directory", "-n", target, f"VENV={VENV_DIR}", f"LAB_ARGS={shlex.join(lab_args)}"],
+        ["make", "--no-print-directory", "-n", target, f"VENV={VENV_DIR}", f"LAB_ARGS={shlex.join(lab_args)}",
+         *(f"{name}={value}" for name, value in make_variables.items())],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, f"make -n {target} failed:\n{result.stderr}"
     # Install steps may come first when the venv's stamp is stale; only the jupyter line matters.
-    lab_commands = [argv for argv in map(shlex.split, result.stdout.splitlines()) if argv[:2] == [str(JUPYTER), "lab"]]
+    # (`jupyter lab workspaces import`, a step before `make demo`'s server, is not a server.)
+    lab_commands = [argv for argv in map(shlex.split, result.stdout.splitlines())
+                    if argv[:2] == [str(JUPYTER), "lab"] and argv[2:3] != ["workspaces"]]
     assert len(lab_commands) == 1, f"expected one `{JUPYTER} lab` command from `make -n {target}` in:\n{result.stdout}"
     return lab_commands[0]
 

@@ -153,7 +153,8 @@ def test_under_torchrun_each_process_runs_its_own_rank(tmp_path):
     """))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)]
-    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=180)
+    # (torchrun keeps its logs in a torchelastic_* folder of TMPDIR, never removed: this test's folder)
+    done = subprocess.run(command, env={**ENV, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("*.json"))]
     assert sorted(line["rank"] for line in lines) == [0, 1]
@@ -169,7 +170,8 @@ def test_under_torchrun_a_mismatched_world_size_is_refused(tmp_path):
     script.write_text("import course\ncourse.launch(print, 4)\n")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)]
-    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=180)
+    # (torchrun keeps its logs in a torchelastic_* folder of TMPDIR, never removed: this test's folder)
+    done = subprocess.run(command, env={**ENV, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=180)
     assert done.returncode != 0
     assert "launch asked for 4 ranks but torchrun started 2" in done.stderr
 

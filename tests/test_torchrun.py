@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -182,7 +183,9 @@ def assert_matches_notebook(saved, lab, grid=None, world_size=2):
 def torchrun(launch_args, script_args, nodes=1):
     """Start `nodes` torchrun processes at once; wait for all, within TIMEOUT; their outputs."""
     command = [sys.executable, "-m", "torch.distributed.run", *launch_args, "-m", "grader", "run", *script_args]
-    started = [subprocess.Popen(command, env={**ENV, **LOOPBACK}, stdout=subprocess.PIPE,
+    # torchrun keeps its logs in a torchelastic_* folder of TMPDIR and never removes it: a TMPDIR of the run's own
+    temporary = tempfile.TemporaryDirectory(prefix="torchrun-")
+    started = [subprocess.Popen(command, env={**ENV, **LOOPBACK, "TMPDIR": temporary.name}, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
                for _ in range(nodes)]
     outputs = []
@@ -195,6 +198,7 @@ def torchrun(launch_args, script_args, nodes=1):
             if process.poll() is None:  # timed out: end this torchrun and its ranks
                 os.killpg(process.pid, signal.SIGKILL)
                 process.communicate()
+        temporary.cleanup()
     return outputs
 
 
@@ -303,8 +307,8 @@ def test_a_rank_that_trained_leaves_no_gloo_threads_running_once_its_process_gro
     script.write_text(SCRIPT_THAT_TRAINS_AND_LISTS_THREADS)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
                "127.0.0.1", "--master-port", str(_free_port()), str(script), str(tmp_path)]
-    done = subprocess.run(command, env={**ENV, **LOOPBACK}, capture_output=True,
-                          text=True, timeout=TIMEOUT)
+    done = subprocess.run(command, env={**ENV, **LOOPBACK, "TMPDIR": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=TIMEOUT)      # (torchrun's torchelastic_* log folder in tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in (0, 1):
         threads = (tmp_path / f"threads-{rank}").read_text()

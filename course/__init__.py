@@ -19,8 +19,8 @@ holds this, and that every module is in exactly one layer):
   What each rank sent and when: `comm` owns the records, `recorder` makes them
   by patching torch.distributed (and where its paths meet: `_group_recording`)
   while a rank runs, `timeline` adds compute spans.
-- launcher: launch, placement, errors, _processes, _rank_process, _worker, _pickling, _output, _tracebacks,
-  _wire_records.
+- launcher: launch, placement, errors, _processes, _rank_process, _forkserver_folder, _worker, _pickling,
+  _output, _tracebacks, _wire_records.
   Ranks from a notebook cell, or the process itself under torchrun: start them,
   give each a device, and report what they returned, printed and raised.
 - lab kit: check, grading, data, models, throughput, mfu, link_probe, sharding, stages,

@@ -14,6 +14,8 @@ import signal
 import socket
 import tempfile
 
+from course import _forkserver_folder
+
 # The forkserver listens on a unix socket, TEMP/pymp-XXXXXXXX/listener-XXXXXXXX, whose path the kernel
 # caps at 107 bytes: a TMPDIR longer than this leaves no room.
 LONGEST_TEMP_DIR = 107 - len("/pymp-xxxxxxxx/listener-xxxxxxxx")
@@ -45,7 +47,8 @@ def forkserver():
     # torch._dynamo too: the first optimizer a rank builds imports it (torch.optim's
     # methods are wrapped to disable dynamo), 1.3-1.8 s per rank on a 2-core machine.
     # It starts no threads, so forking after it stays safe.
-    context.set_forkserver_preload(["course._worker", "torch._dynamo"])
+    # _forkserver_folder: this process's multiprocessing folder removed, should this process be killed.
+    context.set_forkserver_preload([_forkserver_folder.__name__, "course._worker", "torch._dynamo"])
     return context
 
 

@@ -403,6 +403,32 @@ def test_ranks_start_under_a_temporary_folder_too_long_for_a_unix_socket(tmp_pat
     assert not Path(used).exists(), f"{used} left behind"
 
 
+def test_a_process_killed_with_its_group_leaves_no_multiprocessing_folder():
+    # How Jupyter ends a kernel (SIGKILL to its process group) runs no exit handler, so multiprocessing
+    # cannot remove its folder, where the forkserver's socket is: hundreds were left in /tmp. The forkserver,
+    # in a group of its own (course._forkserver_folder), ends once its starter is gone and removes it.
+    script = ("import sys, multiprocessing.util, course\n"
+              "print(course.launch(lambda: 7, 2)[1], multiprocessing.util.get_temp_dir(), flush=True)\n"
+              "sys.stdin.read()\n")        # until the test kills it
+    with tempfile.TemporaryDirectory(prefix="killed-") as private_tmp:
+        starter = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True, start_new_session=True,
+                                   env={**os.environ, "TMPDIR": private_tmp})
+        try:
+            answer, folder = starter.stdout.readline().split()     # a whole line: the ranks ran
+            forkservers = [p for p in psutil.Process(starter.pid).children()
+                           if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+        finally:
+            os.killpg(starter.pid, signal.SIGKILL)
+            starter.communicate()
+        assert answer == "7" and Path(folder).parent == Path(private_tmp) and len(forkservers) == 1
+        _, alive = psutil.wait_procs(forkservers, timeout=60)
+        assert not alive, "the forkserver outlived its starter by a minute"
+        # (torchinductor_<user>: torch's compile cache, one folder a user, made on importing torch._dynamo, reused)
+        left = [name for name in os.listdir(private_tmp) if not name.startswith("torchinductor_")]
+        assert left == [], f"left behind: {left}"
+
+
 def test_an_interrupt_ends_every_rank_within_two_seconds(tmp_path):
     script = tmp_path / "interrupted.py"
     script.write_text(textwrap.dedent(f"""

@@ -68,6 +68,7 @@ FAILING_CELLS = [
 KERNEL_DRIVER = """
 import json, sys
 import nbformat
+from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 from grader.common.execute import this_interpreters_kernel
 
@@ -77,6 +78,8 @@ client = NotebookClient(notebook, km=this_interpreters_kernel(), timeout=120, al
 with client.setup_kernel():
     for index in range(len(cells)):
         client.execute_cell(notebook.cells[index], index)
+# nbclient ends only a kernel it made: this one's connection file (in TMPDIR) goes with its shutdown
+run_sync(client.km.shutdown_kernel)(now=True)
 print(json.dumps([[o.ename, "\\n".join(o.traceback)] for c in notebook.cells for o in c.outputs
                   if o.output_type == "error"]))
 """

@@ -111,6 +111,8 @@ def main(pid_dir: Path) -> dict:
         report["ranks_alive"] = [pid for pid in pids if _alive(pid)]
         runner.join(30)
         report["last_cell_error"] = failure[0] if failure else None
+    # nbclient ends only a kernel it made: this one's connection file (in TMPDIR) goes with its shutdown
+    run_sync(client.km.shutdown_kernel)(now=True)
     return report
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import nbformat
@@ -51,15 +52,19 @@ def test_an_interrupted_run_resumes_and_a_second_run_grades_only_what_changed(tm
         write(released(LAB), folder, student, LAB)
     (folder / "cat").mkdir()
     (folder / "cat" / f"{LAB}.ipynb").write_text('{"cells": [')
-    # Killed (its whole session, as Ctrl-C or a crash would) once the first student is done.
-    grader = subprocess.Popen([sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB,
-                               "--work", str(work), "--unsafe", *judge_values()], cwd=REPO, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 600
-    while not _status(work) and time.monotonic() < deadline and grader.poll() is None:
-        time.sleep(0.2)
-    os.killpg(grader.pid, signal.SIGKILL)
-    grader.wait()
+    # Killed (its whole session, as Ctrl-C or a crash would) once the first student is done. Killed so, it
+    # cannot remove its temporary folders (the notebook's, nbgrader's): a TMPDIR of its own, removed here.
+    # (Beside the system's, not in tmp_path: the judge's unix socket path has at most 107 bytes.)
+    with tempfile.TemporaryDirectory(prefix="killed-grader-") as private_tmp:
+        grader = subprocess.Popen([sys.executable, "-m", "grader", "grade", str(folder), "--lab", LAB,
+                                   "--work", str(work), "--unsafe", *judge_values()], cwd=REPO,
+                                  start_new_session=True, env={**os.environ, "TMPDIR": private_tmp},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 600
+        while not _status(work) and time.monotonic() < deadline and grader.poll() is None:
+            time.sleep(0.2)
+        os.killpg(grader.pid, signal.SIGKILL)
+        grader.wait()
     keep_judge_values(work)
     finished = _status(work)
     assert len([lab for labs in finished.values() for lab in labs]) == 1, finished

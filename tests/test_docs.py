@@ -221,6 +221,19 @@ def test_readme_lists_every_lab_in_order_with_its_title():
                                f"heading of {rel(lab.notebook)}): write it after the link")
 
 
+def test_readmes_opening_names_every_lab():
+    # The paragraph a newcomer reads first: it drifted twice, a lab or two behind the course.
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    opening = " ".join(text.split("\n\n")[1].split()).lower()
+    where = 0
+    for lab in find_labs(REPO):
+        head = lab.title.split(" · ", 1)[-1].split(":")[0].lower()     # "Long sequences: ..." -> "long sequences"
+        assert head in opening, (f"README.md's opening paragraph does not name {lab.name} ({head!r}, its "
+                                 f"title's first words): name every lab there, in the course's order")
+        assert opening.find(head, where) >= 0, f"README.md's opening names {lab.name} before the lab ahead of it"
+        where = opening.find(head, where) + len(head)
+
+
 def test_the_tiers_of_tests_readme_are_the_markers_of_pyproject():
     declared = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     markers = {re.split(r"[:(]", line)[0].strip() for line in declared["tool"]["pytest"]["ini_options"]["markers"]}

@@ -257,6 +257,12 @@ def _play(hub, browser, pages: dict, finished: Path) -> None:
         verdict = f"graded: {float(row[f'{LAB} score']):g} of {float(row[f'{LAB} max score']):g} points"
         page.frame_locator(".jp-HTMLViewer iframe").get_by_text(verdict).wait_for()
         _shot(page, f"{name}-feedback-page")
+        for screen, size in SCREENS.items():     # read on a laptop, and on a projector: no line runs off the page
+            page.set_viewport_size(size)
+            wide = page.frame_locator(".jp-HTMLViewer iframe").locator("html").evaluate(
+                "html => [html.scrollWidth, html.clientWidth]")
+            assert wide[0] <= wide[1], f"{name}'s feedback page is {wide[0]} px wide in {wide[1]} px ({screen})"
+        page.set_viewport_size(SCREENS["laptop"])
 
     # No page was filed under the attacker's secret: each page went to its student's own.
     filed = Path(hub.state["exchange"]) / hub.state["course_id"] / "feedback"

@@ -14,6 +14,7 @@ Used in: lab 1 (01_single_gpu), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 
@@ -251,21 +252,28 @@ def _overlap(a: np.ndarray, b: np.ndarray, slack: float) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _drawn_with_agg(fig):
+    """fig's canvas, Agg (as the inline backend and savefig render it), also once fig is closed (a closed
+    figure's canvas draws nothing); fig keeps its own canvas afterwards."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    shown = fig.canvas
+    try:
+        yield shown if isinstance(shown, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    finally:
+        fig.set_canvas(shown)
+
+
 def overlapping_text(fig, slack_px: float = 1.0) -> list[str]:
     """Each pair of texts that fig draws over each other (their boxes overlap by more than
     `slack_px` pixels each way), as "'one' over 'other'": what large type does to a crowded
     figure, and what no one at the back of a room can read. Draws fig at its dpi, with Agg (as the
     inline backend and savefig render it), also once it is closed."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    shown = fig.canvas
-    canvas = shown if isinstance(shown, FigureCanvasAgg) else FigureCanvasAgg(fig)   # a closed figure's has none
-    try:
+    with _drawn_with_agg(fig) as canvas:
         texts = _drawn_texts(canvas)
         renderer = canvas.get_renderer()
         quads = [_corners(t, renderer) for t in texts]
-    finally:
-        fig.set_canvas(shown)
     return [f"{texts[i].get_text()!r} over {texts[j].get_text()!r}"
             for i in range(len(texts)) for j in range(i + 1, len(texts))
             if _overlap(quads[i], quads[j], slack_px)]
@@ -275,17 +283,11 @@ def legends_over_axes(fig) -> list[str]:
     """Each legend of the figure's own (fig.legend) drawn over a panel, as "legend over panel 'title'":
     a figure's legend belongs beside its panels, where no bar or line can be under it (a panel's own
     legend, placed inside it, is matplotlib's to keep clear). Draws fig as overlapping_text does."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    shown = fig.canvas
-    canvas = shown if isinstance(shown, FigureCanvasAgg) else FigureCanvasAgg(fig)
-    try:
+    with _drawn_with_agg(fig) as canvas:
         canvas.draw()
         renderer = canvas.get_renderer()
         return [f"legend over panel {ax.get_title()!r}" for legend in fig.legends for ax in fig.axes
                 if ax.get_visible() and ax.axison and legend.get_window_extent(renderer).overlaps(ax.bbox)]
-    finally:
-        fig.set_canvas(shown)
 
 
 def bytes_bars(ax, schemes, sent: Mapping[str, float], seconds: Mapping[str, float], colours: Mapping[str, str],

@@ -38,7 +38,7 @@ import pytest
 from course.placement import RANKS_VARIABLE
 from grader import reference
 from grader.common.labs import ignore_patterns
-from helpers import REPO
+from helpers import REPO, make_environment
 from helpers import solution_runs as runs
 from helpers.browser import (
     LAB_SETTINGS,
@@ -320,7 +320,7 @@ def test_validate_tells_a_student_what_fails_and_passes_a_finished_lab(server, p
 
 
 def test_make_test_installs_the_browser_before_the_tests_run():
-    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    env = make_environment()
     dry_run = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=60)
     assert dry_run.returncode == 0, dry_run.stderr

@@ -32,7 +32,7 @@ import pytest
 from course.grid_model import TABLE_1
 from course.plots import PROJECTOR_WIDTH_PX
 from grader.common.execute import execute
-from helpers import REPO
+from helpers import REPO, make_environment
 from helpers.browser import SCREENS, SERVER_ARGS, WIDGET_VIEW, chromium
 from helpers.lab_server import TEST_LAB_ARGS, TOKEN, make_jupyter_command, serve
 from labs import cell_seconds  # bench/labs.py
@@ -150,7 +150,7 @@ def instructor_mode(demo, tmp_path_factory):
     made = subprocess.run(["make", "--no-print-directory", "demo-home", f"DEMO_HOME={home / 'demo'}",
                            f"VENV={Path(sys.executable).parent.parent}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}})
+                          env=make_environment())
     assert made.returncode == 0, made.stdout + made.stderr
     argv = make_jupyter_command("demo", [*TEST_LAB_ARGS, *SERVER_ARGS], DEMO_HOME=str(home / "demo"))
     argv = [f"--ServerApp.root_dir={root}" if arg.startswith("--ServerApp.root_dir=") else arg for arg in argv]

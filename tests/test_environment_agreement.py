@@ -4,7 +4,6 @@ two disagree. They also pin the torch that the Makefile installs first."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -13,7 +12,7 @@ import tomllib
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from helpers import REPO
+from helpers import REPO, make_environment
 
 PYPROJECT = REPO / "pyproject.toml"
 ENVIRONMENT_YML = REPO / "environment.yml"
@@ -145,8 +144,7 @@ def test_environment_yml_installs_the_course_package_itself():
 
 def _make_dry_run(target: str, **variables: str) -> list[str]:
     """The commands `make TARGET` would run, variables expanded, nothing executed."""
-    # A parent `make test` passes its own settings down through MAKEFLAGS; drop them.
-    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    env = make_environment()
     result = subprocess.run(
         ["make", "--no-print-directory", "-n", target, *(f"{k}={v}" for k, v in variables.items())],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,

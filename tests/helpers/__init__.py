@@ -49,3 +49,9 @@ def needs_sandbox():
 
     return pytest.mark.skipif(unavailable() is not None and not os.environ.get("CI"),
                               reason=f"no sandbox here: {unavailable()}")
+
+
+def make_environment() -> dict[str, str]:
+    """This process's environment for a `make` it runs: a parent `make test` passes its own settings
+    down through MAKEFLAGS, MFLAGS and MAKELEVEL; dropped."""
+    return {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from . import REPO
+from . import REPO, make_environment
 from .lab_server import stop_process_group
 
 sys.path.insert(0, str(REPO / "deploy" / "hub"))  # classroom.py, a script
@@ -96,7 +96,7 @@ def classroom(instructor: str, students: list[str], log: Path):
     root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX))
     os.chmod(root, 0o755)  # the students reach the class's environment and the exchange through it
     port, api_port, proxy_api_port = _quiet_ports(3)
-    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    env = make_environment()
     env.update(COURSE_HUB_API_PORT=str(api_port), COURSE_HUB_PROXY_API_PORT=str(proxy_api_port))
     argv = ["make", "--no-print-directory", "hub", f"HUB_ROOT={root}", f"HUB_HOMES={root / 'home'}",
             f"HUB_INSTRUCTOR={instructor}", f"HUB_STUDENTS={' '.join(students)}", f"HUB_PORT={port}",

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from . import REPO
+from . import REPO, make_environment
 
 # Not resolved: a venv's bin/python is a symlink to the base interpreter.
 VENV_DIR = Path(sys.executable).parent.parent
@@ -49,8 +49,7 @@ TEST_LAB_ARGS = [
 def make_jupyter_command(target: str, lab_args: list[str], **make_variables: str) -> list[str]:
     """The `jupyter lab` command line that `make TARGET` runs for this interpreter's venv
     (and make's variables set as given, e.g. DEMO_HOME)."""
-    # A parent `make test` passes its own settings down through MAKEFLAGS; drop them.
-    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    env = make_environment()
     result = subprocess.run(
         ["make", "--no-print-directory", "-n", target, f"VENV={VENV_DIR}", f"LAB_ARGS={shlex.join(lab_args)}",
          *(f"{name}={value}" for name, value in make_variables.items())],

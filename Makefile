@@ -79,7 +79,7 @@ slurm-tools:
 	sh tests/slurm-tools.sh
 
 test: $(INSTALL_STAMP) $(LAB_OVERRIDES) browser-tools slurm-tools site-tools hub-tools
-	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PARALLEL) --timing-report=test-artifacts/timings.md $(PYTEST_ARGS)
 
 # The edit-run loop, about 2 minutes on 2 cores: every test that is none of the kinds
 # pyproject.toml's markers name (browser, torchrun, notebook, grading, gpu, slurm, hub, slow).

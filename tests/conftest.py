@@ -18,6 +18,9 @@
   controller collects none), and the tiers that launch ranks or grade go first, so that
   the unit tests fill the end (`pytest_collection_modifyitems`).
 
+- `--timing-report PATH`: where the run's time went, written there and printed at the end
+  (tests/helpers/timing_report.py; `make test` asks for test-artifacts/timings.md).
+
 - `--lab NN_slug` (repeatable): only the tests about that lab, whatever their tier:
   those whose id names it (its notebook, browser page, torchrun run, tamper scan, ...)
   and those of a module marked `pytest.mark.lab("NN_slug")` (its fairness tests and
@@ -85,6 +88,16 @@ def pytest_unconfigure(config):
 def pytest_addoption(parser):
     parser.addoption("--lab", action="append", default=[], metavar="NN_slug",
                      help="run only the tests about this lab (repeatable), e.g. --lab 02_data_parallel")
+    parser.addoption("--timing-report", type=Path, metavar="PATH",
+                     help="write where the run's time went (tiers, slowest files and tests) to PATH, and print it")
+
+
+def pytest_configure(config):
+    report = config.getoption("--timing-report")
+    if report and not hasattr(config, "workerinput"):  # the session's own process sees every worker's reports
+        from helpers.timing_report import TimingReport
+
+        config.pluginmanager.register(TimingReport(report), "timing_report")
 
 
 def about_lab(item, lab: str) -> bool:

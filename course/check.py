@@ -15,9 +15,7 @@ changes, and floating-point addition is not associative.
 In a notebook's kernel, importing it also starts `course.unfinished`'s watch: a cell that
 fails because an exercise above it is not written yet says which one to write first.
 
-Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3 (03_model_parallel),
-lab 4 (04_hybrid), lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel),
-lab 7 (07_long_sequences), lab 8 (08_experts), the demo (solutions/demo.ipynb).
+Used in: every graded lab, the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -36,9 +36,7 @@ the jail before it grades anyone. A stored answer copied into a submission is
 therefore worth nothing. ``fresh_seed`` stays for inputs whose reference the
 test computes itself, in the kernel.
 
-Used in: lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3 (03_model_parallel), lab 4
-(04_hybrid), lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), lab 7
-(07_long_sequences), lab 8 (08_experts).
+Used in: every graded lab.
 """
 from __future__ import annotations
 

@@ -24,9 +24,7 @@ variable, COURSE_RANK_TIMEOUT=120 (seconds), or for one launch with timeout=.
 `world_size` is torch.distributed's word for the number of ranks; the cost models say `ranks`,
 the views `gpus` (CONTRIBUTING.md, "Words", says why).
 
-Used in: lab 0 (00_ranks), lab 2 (02_data_parallel), lab 3 (03_model_parallel), lab 4 (04_hybrid),
-lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), lab 7 (07_long_sequences), lab 8
-(08_experts), the demo (solutions/demo.ipynb).
+Used in: every lab that launches ranks, the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -5,10 +5,7 @@ many GPUs as ranks. Otherwise the ranks use gloo: on the CPU, or sharing the
 GPUs there are (gloo copies through host memory, NCCL refuses two ranks on
 one GPU).
 
-Used in: lab 0 (00_ranks), lab 1 (01_single_gpu), lab 2 (02_data_parallel), lab 3
-(03_model_parallel), lab 4 (04_hybrid), lab 5 (05_sharded_data_parallel), lab 6
-(06_pipeline_parallel), lab 7 (07_long_sequences), lab 8 (08_experts), the demo
-(solutions/demo.ipynb).
+Used in: every lab, the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -50,6 +50,19 @@ def test_labs_match_fresh_release(tmp_path):
     )
 
 
+def test_git_marks_the_generated_trees_generated_and_the_sources_not():
+    """.gitattributes: the release, the stored reference values and the benchmarks' results are generated
+    (GitHub folds their diffs); the notebooks they come from are sources."""
+    tracked = subprocess.run(["git", "ls-files", "labs", "grader/reference", "bench/results", "solutions"],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    attributes = subprocess.run(["git", "check-attr", "linguist-generated", "--", *tracked],
+                                cwd=REPO, capture_output=True, text=True, check=True).stdout.splitlines()
+    generated = {line.split(": ")[0] for line in attributes if line.endswith(": true")}
+    assert {path for path in tracked if not path.startswith("solutions/")} <= generated
+    assert not {path for path in tracked if path.startswith("solutions/")} & generated
+    assert any(path.startswith("labs/") for path in generated)
+
+
 def test_labs_and_solutions_pair_up():
     sources = {p.relative_to(SOLUTIONS) for p in lab_notebooks(SOLUTIONS)}
     released = {p.relative_to(LABS) for p in lab_notebooks(LABS)}

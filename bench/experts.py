@@ -19,12 +19,11 @@
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
-from pathlib import Path
 
+import _script
 import torch
 import torch.distributed as dist
 from _results import count, emit, headline_row
@@ -209,15 +208,9 @@ def layer_rows(sizes, rounds) -> list[dict]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="rounds of each timing (default 5; 1 quick)")
-    parser.add_argument("--quick", action="store_true", help="small sizes, 1 round: for tests")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
-    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
-    if rounds < 1:
-        parser.error(f"--rounds {rounds}: at least 1 round")
+    args = _script.options(__doc__, argv, full=FULL, quick=QUICK, default_rounds=5, rounds_help="rounds of each timing",
+                           quick_help="small sizes, 1 round: for tests")
+    sizes, rounds = args.sizes, args.rounds
     figures = {"quick": args.quick, "rounds": rounds, "cores": os.cpu_count(), "ranks": RANKS,
                "backend": course.placement.choose(RANKS).backend, "experts": LAB.EXPERTS, "top_k": LAB.TOP_K,
                "exchange": exchange_rows(sizes, rounds), "layer": layer_rows(sizes, rounds)}

@@ -18,11 +18,10 @@
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import os
-from pathlib import Path
 
+import _script
 import torch
 from _machine import load_average, load_text, with_a_core_each
 from _results import count, emit, headline_row
@@ -136,15 +135,10 @@ def timed_stages() -> list[int]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="rounds of the timing and of the bubble (default 15; 1 quick)")
-    parser.add_argument("--quick", action="store_true", help="the lab's small MLP, 1 round, few steps: for tests")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
-    rounds = args.rounds or (1 if args.quick else 15)
-    if rounds < 1:
-        parser.error(f"--rounds {rounds}: at least 1 round")
+    args = _script.options(__doc__, argv, full=FULL, quick=QUICK, default_rounds=15,
+                           rounds_help="rounds of the timing and of the bubble",
+                           quick_help="the lab's small MLP, 1 round, few steps: for tests")
+    sizes, rounds = args.sizes, args.rounds
     make = make_model(sizes["widths"])
     parameters = sum(p.numel() for p in make().parameters())
     figures = {"quick": args.quick, "rounds": rounds, **sizes, "micro_batches": MICRO_BATCHES,

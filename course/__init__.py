@@ -29,7 +29,8 @@ holds this, and that every module is in exactly one layer):
   what differs, the judged reference values, the digits, the two models, the
   link the ranks run on (measured, for the time model).
 - views: widgets, plots, transfer_view, split_view, block_view, hybrid_view, table_1, memory_view,
-  schedule_view, choosing_view, sequence_view, experts_view, drawings, predict, legible.
+  schedule_view, choosing_view, sequence_view, experts_view, drawings, predict, legible,
+  split_drawing, _drawing.
   Figures, tables and controls (matplotlib, pandas, ipywidgets); each view is a
   draw/describe/show module built on `widgets`.
 

@@ -1,3 +1,6 @@
+# One idea past 300 lines: the test cells' half of the judge's protocol, kept in one module because the
+# tampering scan (grader/judge/tampering.py) flags any touch of `course.grading` by name: a part split off
+# would be a module it does not guard.
 """What the labs' test cells need from the grader: reference outputs, fresh seeds.
 
 Hidden tests compare a student's result on a fixed case with the reference

@@ -72,7 +72,7 @@ $(SITE_STAMP):
 # (each solution run here for them). HUB_URL and REPOSITORY (and BRANCH, default main) add a launch button
 # to a JupyterHub.
 site: $(INSTALL_STAMP) $(SITE_STAMP)
-	$(VENV)/bin/python -m grader site --out build/site $(if $(HUB_URL),--hub-url '$(HUB_URL)') $(if $(REPOSITORY),--repository '$(REPOSITORY)') $(if $(BRANCH),--branch '$(BRANCH)')
+	$(VENV)/bin/python -m course_tools site --out build/site $(if $(HUB_URL),--hub-url '$(HUB_URL)') $(if $(REPOSITORY),--repository '$(REPOSITORY)') $(if $(BRANCH),--branch '$(BRANCH)')
 
 # Debian's Slurm and munge for the test that grades a class as a Slurm array; a no-op where installed.
 slurm-tools:
@@ -122,7 +122,7 @@ release: $(INSTALL_STAMP)
 # The students' copy: the release, the course package and how to open them, without the answers
 # (build/handout/, and build/handout.zip for a course page). README.md: which path is for whom.
 handout: $(INSTALL_STAMP)
-	$(VENV)/bin/python -m grader handout --zip
+	$(VENV)/bin/python -m course_tools handout --zip
 
 # Re-records grader/reference/ (the hidden tests' stored values) from solutions/.
 reference: $(INSTALL_STAMP)

@@ -59,13 +59,16 @@ module is in exactly one layer):
   of its own (`submission`: nbgrader's autograde in the slot's warm autograde worker),
   the verdict in plain words, the class gradebook and the CSV; `shards`: a class split into
   shards graded anywhere, and merged.
-- commands (grader/): __main__, grade, judge_values, record, merge, release, reference, run, handout, site.
+- commands (grader/): __main__, grade, judge_values, record, merge, release, reference.
   What an instructor types. `grade` grades a class with all of the above (`judge_values`:
   the judge's values of its run, recorded by `reference` or reused from an earlier run; `record`
-  records them once for a class's shards, `merge` joins the shards); `release`,
-  `reference` and `run` work only on the instructor's own solutions (trusted code), with
-  no jail; `handout` copies the release and the package for students; `site` builds the course as a
-  website (the release, with the figures of the solutions' runs).
+  records them once for a class's shards, `merge` joins the shards); `release` and
+  `reference` work only on the instructor's own solutions (trusted code), with no jail.
+  The commands that grade nothing (a lab's training under torchrun, the website, the students'
+  handout) are ``python -m course_tools`` (course_tools/): this package does what its name says,
+  grading, and the tools that only run the instructor's trusted solutions live apart from the
+  jail's and the judge's code; `python -m grader run|site|handout` forwards there for one term
+  (``__main__``, the one import of course_tools here).
 
 A subpackage's ``__init__`` holds its docstring and nothing else: the launcher, the judge
 and the workers start with ``python -m``, and a package that imported them would load each

@@ -3,11 +3,14 @@
 - no import cycle among the modules of `course/`, nor among those of `grader/`
   (an import inside a function counts: it is a cycle that only waits to be called);
 - `course/` (what students import, copied into each jail) never imports `grader/`;
+- neither `course/` nor `grader/` imports `course_tools/` (the tools that grade nothing), but for
+  `python -m grader run|site|handout`'s deprecated forward; `course_tools/` takes of the grader
+  only its root and `grader.common`, and its map (course_tools/__init__.py) names each module;
 - the cost models import neither torch nor the views, not even through another module;
 - a module imports from its own layer and those below (the docstring's list), and
   every module is in exactly one layer: `course/`'s five, and `grader/`'s six subsystems,
   each a folder (the commands are grader/ itself), whose `__init__` imports nothing;
-- pyproject.toml lists every package folder of both (a wheel holds only those);
+- pyproject.toml lists every package folder of the three (a wheel holds only those);
 - `import course` in a fresh interpreter loads no matplotlib, pandas, ipywidgets
   or scikit-learn (every rank imports it).
 
@@ -38,6 +41,12 @@ LAYER_LINE = re.compile(r"^- (?P<layer>[a-z ]+): (?P<modules>[\w, ]+(?:,\n {2}[\
 # A subsystem of grader/, its folder and its modules: "- jail (grader/jail/): seccomp, uids."
 SUBSYSTEM_LINE = re.compile(r"^- (?P<name>[a-z]+) \(grader/(?P<folder>[a-z_]*/?)\): "
                             r"(?P<modules>[\w, ]+(?:,\n {2}[\w, ]+)*)\.$", re.M)
+PACKAGES = ("course", "grader", "course_tools")
+#: The one import of course_tools in grader: `python -m grader run|site|handout` forwarding to their new
+#: names for one term. It goes with them; no other module of grader or course imports course_tools.
+DEPRECATED_FORWARD = "grader.__main__ imports course_tools.__main__"
+#: What course_tools may take of the grader: its root (COURSE_ROOT, GraderError) and grader.common.
+GRADER_FOR_TOOLS = ("grader", "grader.common")
 
 
 # --- what the rules look at -----------------------------------------------------------
@@ -188,6 +197,19 @@ def subsystem_problems(graph: dict[str, set[str]], subsystems: dict[str, str]) -
     return problems
 
 
+def course_tools_problems(graph: dict[str, set[str]], root: Path) -> list[str]:
+    """What course_tools takes of the grader beyond GRADER_FOR_TOOLS, and a module of it that its map
+    (course_tools/__init__.py's docstring, a `name` each) does not name."""
+    problems = [f"{module} imports {name}: course_tools takes of the grader only its root and grader.common"
+                for module, names in sorted(graph.items()) for name in sorted(names)
+                if name.split(".")[0] == "grader" and name not in GRADER_FOR_TOOLS
+                and not name.startswith("grader.common.")]
+    doc = ast.get_docstring(ast.parse((root / "course_tools" / "__init__.py").read_text()))
+    problems += [f"{module} is not in course_tools/__init__.py's map: add a line `- `{module.split('.')[-1]}`: ...`"
+                 for module in sorted(graph) if module != "course_tools" and f"`{module.split('.')[-1]}`" not in doc]
+    return problems
+
+
 def loaded_by_import_course(root: Path) -> list[str]:
     """The top-level packages of NOT_ON_IMPORT that `import course` loads, from root, in a fresh interpreter."""
     probe = ("import json, sys; import course; "
@@ -203,16 +225,25 @@ def loaded_by_import_course(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def graphs():
-    return {package: import_graph(REPO, package) for package in ("course", "grader")}
+    return {package: import_graph(REPO, package) for package in PACKAGES}
 
 
-@pytest.mark.parametrize("package", ["course", "grader"])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycles(graphs, package):
     assert cycles(graphs[package]) == []
 
 
 def test_course_never_imports_grader(graphs):
     assert imports_of(graphs["course"], "grader") == []
+
+
+def test_grader_and_course_never_import_course_tools(graphs):
+    assert imports_of(graphs["course"], "course_tools") == []
+    assert imports_of(graphs["grader"], "course_tools") == [DEPRECATED_FORWARD]
+
+
+def test_course_tools_takes_of_the_grader_its_root_and_common_and_maps_each_module(graphs):
+    assert course_tools_problems(graphs["course_tools"], REPO) == []
 
 
 def test_cost_models_import_neither_torch_nor_the_views(graphs):
@@ -235,7 +266,7 @@ def test_every_grader_module_is_in_one_subsystem_and_imports_only_downwards(grap
 def test_pyproject_lists_every_package_folder():
     """A folder left out of pyproject's packages is left out of a wheel (an editable install still finds it)."""
     listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    folders = [name for package in ("course", "grader") for name, path in package_files(REPO, package).items()
+    folders = [name for package in PACKAGES for name, path in package_files(REPO, package).items()
                if path.name == "__init__.py"]
     assert sorted(listed) == sorted(folders)
 
@@ -248,8 +279,8 @@ def test_import_course_loads_no_plotting_tables_widgets_or_scikit_learn():
 
 @pytest.fixture
 def copy(tmp_path):
-    """A copy of course/ and grader/'s Python files, to add a forbidden import to."""
-    for package in ("course", "grader"):
+    """A copy of course/, grader/ and course_tools/'s Python files, to add a forbidden import to."""
+    for package in PACKAGES:
         shutil.copytree(REPO / package, tmp_path / package, ignore=lambda folder, names: [
             n for n in names if not n.endswith(".py") and not (Path(folder) / n / "__init__.py").is_file()])
     return tmp_path
@@ -275,6 +306,22 @@ def test_a_cycle_is_caught(copy):
 def test_course_importing_grader_is_caught(copy):
     add_line(copy, "course.check", "    from grader.common.solution import load")
     assert imports_of(import_graph(copy, "course"), "grader") == ["course.check imports grader.common.solution"]
+
+
+def test_grader_or_course_importing_course_tools_is_caught(copy):
+    add_line(copy, "grader.grade", "    from course_tools import site")
+    add_line(copy, "course.check", "import course_tools.run")
+    assert imports_of(import_graph(copy, "grader"), "course_tools") == [DEPRECATED_FORWARD,
+                                                                       "grader.grade imports course_tools"]
+    assert imports_of(import_graph(copy, "course"), "course_tools") == ["course.check imports course_tools.run"]
+
+
+def test_course_tools_taking_more_of_the_grader_or_an_unmapped_module_is_caught(copy):
+    add_line(copy, "course_tools.site", "    from grader.grading import verdict")
+    (copy / "course_tools" / "unlisted.py").write_text("from grader.common import labs\n")
+    assert course_tools_problems(import_graph(copy, "course_tools"), copy) == [
+        "course_tools.site imports grader.grading: course_tools takes of the grader only its root and grader.common",
+        "course_tools.unlisted is not in course_tools/__init__.py's map: add a line `- `unlisted`: ...`"]
 
 
 def test_torch_or_a_view_in_a_cost_model_is_caught(copy):

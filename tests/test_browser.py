@@ -396,14 +396,14 @@ def test_an_instructor_grades_a_written_answer_by_hand_in_formgrader(server, pag
     assert "written answers: 1.5 of 2 points, graded by hand" in row[f"{lab} verdict"]
 
 
-# --- the course as a website (grader/site.py) -------------------------------------------------
+# --- the course as a website (course_tools/site.py) -------------------------------------------------
 
 @pytest.mark.parametrize("page", ["laptop"], indirect=True)
 def test_the_site_shows_every_lab_as_released_with_its_figures(page, executed_labs, tmp_path):
-    """`python -m grader site` from the runs above: a page per lab, the release's cells (no answer, no hidden
+    """`python -m course_tools site` from the runs above: a page per lab, the release's cells (no answer, no hidden
     test) with each demonstration's figures, a launch button to a JupyterHub; looked at in Chromium."""
+    from course_tools.site import with_figures
     from grader.common.labs import find_labs
-    from grader.site import with_figures
 
     hub, repository = "https://hub.example.edu", "https://github.com/example/multi-gpu-course"
     built = subprocess.run([sys.executable, "-m", "grader", "site", "--out", str(tmp_path / "site"), "--executed",

@@ -5,9 +5,11 @@ The pages: README.md, docs/*.md, bench/README.md, CONTRIBUTING.md and tests/READ
   (`page.md#heading`, `#heading`) names a heading of its page, slugged as GitHub slugs it.
 - Every `make TARGET` written as code (a code span, a fenced or an indented block) is a target of the
   Makefile.
-- Every `python -m grader COMMAND ...` written as code (also `-m grader` after torchrun) names a
-  command of the grader's parser, and its `--options` are options of that command (of the lab's
-  parser, for `run LAB`).
+- Every `python -m grader COMMAND ...` and `python -m course_tools COMMAND ...` written as code
+  (also after torchrun) names a command of that package's parser, and its `--options` are options
+  of that command (of the lab's parser, for `course_tools run LAB`). A command's old name
+  (`grader run`, forwarding to `course_tools run` for one term: grader.__main__.MOVED) is checked
+  as the new one while it forwards, and fails once the forward goes.
 - README's list of labs is the labs of solutions/ as the grader finds them (grader.common.labs.find_labs),
   in order, each with its notebook's title: a new lab without a line fails.
 - tests/README.md's table of tiers names exactly pyproject.toml's markers (`lab` is no tier).
@@ -16,6 +18,7 @@ The pages: README.md, docs/*.md, bench/README.md, CONTRIBUTING.md and tests/READ
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import tomllib
 from functools import cache
@@ -36,7 +39,7 @@ CODE_SPAN = re.compile(r"`[^`\n]+`")
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 MAKE = re.compile(r"(?:^|[\s;&|(])make\s+((?:[A-Z_]+=\S*\s+)*)([a-z][\w.-]*)")
-GRADER = re.compile(r"-m\s+grader(?:\s+(.*))?$", re.MULTILINE)
+COMMAND = re.compile(r"-m\s+(grader|course_tools)\b(?:\s+(.*))?$", re.MULTILINE)
 MAKE_TARGET = re.compile(r"^([A-Za-z][\w.-]*)\s*:(?!=)", re.MULTILINE)
 LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+\.)\s")
 
@@ -127,41 +130,49 @@ def makefile_targets() -> set[str]:
 
 
 @cache
-def grader_parsers() -> tuple[dict[str, argparse.ArgumentParser], dict[str, argparse.ArgumentParser]]:
-    """({command: its parser} of `python -m grader`, {lab: its parser} of `python -m grader run`)."""
-    from grader.__main__ import build_parser
-    from grader.run import parsers
+def command_parsers(package: str) -> dict[str, argparse.ArgumentParser]:
+    """{command: its parser} of `python -m package` (grader, course_tools)."""
+    build_parser = importlib.import_module(f"{package}.__main__").build_parser
+    return dict(next(action.choices for action in build_parser()._actions
+                     if isinstance(action, argparse._SubParsersAction)))
 
-    commands = next(action.choices for action in build_parser()._actions
-                    if isinstance(action, argparse._SubParsersAction))
-    return dict(commands), parsers()[1]
+
+@cache
+def lab_parsers() -> dict[str, argparse.ArgumentParser]:
+    """{lab: its parser} of `python -m course_tools run`."""
+    from course_tools.run import parsers
+
+    return parsers()[1]
 
 
 def options_of(parser: argparse.ArgumentParser) -> set[str]:
     return {option for action in parser._actions for option in action.option_strings}
 
 
-def wrong_grader_command(words: list[str]) -> str | None:
-    """Why `-m grader` followed by words is not a command the grader takes, or None."""
-    commands, labs = grader_parsers()
-    if not words or words[0].startswith("-"):
+def wrong_command(package: str, words: list[str]) -> str | None:
+    """Why `-m package` (grader, course_tools) followed by words is not a command it takes, or None."""
+    if not words or words[0].startswith("-") or words[0].isupper():   # COMMAND is a placeholder
         return None
     command, rest = words[0], words[1:]
+    if package == "grader" and command in importlib.import_module("grader.__main__").MOVED:
+        package = "course_tools"    # the old name, forwarding for one term: checked as what it runs
+    commands = command_parsers(package)
     if command not in commands:
-        return f"the grader has no command {command!r} (its commands: {sorted(commands)})"
+        return f"`python -m {package}` has no command {command!r} (its commands: {sorted(commands)})"
     parsers = [commands[command]]
-    if command == "run":
+    if (package, command) == ("course_tools", "run"):
+        labs = lab_parsers()
         lab = next((word for word in rest if not word.startswith("-")), None)
         if lab is not None and lab in labs:
             parsers = [labs[lab]]
         elif lab is not None and not lab.isupper():  # LAB is a placeholder, a lab name is not
-            return f"`python -m grader run` has no lab {lab!r} (its labs: {sorted(labs)})"
+            return f"`python -m course_tools run` has no lab {lab!r} (its labs: {sorted(labs)})"
         else:
             parsers = list(labs.values())
     for word in rest:
         option = word.strip("[]").split("=")[0]
         if option.startswith("--") and not any(option in options_of(p) for p in parsers):
-            return f"`python -m grader {command}` has no option {option}"
+            return f"`python -m {package} {command}` has no option {option}"
     return None
 
 
@@ -181,15 +192,26 @@ def test_every_make_command_is_a_target_of_the_makefile(page):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=rel)
-def test_every_grader_command_is_one_the_grader_takes(page):
+def test_every_grader_or_course_tools_command_is_one_they_take(page):
     problems = []
     for snippet in code(page.read_text(encoding="utf-8")):
-        for match in GRADER.finditer(snippet):
-            words = re.split(r"\s+", re.split(r"\s#|[|;&]", match.group(1) or "")[0].strip())
-            why = wrong_grader_command([word for word in words if word])
+        for match in COMMAND.finditer(snippet):
+            package, written = match.group(1), match.group(2) or ""
+            words = re.split(r"\s+", re.split(r"\s#|[|;&]", written)[0].strip())
+            why = wrong_command(package, [word for word in words if word])
             if why:
-                problems.append(f"{rel(page)} writes `-m grader {match.group(1)}`: {why}")
-    assert not problems, "\n".join(problems) + "\nFix the page, or the grader's parser if the page is right."
+                problems.append(f"{rel(page)} writes `-m {package} {written}`: {why}")
+    assert not problems, "\n".join(problems) + "\nFix the page, or the command's parser if the page is right."
+
+
+def test_an_unknown_command_lab_or_option_is_caught():
+    assert "`python -m grader` has no command 'train'" in wrong_command("grader", ["train", "02_data_parallel"])
+    assert "has no lab '09_nothing'" in wrong_command("course_tools", ["run", "09_nothing"])
+    assert "has no lab '09_nothing'" in wrong_command("grader", ["run", "09_nothing"])   # forwarding, for a term
+    assert wrong_command("course_tools", ["run", "04_hybrid", "--grid", "2x2"]) is None
+    assert wrong_command("course_tools", ["run", "02_data_parallel", "--grid"]) == \
+        "`python -m course_tools run` has no option --grid"
+    assert wrong_command("course_tools", ["site", "--out", "x"]) is None
 
 
 def readme_labs() -> list[tuple[str, str, str]]:

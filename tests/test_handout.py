@@ -1,4 +1,4 @@
-"""The students' copy of the course (`make handout`, grader/handout.py): the release and the
+"""The students' copy of the course (`make handout`, course_tools/handout.py): the release and the
 package, how to open them, and no answer.
 
 A lab of the handout runs from it alone (its kernel imports the handout's course/, not the
@@ -15,8 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_tools import handout as handout_command
 from grader import GraderError
-from grader import handout as handout_command
 from grader.common.execute import execute
 from grader.common.labs import find_labs
 from helpers import REPO, graded_labs

@@ -1,4 +1,4 @@
-"""grader/site.py's pages, piece by piece: which of a run's outputs a released lab's page shows, and what
+"""course_tools/site.py's pages, piece by piece: which of a run's outputs a released lab's page shows, and what
 the command refuses. The whole site is built from the labs' runs and looked at in test_browser.py."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
+from course_tools.site import WIDGET_VIEW, build, with_figures
 from grader import GraderError
-from grader.site import WIDGET_VIEW, build, with_figures
 
 TEST_CELL = {"nbgrader": {"grade": True, "grade_id": "test_x", "locked": True, "points": 1, "solution": False,
                           "schema_version": 3, "task": False}}
@@ -52,7 +52,7 @@ def test_the_command_says_what_it_needs(tmp_path):
 def test_a_launch_button_needs_the_repository_it_opens():
     import json
 
-    from grader.site import _config
+    from course_tools.site import _config
 
     with pytest.raises(GraderError, match="give --repository URL too"):
         _config("The course", "https://hub.example.edu", None, None)

@@ -1,4 +1,4 @@
-"""Each lab's reference training as a script (`python -m grader run`) under torchrun: on
+"""Each lab's reference training as a script (`python -m course_tools run`) under torchrun: on
 one node, and, where the nodes change how its ranks talk (ACROSS_NODES), as two nodes meeting
 at a c10d rendezvous on this machine. The script
 must end with the parameters and losses of the notebook's own run: the same
@@ -21,9 +21,9 @@ from test_launch_contexts import ENV, _free_port, _no_stray_processes  # noqa: F
 import course
 from course import _rank_process, check, stages
 from course.grid_model import Grid
-from grader import run as run_script
+from course_tools import trainings
+from course_tools.run import main
 from grader.common.solution import load
-from grader.run import main
 
 pytestmark = pytest.mark.torchrun
 
@@ -46,7 +46,7 @@ def solution(lab):
 
 
 # --- the notebook's runs: the cells' own calls, written out here --------------------
-# Written from each notebook, not taken from grader/run.py's LABS: the script is held to them. Each
+# Written from each notebook, not taken from course_tools/trainings.py's LABS: the script is held to them. Each
 # is {rank: (params, losses)} from course.launch of the solution's function on `ranks` ranks, as its
 # notebook calls it, or the notebook's one-process run on 1.
 
@@ -138,8 +138,8 @@ NOTEBOOK_RUNS = {
 def written_run(lab):
     """NOTEBOOK_RUNS[lab]; for a lab the script runs but nobody wrote its notebook run for, a failure that says so."""
     if lab not in NOTEBOOK_RUNS:
-        pytest.fail(f"{lab} is in grader/run.py's LABS, but tests/test_torchrun.py does not know how its notebook "
-                    f"calls {run_script.LABS[lab].function}: write that call in NOTEBOOK_RUNS")
+        pytest.fail(f"{lab} is in course_tools/trainings.py's LABS, but tests/test_torchrun.py does not know how its "
+                    f"notebook calls {trainings.LABS[lab].function}: write that call in NOTEBOOK_RUNS")
     return NOTEBOOK_RUNS[lab]
 
 
@@ -182,7 +182,7 @@ def assert_matches_notebook(saved, lab, grid=None, world_size=2):
 
 def torchrun(launch_args, script_args, nodes=1):
     """Start `nodes` torchrun processes at once; wait for all, within TIMEOUT; their outputs."""
-    command = [sys.executable, "-m", "torch.distributed.run", *launch_args, "-m", "grader", "run", *script_args]
+    command = [sys.executable, "-m", "torch.distributed.run", *launch_args, "-m", "course_tools", "run", *script_args]
     # torchrun keeps its logs in a torchelastic_* folder of TMPDIR and never removes it: a TMPDIR of the run's own
     temporary = tempfile.TemporaryDirectory(prefix="torchrun-")
     started = [subprocess.Popen(command, env={**ENV, **LOOPBACK, "TMPDIR": temporary.name}, stdout=subprocess.PIPE,
@@ -231,13 +231,13 @@ def assert_ran(outputs, lab=None):
 
 # --- the labs under torchrun -----------------------------------------------------------
 
-LABS = list(run_script.LABS)   # every lab the script runs: a new one is tested without being listed here
+LABS = list(trainings.LABS)   # every lab the script runs: a new one is tested without being listed here
 
 
 def test_every_lab_the_script_runs_has_its_notebook_run_written_here():
     unknown, gone = sorted(set(LABS) - set(NOTEBOOK_RUNS)), sorted(set(NOTEBOOK_RUNS) - set(LABS))
-    assert not unknown, f"grader/run.py runs {unknown}, whose notebook runs NOTEBOOK_RUNS does not write out"
-    assert not gone, f"NOTEBOOK_RUNS writes out {gone}, which grader/run.py's LABS no longer has"
+    assert not unknown, f"course_tools/trainings.py has {unknown}, whose notebook runs NOTEBOOK_RUNS does not write out"
+    assert not gone, f"NOTEBOOK_RUNS writes out {gone}, which course_tools/trainings.py's LABS no longer has"
 
 
 @pytest.mark.parametrize("lab", LABS)
@@ -358,7 +358,7 @@ def test_without_torchrun_a_pipeline_of_4_stages_sends_to_its_neighbours_and_end
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["05_unknown"], f"invalid choice: '05_unknown' (choose from {', '.join(map(repr, run_script.LABS))})"),
+    (["05_unknown"], f"invalid choice: '05_unknown' (choose from {', '.join(map(repr, trainings.LABS))})"),
     (["02_data_parallel", "--steps", "0", "--ranks", "2"],
      "argument --steps: must be a positive whole number, got '0'"),
     (["02_data_parallel", "--lr", "-1", "--ranks", "2"], "argument --lr: must be a positive number, got '-1'"),
@@ -426,17 +426,33 @@ def test_torchrun_ranks_take_nccl_only_with_a_gpu_each(gpus, local_rank, claims,
         assert course.placement.gpu_claim(local_rank) == ""
 
 
-def test_the_script_is_a_grader_command_and_starts_without_nbgrader():
-    """`python -m grader -h` lists `run`; `python -m grader run` imports neither nbgrader
+def test_the_script_is_a_course_tools_command_and_starts_without_nbgrader():
+    """`python -m course_tools -h` lists `run`; `python -m course_tools run` imports neither nbgrader
     nor the grading code (it starts on every rank under torchrun)."""
-    listed = subprocess.run([sys.executable, "-m", "grader", "-h"], capture_output=True, text=True, timeout=60)
+    listed = subprocess.run([sys.executable, "-m", "course_tools", "-h"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0 and re.search(r"^ +run +a lab's reference training", listed.stdout, re.M), \
         listed.stdout
-    probe = ("import sys, runpy; sys.argv = ['grader', 'run', '--help']\n"
-             "try: runpy.run_module('grader', run_name='__main__')\n"
+    assert started_alone("course_tools", "run", "--help") == "[]"
+
+
+def test_the_old_name_says_the_new_one_and_runs_it_without_nbgrader():
+    """`python -m grader run`, for one term: one line naming `python -m course_tools run`, then the same run;
+    `python -m grader -h` no longer lists it."""
+    listed = subprocess.run([sys.executable, "-m", "grader", "-h"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and not re.search(r"^ +run ", listed.stdout, re.M), listed.stdout
+    assert started_alone("grader", "run", "--help", moved=True) == "[]"
+
+
+def started_alone(package, *argv, moved=False) -> str:
+    """`python -m package argv...` run in a fresh interpreter: the grading modules it loaded, as a printed list."""
+    probe = (f"import sys, runpy; sys.argv = [{package!r}, *{list(argv)!r}]\n"
+             f"try: runpy.run_module({package!r}, run_name='__main__')\n"
              "except SystemExit: pass\n"
              "grading = ('nbgrader', 'grader.grad', 'grader.jail', 'grader.judge', 'grader.feedback')\n"
              "print(sorted(m for m in sys.modules if m.startswith(grading)))")
-    started = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}
+    started = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     assert "02_data_parallel" in started.stdout and "04_hybrid" in started.stdout, started.stdout + started.stderr
-    assert started.stdout.strip().splitlines()[-1] == "[]", started.stdout
+    said = "`python -m grader run` moved to `python -m course_tools run`; the old name goes in the next term\n"
+    assert (said in started.stderr) == moved and started.stderr.count("moved to") == moved, started.stderr
+    return started.stdout.strip().splitlines()[-1]

@@ -1,4 +1,4 @@
-"""``python -m grader handout DEST``: the students' copy of the course, without the answers.
+"""``python -m course_tools handout DEST``: the students' copy of the course, without the answers.
 
 `make lab` serves the whole repository, for instructors and contributors: solutions/,
 the hidden tests' stored values (grader/reference/) and formgrader with it. Students get
@@ -25,8 +25,8 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from . import COURSE_ROOT, GraderError
-from .common.labs import INDEX_NAME, RELEASE_DIR, ignore_patterns
+from grader import COURSE_ROOT, GraderError
+from grader.common.labs import INDEX_NAME, RELEASE_DIR, ignore_patterns
 
 PACKAGE = "course"
 #: Where the handout's own Makefile and README.md are kept.
@@ -55,7 +55,7 @@ def pyproject(course_pyproject: Path) -> str:
     project, build = course["project"], course["build-system"]
     needed = [r for r in project["dependencies"] if requirement_name(r) not in GRADER_ONLY]
     return "\n".join([
-        "# The students' copy of the course, made by `python -m grader handout` from the course's own.",
+        "# The students' copy of the course, made by `python -m course_tools handout` from the course's own.",
         "[build-system]",
         f"requires = {_toml_list(build['requires'])}",
         f"build-backend = {json.dumps(build['build-backend'])}",

@@ -1,4 +1,4 @@
-"""``python -m grader site``: the course as a website to read, built by Jupyter Book.
+"""``python -m course_tools site``: the course as a website to read, built by Jupyter Book.
 
 Each lab's page is the lab as released (`labs/<lab>/<lab>.ipynb`: the exercises as stubs, no
 hidden tests) with the figures and tables of its demonstrations, taken from a run of its solution
@@ -17,7 +17,7 @@ Jupyter Book 1 (Sphinx, MyST-NB) builds it: everything it needs comes from PyPI.
 build downloads its theme from api.mystmd.org, which course machines do not reach. It is installed
 in a virtualenv of its own (`make site-tools`: .venv-site), apart from the course's pins.
 
-    python -m grader site --out build/site [--executed FOLDER] [--hub-url URL --repository URL [--branch B]]
+    python -m course_tools site --out build/site [--executed FOLDER] [--hub-url URL --repository URL [--branch B]]
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import nbformat
 
-from . import COURSE_ROOT, GraderError
-from .common.labs import display_path, find_labs
+from grader import COURSE_ROOT, GraderError
+from grader.common.labs import display_path, find_labs
 
 SITE_VENV = ".venv-site"
 #: Outputs a static page cannot show: a widget's view needs its live kernel.
@@ -77,7 +77,7 @@ def _executed(lab, root: Path, executed: Path | None, say) -> nbformat.NotebookN
     given = executed / f"{lab.name}.ipynb" if executed else None
     if given is not None and given.is_file():
         return nbformat.read(given, as_version=4)
-    from .common.execute import execute  # a kernel: only when a run must be made here
+    from grader.common.execute import execute  # a kernel: only when a run must be made here
 
     say(f"running {display_path(lab.notebook, root)} for its figures")
     nb = nbformat.read(lab.notebook, as_version=4)

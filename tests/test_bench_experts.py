@@ -1,4 +1,6 @@
-"""bench/experts.py measures what it says, at --quick's size: lab 8's all-to-all timed beside all_to_all_single
+"""Covers: bench.experts.
+
+bench/experts.py measures what it says, at --quick's size: lab 8's all-to-all timed beside all_to_all_single
 with the same bytes of rows (the sockets' bytes apart by its counts and their headers only), and the expert-parallel
 step timed beside one process and the tensor-parallel experts, all three computing the same layer and each parallel
 scheme sending what its formula says. Structure and invariants only, never speed."""

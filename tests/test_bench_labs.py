@@ -1,4 +1,6 @@
-"""bench/labs.py measures what it says: a notebook's run time, and the peak memory of its
+"""Covers: bench.labs.
+
+bench/labs.py measures what it says: a notebook's run time, and the peak memory of its
 kernel and every rank it launches, all together (summed PSS); a notebook that fails is
 reported as failed. On a tiny fabricated notebook, not the labs (those take minutes)."""
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""bench/long_sequences.py measures what it says, at --quick's size: each scheme's activation memory
+"""Covers: bench.long_sequences.
+
+bench/long_sequences.py measures what it says, at --quick's size: each scheme's activation memory
 against the formula, ring attention against one process (time and memory per rank), and says why
 PyTorch's context_parallel was not compared where it cannot run. Structure and invariants only, never
 speed."""

@@ -1,4 +1,6 @@
-"""bench/pipeline.py measures what it says, at --quick's size: lab 6's 1F1B and Schedule1F1B are timed
+"""Covers: bench.pipeline.
+
+bench/pipeline.py measures what it says, at --quick's size: lab 6's 1F1B and Schedule1F1B are timed
 side by side and both end with one process's parameters, and the bubble is measured for both schedules
 on 2 and 4 stages against (N-1)/(m+N-1). Structure and invariants only, never speed."""
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""`make bench`'s report (bench/report.py): every benchmark's figures in one place, a failure
+"""Covers: bench.report.
+
+`make bench`'s report (bench/report.py): every benchmark's figures in one place, a failure
 reported as one and never dropped, medians and ranges as measured.
 
 The benchmarks here are small fabricated scripts; the real ones take minutes."""

@@ -1,4 +1,6 @@
-"""bench/_script.py: the command line that bench/experts.py, long_sequences.py and pipeline.py share
+"""Covers: bench._script.
+
+bench/_script.py: the command line that bench/experts.py, long_sequences.py and pipeline.py share
 (--rounds, --quick, --json), decided once: the sizes, the rounds, and a round count below 1 refused."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""bench/sharded.py measures what it says, at a tiny size: lab 5's ZeRO-3 and fully_shard are timed
+"""Covers: bench.sharded.
+
+bench/sharded.py measures what it says, at a tiny size: lab 5's ZeRO-3 and fully_shard are timed
 step by step, send the bytes a hand count gives, and every rank holds what course.memory predicts."""
 from __future__ import annotations
 

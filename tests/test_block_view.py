@@ -1,4 +1,6 @@
-"""The view of lab 3's transformer block: data parallelism against the Megatron split.
+"""Covers: course.block_view.
+
+The view of lab 3's transformer block: data parallelism against the Megatron split.
 
 Bars are checked against course.transformer's formulas and a hand count, times
 against the ring all-reduce written out, the crossover against the two formulas

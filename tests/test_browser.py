@@ -1,4 +1,6 @@
-"""The course in a real browser: JupyterLab in headless Chromium, driven as a person drives it.
+"""Covers: the browser.
+
+The course in a real browser: JupyterLab in headless Chromium, driven as a person drives it.
 
 Every lab's solution notebook is opened and run with Run > Run All Cells; each must run clean
 (its time is recorded, not asserted: bench/labs.py, run alone, holds the labs' time),

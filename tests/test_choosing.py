@@ -1,4 +1,6 @@
-"""course.choosing and course.activations: every layout of a model on a cluster, by hand count.
+"""Covers: course.choosing, course.activations.
+
+course.choosing and course.activations: every layout of a model on a cluster, by hand count.
 
 Layouts listed by hand; memory by hand and equal to course.memory.per_rank; Korthikanti's Table 2
 by hand and the savings and FLOPs the paper states; the default (attention recomputed) and

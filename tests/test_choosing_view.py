@@ -1,4 +1,6 @@
-"""The choosing view: one marker per layout, read back from the figure against course.choosing.options;
+"""Covers: course.choosing_view.
+
+The choosing view: one marker per layout, read back from the figure against course.choosing.options;
 hollow where a layout does not fit; the star on the fastest that fits; the measured runs only on the
 labs' MLP on this machine; describe's numbers are options()'; the activations menu reaches the chooser;
 fastest_table's rows are the chooser's.

@@ -1,4 +1,6 @@
-"""The classroom's parts, quickly (tests/test_hub.py runs the whole of it on a real hub, in a browser).
+"""Covers: grader.grading.receipts, deploy.hub.classroom, deploy.hub.jupyterhub_config.
+
+The classroom's parts, quickly (tests/test_hub.py runs the whole of it on a real hub, in a browser).
 
 - the grader keeps nbgrader's receipts beside a feedback page, so that formgrader's Release Feedback
   returns it through the exchange, and only receipts that look like nbgrader's and that the course's

@@ -1,4 +1,6 @@
-"""Counting communication: formulas exact, gloo's socket bytes close to them."""
+"""Covers: course.comm, course.recorder.
+
+Counting communication: formulas exact, gloo's socket bytes close to them."""
 import time
 
 import pytest

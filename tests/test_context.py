@@ -1,4 +1,6 @@
-"""course.context: the splits of a sequence over ranks, one process's attention with its log-sum-exp, and
+"""Covers: course.context, course.activations.
+
+course.context: the splits of a sequence over ranks, one process's attention with its log-sum-exp, and
 the causal work per rank; and course.activations' long-sequence formulas (element size, dropout, context
 parallelism, ring attention's bytes), checked by hand."""
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""course.check and course.grading: comparing results with a reference, and storing it.
+"""Covers: course.check, course.grading.
+
+course.check and course.grading: comparing results with a reference, and storing it.
 
 check.assert_close passes within the dtype's tolerance and fails just outside
 it, with a message that names the result, the rank, how many elements differ,

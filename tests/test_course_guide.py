@@ -1,4 +1,6 @@
-"""The instructor's guide, course_guide/: one page per lab, in step with the solution notebooks.
+"""Covers: the instructor's guide.
+
+The instructor's guide, course_guide/: one page per lab, in step with the solution notebooks.
 
 Every lab in solutions/ has its page; every graded exercise (a test cell with points in the
 notebook's nbgrader metadata) is named there by its test cell's grade_id, with the notebook's points;

@@ -1,4 +1,6 @@
-"""course.data, course.models, course.throughput and course.plots, on the CPU.
+"""Covers: course.data, course.models, course.throughput, course.plots.
+
+course.data, course.models, course.throughput and course.plots, on the CPU.
 
 The digits split and the batches are reproducible from their seed; the
 models have the named layers the labs walk, and seeding them leaves the

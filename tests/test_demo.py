@@ -1,4 +1,6 @@
-"""The instructor's live demo (`make demo`, solutions/demo.ipynb).
+"""Covers: the demo.
+
+The instructor's live demo (`make demo`, solutions/demo.ipynb).
 
 It runs top to bottom, headless, in a copy of the course that holds only what the
 demo may need (the package, the grader with its solution loader, the solutions):

@@ -1,4 +1,6 @@
-"""The documentation's links and commands work, and what it says that code decides agrees with the code.
+"""Covers: the docs.
+
+The documentation's links and commands work, and what it says that code decides agrees with the code.
 
 The pages: README.md, docs/*.md, bench/README.md, CONTRIBUTING.md and tests/README.md, read as text.
 - Every relative link (markdown links and images) names a file or folder that exists; an anchor

@@ -1,4 +1,6 @@
-"""The pictures of labs 2, 3 and 4 (course.drawings): the arithmetic each draws, checked without
+"""Covers: course.drawings.
+
+The pictures of labs 2, 3 and 4 (course.drawings): the arithmetic each draws, checked without
 pixels against an independent computation and against the labs' own code, then what each
 figure holds, counted, and the arguments each refuses."""
 from __future__ import annotations

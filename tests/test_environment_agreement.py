@@ -1,4 +1,6 @@
-"""pyproject.toml and environment.yml are two front doors to one set of
+"""Covers: the environment.
+
+pyproject.toml and environment.yml are two front doors to one set of
 dependencies; these tests fail, naming the package and both specs, when the
 two disagree. They also pin the torch that the Makefile installs first."""
 

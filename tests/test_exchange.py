@@ -1,4 +1,6 @@
-"""The course's collect (grader/grading/exchange.py): a submission is taken only from the student it names.
+"""Covers: grader.grading.exchange.
+
+The course's collect (grader/grading/exchange.py): a submission is taken only from the student it names.
 
 nbgrader's exchange keeps inbound/ writable by every student. Played here with real files owned by
 real (unused) uids, as root, the Unix users looked up in a mapping of the test's: a folder in another

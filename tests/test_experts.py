@@ -1,4 +1,6 @@
-"""A mixture of experts in the cost model: course.experts by hand, Mixtral's published counts, and
+"""Covers: course.experts, course.layout_cost.
+
+A mixture of experts in the cost model: course.experts by hand, Mixtral's published counts, and
 the chooser's expert parallelism (course.layout_cost, course.choosing, course.choosing_view): the
 experts' memory divided by ep and sharded over the ranks that hold the same experts, the all-to-alls'
 bytes by hand, FLOPs of the active parameters, activations of k experts a token, ep offered only for a

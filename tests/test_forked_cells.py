@@ -1,4 +1,6 @@
-"""The fairness tests' runner (tests/helpers/forked_cells.py) reports what a kernel would:
+"""Covers: tests.helpers.forked_cells.
+
+The fairness tests' runner (tests/helpers/forked_cells.py) reports what a kernel would:
 each variant of a notebook runs its own cells from its first change on, in a copy of the
 state the shared cells left, its graded cells' errors reported as nbclient reports them;
 it runs on the settings asked for, and a variant that crashes or hangs is an error, never

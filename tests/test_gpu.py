@@ -1,4 +1,6 @@
-"""On a machine with a GPU: NCCL where each rank has its own GPU, gloo where
+"""Covers: course.launch, course.placement.
+
+On a machine with a GPU: NCCL where each rank has its own GPU, gloo where
 ranks share one. Skipped without CUDA (the course's CI has none); run on a
 GPU machine with `python -m pytest tests/test_gpu.py`."""
 import pytest

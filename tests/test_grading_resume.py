@@ -1,4 +1,6 @@
-"""Grading again loses nothing and redoes nothing: `python -m grader grade` run
+"""Covers: grader.grade.
+
+Grading again loses nothing and redoes nothing: `python -m grader grade` run
 twice grades only what changed, and a run killed half-way resumes without
 regrading the students it finished."""
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The grading round trip: `python -m grader grade` on a class of lab 1 submissions.
+"""Covers: grader.grade.
+
+The grading round trip: `python -m grader grade` on a class of lab 1 submissions.
 
 One run of the command (as instructors run it, in a subprocess, two at a time)
 grades the lab 1 class this module shares with others (helpers.lab1_class), in

@@ -1,4 +1,6 @@
-"""A class graded in shards and merged gets what one machine gives it: the same CSV columns, the same
+"""Covers: grader.grading.shards, grader.record, grader.merge.
+
+A class graded in shards and merged gets what one machine gives it: the same CSV columns, the same
 feedback pages, here and as a Slurm array; and what cannot be merged into that is refused in words.
 
 One machine's grading is the round-trip class's (helpers/round_trips.py: graded once a session); the

@@ -1,4 +1,6 @@
-"""The grid time model: bytes by hand for lab 4's grid, and Yadan et al.'s Table 1."""
+"""Covers: course.grid_model.
+
+The grid time model: bytes by hand for lab 4's grid, and Yadan et al.'s Table 1."""
 from __future__ import annotations
 
 import dataclasses

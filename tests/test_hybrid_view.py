@@ -1,4 +1,6 @@
-"""The view of lab 4: every data x model grid of the GPUs, its step time and its bytes.
+"""Covers: course.hybrid_view.
+
+The view of lab 4: every data x model grid of the GPUs, its step time and its bytes.
 
 Bars are read back from the figure and checked against course.grid_model; a grid
 the model cannot run is said in words; measured dots sit on their grid's row; the

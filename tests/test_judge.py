@@ -1,4 +1,6 @@
-"""The judge, a process of its own: authoritative, pass-or-fail, and only for the test cell that runs.
+"""Covers: grader.judge.server, grader.judge.client, grader.judge.spawner.
+
+The judge, a process of its own: authoritative, pass-or-fail, and only for the test cell that runs.
 
 Each test starts a real judge (grader.judge.client.Judge) on a small lab of its own and
 talks to it as a submission's kernel does: through course.grading, or with raw

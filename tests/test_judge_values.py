@@ -1,4 +1,6 @@
-"""The judge's values of a grading run: recorded on a seed of the run's own, or reused from an
+"""Covers: grader.judge_values.
+
+The judge's values of a grading run: recorded on a seed of the run's own, or reused from an
 earlier run's judge/ folder only while the lab, its stored values, the course and torch are
 unchanged (grader.judge_values). The recording itself is stood in for: executing a solution
 is tests/test_notebooks.py's and the grading runs'."""

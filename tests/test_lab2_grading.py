@@ -1,4 +1,6 @@
-"""Lab 2's tests grade fairly: each classic mistake costs its own exercise and no
+"""Covers: the fairness of lab 2.
+
+Lab 2's tests grade fairly: each classic mistake costs its own exercise and no
 other, and a correct answer written differently from the reference gets every point.
 
 Each submission runs as nbgrader scores it, minus the demonstrations in between:

@@ -1,4 +1,6 @@
-"""Lab 3's tests grade fairly: each classic mistake of split-weight model
+"""Covers: the fairness of lab 3.
+
+Lab 3's tests grade fairly: each classic mistake of split-weight model
 parallelism costs its own exercise and no other, and a correct answer written
 differently from the reference gets every point.
 

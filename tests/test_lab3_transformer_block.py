@@ -1,4 +1,6 @@
-"""Lab 3's transformer block, split as Megatron-LM splits it: the reference solution's
+"""Covers: the solution of lab 3.
+
+Lab 3's transformer block, split as Megatron-LM splits it: the reference solution's
 training ends where one process's does, on 2 and 4 ranks, with four all-reduces of one
 activation per step, and the same parameters as PyTorch's tensor-parallel plan."""
 from __future__ import annotations

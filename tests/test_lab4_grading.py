@@ -1,4 +1,6 @@
-"""Lab 4's tests grade fairly: each classic mistake of hybrid parallelism costs its
+"""Covers: the fairness of lab 4.
+
+Lab 4's tests grade fairly: each classic mistake of hybrid parallelism costs its
 own exercise and no other, and a correct answer written differently from the
 reference gets every point.
 

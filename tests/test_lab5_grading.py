@@ -1,4 +1,6 @@
-"""Lab 5's tests grade fairly: each classic mistake of sharded data parallelism costs its
+"""Covers: the fairness of lab 5.
+
+Lab 5's tests grade fairly: each classic mistake of sharded data parallelism costs its
 own exercise and no other, and a correct answer written differently from the
 reference gets every point.
 

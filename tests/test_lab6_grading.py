@@ -1,4 +1,6 @@
-"""Lab 6's tests grade fairly: each classic mistake of pipeline parallelism costs its own
+"""Covers: the fairness of lab 6.
+
+Lab 6's tests grade fairly: each classic mistake of pipeline parallelism costs its own
 exercise and no other, and a correct answer written differently from the reference gets
 every point.
 

@@ -1,4 +1,6 @@
-"""Lab 7's tests grade fairly: each classic mistake of activation memory, recomputation, sequence
+"""Covers: the fairness of lab 7.
+
+Lab 7's tests grade fairly: each classic mistake of activation memory, recomputation, sequence
 parallelism and ring attention costs its own exercise and no other, and a correct answer written
 differently from the reference gets every point.
 

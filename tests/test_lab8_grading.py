@@ -1,4 +1,6 @@
-"""Lab 8's tests grade fairly: each classic mistake of a mixture of experts, the all-to-all, expert
+"""Covers: the fairness of lab 8.
+
+Lab 8's tests grade fairly: each classic mistake of a mixture of experts, the all-to-all, expert
 parallelism, capacity, balance and the grid's gradients costs its own exercise and no other, and a
 correct answer written differently from the reference gets every point.
 

@@ -1,4 +1,6 @@
-"""`make lab` starts JupyterLab on the course and opens the labs' index; `make demo`
+"""Covers: the lab server.
+
+`make lab` starts JupyterLab on the course and opens the labs' index; `make demo`
 the same server, opening the live demo.
 
 Each server under test is started with the very command `make lab` (or `make demo`)

@@ -1,4 +1,6 @@
-"""course.launch from a plain Python process: results, errors, hangs, leaks."""
+"""Covers: course.launch.
+
+course.launch from a plain Python process: results, errors, hangs, leaks."""
 import importlib
 import inspect
 import json

@@ -1,4 +1,6 @@
-"""course.launch where students and instructors run it: a Jupyter kernel, a
+"""Covers: course.launch.
+
+course.launch where students and instructors run it: a Jupyter kernel, a
 plain script, and torchrun."""
 import json
 import os

@@ -1,4 +1,6 @@
-"""course.link_probe: alpha and beta solved from two round trips, by hand, and on real ranks."""
+"""Covers: course.link_probe.
+
+course.link_probe: alpha and beta solved from two round trips, by hand, and on real ranks."""
 import pytest
 
 from course import link_probe, timemodel

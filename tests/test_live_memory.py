@@ -1,4 +1,6 @@
-"""course.live_memory: the bytes of tensor memory alive, counted by hand against what it measures.
+"""Covers: course.live_memory.
+
+course.live_memory: the bytes of tensor memory alive, counted by hand against what it measures.
 
 A float32 element is 4 bytes, so every expected figure here is a count of elements times 4.
 """

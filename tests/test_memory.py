@@ -1,4 +1,6 @@
-"""The memory cost model of lab 5: what each scheme holds per rank, and sends, by formula.
+"""Covers: course.memory.
+
+The memory cost model of lab 5: what each scheme holds per rank, and sends, by formula.
 
 The ZeRO paper's Figure 1 is reproduced to the paper's rounding; the small cases are
 counted by hand; the activations' count is set beside what autograd really keeps.

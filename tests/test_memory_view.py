@@ -1,4 +1,6 @@
-"""The memory view of lab 5: what each scheme holds per rank, sends, and the largest model that fits.
+"""Covers: course.memory_view.
+
+The memory view of lab 5: what each scheme holds per rank, sends, and the largest model that fits.
 
 Bars and lines are read back from the figure and checked against course.memory; the ZeRO
 paper's crosses appear only at its settings; measured dots only at the run's settings and

@@ -1,4 +1,6 @@
-"""course.mfu: the FLOP count against a hand count, MFU and the utilisation of the measured peak
+"""Covers: course.mfu, course.datasheets.
+
+course.mfu: the FLOP count against a hand count, MFU and the utilisation of the measured peak
 against hand arithmetic, the datasheets (found by the names torch gives, dense, in step with the
 time model's presets), ridge points and compute-bound batches by hand, the peak measured on the
 CPU (positive and finite, never how fast), bad arguments refused in words. The GPU's TF32 and

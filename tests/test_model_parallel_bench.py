@@ -1,4 +1,6 @@
-"""bench/model_parallel.py measures what it says: lab 3's block and PyTorch's
+"""Covers: bench.model_parallel.
+
+bench/model_parallel.py measures what it says: lab 3's block and PyTorch's
 tensor parallelism train side by side, and write the same bytes to their sockets."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The notebooks' words (CONTRIBUTING.md, "Words"): one name for each of the judged draws and the rank counts.
+"""Covers: the notebooks' words.
+
+The notebooks' words (CONTRIBUTING.md, "Words"): one name for each of the judged draws and the rank counts.
 
 - The hidden tests' draws from the grading run's seed are named for what they are, in every lab:
   `judged_seed = REFERENCE.seed()` (an int, for ranks and functions that seed themselves),

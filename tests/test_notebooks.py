@@ -1,4 +1,6 @@
-"""The solution notebooks that neither launch ranks nor grade anything run top to bottom,
+"""Covers: the solutions.
+
+The solution notebooks that neither launch ranks nor grade anything run top to bottom,
 headless, on CPU, and record the values grader/reference/ stores for them.
 
 Each is executed with nbclient in its own folder, with the ``python3`` kernel of the

@@ -1,4 +1,6 @@
-"""The pipeline cost model: orders written out by hand, grids drawn by hand, and the bubble formula
+"""Covers: course.pipeline.
+
+The pipeline cost model: orders written out by hand, grids drawn by hand, and the bubble formula
 held by the simulated grid for both schedules, any stages and micro-batches and any stage times."""
 from __future__ import annotations
 

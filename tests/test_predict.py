@@ -1,4 +1,6 @@
-"""course.predict: a student's prediction set beside the measured value, in words; silent under grading."""
+"""Covers: course.predict.
+
+course.predict: a student's prediction set beside the measured value, in words; silent under grading."""
 from __future__ import annotations
 
 import pytest

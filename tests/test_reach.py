@@ -1,4 +1,6 @@
-"""How far a changed cell reaches (tests/helpers/reach.py): through every way a later cell can
+"""Covers: tests.helpers.reach.
+
+How far a changed cell reaches (tests/helpers/reach.py): through every way a later cell can
 read a name the change binds, and no further. The fairness tests stop a mistake's run there."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Every path to the wire is recorded: each spelling of a collective or a message that reaches
+"""Covers: course.recorder.
+
+Every path to the wire is recorded: each spelling of a collective or a message that reaches
 gloo (torch.distributed's names, distributed_c10d's functions, the object calls, a process
 group's and its backend's own methods, torch.ops.c10d, the functional collectives) leaves a
 record with its operation, peer and bytes, and a TorchDispatchMode, which sees every c10d op

@@ -1,4 +1,6 @@
-"""The student release labs/ is what `python -m grader release` makes of solutions/.
+"""Covers: grader.release.
+
+The student release labs/ is what `python -m grader release` makes of solutions/.
 
 (a) The committed labs/ equals a fresh release of solutions/ (so nobody edits
     labs/ by hand or forgets to regenerate it), and the two trees pair up.

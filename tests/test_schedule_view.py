@@ -1,4 +1,6 @@
-"""The schedule view of lab 6: boxes and labels read back from the figure and counted by hand; a run's
+"""Covers: course.schedule_view.
+
+The schedule view of lab 6: boxes and labels read back from the figure and counted by hand; a run's
 spans read into the same grid; its bytes and its line of numbers checked against the cost models;
 the measured grid only at the run's settings.
 The contracts every view keeps (bad settings, nbgrader, sliders) are in tests/test_views.py.

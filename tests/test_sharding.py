@@ -1,4 +1,6 @@
-"""course.sharding: chunks cut as lab 2's ring cuts them, the library's collectives on them, and ZeRO-3's
+"""Covers: course.sharding.
+
+course.sharding: chunks cut as lab 2's ring cuts them, the library's collectives on them, and ZeRO-3's
 layers, each one flat tensor cut once, gathered back whole in one call."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The view of lab 3: data parallelism against a split weight, for one dense layer.
+"""Covers: course.split_view.
+
+The view of lab 3: data parallelism against a split weight, for one dense layer.
 
 Bars and curves are checked against course.sizes and course.timemodel; the
 sources' figures appear only at the sources' settings; measured bytes only

@@ -1,4 +1,6 @@
-"""course.stages: a model cut into pipeline stages, the steps timed by micro-batch, and LoneStage,
+"""Covers: course.stages.
+
+course.stages: a model cut into pipeline stages, the steps timed by micro-batch, and LoneStage,
 which plays one stage of a pipeline alone so that a schedule is checked without messages."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""course.table_1: Yadan et al.'s Table 1 from runs, on fabricated runs whose numbers are known,
+"""Covers: course.table_1.
+
+course.table_1: Yadan et al.'s Table 1 from runs, on fabricated runs whose numbers are known,
 and on one real launch."""
 from __future__ import annotations
 

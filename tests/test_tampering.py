@@ -1,4 +1,6 @@
-"""grader.judge.tampering and grader.judge.allowed: each way of reaching for the grading machinery is flagged
+"""Covers: grader.judge.tampering, grader.judge.allowed.
+
+grader.judge.tampering and grader.judge.allowed: each way of reaching for the grading machinery is flagged
 at its line and withholds, what is only outside the allowlist is flagged and costs nothing, and correct
 answers (the solutions, the labs' answers written differently, their honest mistakes) are never flagged."""
 from __future__ import annotations

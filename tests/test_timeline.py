@@ -1,4 +1,6 @@
-"""Timelines of real runs: compute spans from course.timeline.span, on the clock
+"""Covers: course.timeline.
+
+Timelines of real runs: compute spans from course.timeline.span, on the clock
 of the communication records, returned by course.launch and drawn per rank."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The suite's timing report (tests/helpers/timing_report.py): where a run's time went, from the run itself."""
+"""Covers: tests.helpers.timing_report.
+
+The suite's timing report (tests/helpers/timing_report.py): where a run's time went, from the run itself."""
 from __future__ import annotations
 
 import subprocess

@@ -1,4 +1,6 @@
-"""The transfer-size and time models (course.sizes, course.timemodel) against
+"""Covers: course.sizes, course.timemodel, course.transfer.
+
+The transfer-size and time models (course.sizes, course.timemodel) against
 the sources' figures (shared reference-figures.md) and their own formulas, and
 the one argument check of every cost model (course.transfer.check_ranks and
 check_nbytes)."""

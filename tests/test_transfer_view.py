@@ -1,4 +1,6 @@
-"""The transfer-size view of lab 2: bars checked against course.sizes, times against the time model,
+"""Covers: course.transfer_view.
+
+The transfer-size view of lab 2: bars checked against course.sizes, times against the time model,
 the ring's two terms against their formulas, measured bytes only beside the settings they were
 measured at, and a link measured here offered beside the presets.
 

@@ -1,4 +1,6 @@
-"""course.transformer: the block lab 3 splits as Megatron-LM does, and what the split sends.
+"""Covers: course.transformer.
+
+course.transformer: the block lab 3 splits as Megatron-LM does, and what the split sends.
 
 Attention is checked against PyTorch's own (scaled_dot_product_attention, causal) on
 the head-by-head [q, k, v] layout, whole and for a rank's slice of whole heads; the

@@ -1,4 +1,6 @@
-"""course.unfinished: a cell that fails because an exercise above it is not written yet says
+"""Covers: course.unfinished.
+
+course.unfinished: a cell that fails because an exercise above it is not written yet says
 which one to write first, in a real IPython shell, cell after cell as a student runs them."""
 import pytest
 from IPython.core.interactiveshell import InteractiveShell

@@ -1,4 +1,6 @@
-"""The contracts every view keeps, over every course/*_view.py module: found, not listed.
+"""Covers: the views.
+
+The contracts every view keeps, over every course/*_view.py module: found, not listed.
 
 - Bad settings are refused with an error that says what is allowed: each menu of names
   refuses a name it does not offer, naming the setting and listing what it offers; the

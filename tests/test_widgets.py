@@ -1,4 +1,6 @@
-"""course.widgets: the sliders keep the run's settings when a browser renders them, and
+"""Covers: course.widgets.
+
+course.widgets: the sliders keep the run's settings when a browser renders them, and
 interactive_figure's promises: a static figure always, live controls only with a front end and
 never under nbgrader or when static, and the numbers under the figure following the controls.
 

@@ -125,7 +125,7 @@ def test_a_solution_that_fails_while_recording_is_named_in_one_line_with_what_to
 # --------------------------------------------------------------------------
 
 class _Stand:
-    """Stand-ins for a grading run's sandboxed parts, noting what happened in which order."""
+    """Stand-ins for a grading run's jailed parts, noting what happened in which order."""
 
     def __init__(self, failing_lab=None):
         self.events, self.lock, self.failing_lab = [], threading.Lock(), failing_lab

@@ -1,4 +1,4 @@
-"""What the benchmarks share: timing without the course's recording, turning
+"""What the benchmarks share: timing without the course's recording (or a lab's memory tracking), turning
 alternating rounds into medians and a round-by-round ratio, and any repeated
 measurement into its median and range.
 
@@ -8,8 +8,10 @@ round, so that both saw the same machine, and reported as median and range.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
+import types
 
 import course
 
@@ -21,6 +23,39 @@ def unrecorded(rank_function):
         with course.recorder.unrecorded():
             return rank_function(*args)
     return run
+
+
+class _NoTracker:
+    """LiveMemory's interface, measuring nothing."""
+
+    peak = None
+
+    def __init__(self, device):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+    def track(self, *objects):
+        return self
+
+
+@contextlib.contextmanager
+def no_memory_tracker(function):
+    """Within the block, a lab's functions measure no live memory: `live_memory` is swapped for a tracker
+    of nothing in `function`'s own globals, which the lab's cells share. (Lab 5's `pytorch_training`
+    always measures it, on the CPU through a dispatch mode that sees every op; `sharded_training` only
+    when asked: timed, neither does.)"""
+    names = function.__globals__
+    kept = names["live_memory"]
+    names["live_memory"] = types.SimpleNamespace(LiveMemory=_NoTracker)
+    try:
+        yield
+    finally:
+        names["live_memory"] = kept
 
 
 def per_round(results, key):

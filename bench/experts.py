@@ -1,3 +1,5 @@
+# One idea past 300 lines: one section of the benchmark report (lab 8's all-to-all and expert-parallel
+# layer), its measurements beside the tables that state them, as bench/_results.py has each script own them.
 """Lab 8's all-to-all against all_to_all_single; its expert-parallel step against one process and tensor parallelism.
 
 1. The all-to-all: the lab's `all_to_all` (the student's, from isend/recv: each rank's counts first, then its

@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import functools
 import os
 import time
-import types
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from _machine import load_average, load_text, with_a_core_each
 from _results import count, emit, headline_row
-from _rounds import compare, ratio_text, unrecorded
+from _rounds import compare, no_memory_tracker, ratio_text, unrecorded
 
 import course
 from course import data, memory, models, sharding
@@ -71,38 +69,6 @@ def train(name, make, inputs, targets, *, steps, batch_size, make_optimizer):
                                     all_gather=sharding.all_gather)
     return LAB.pytorch_training("fully_shard", make, inputs, targets, steps=steps, batch_size=batch_size,
                                 make_optimizer=make_optimizer)
-
-
-class _NoTracker:
-    """LiveMemory's interface, measuring nothing."""
-
-    peak = None
-
-    def __init__(self, device):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        return False
-
-    def track(self, *objects):
-        return self
-
-
-@contextlib.contextmanager
-def no_memory_tracker(function):
-    """`pytorch_training` always measures live memory, on the CPU through a dispatch mode that sees
-    every op; `sharded_training` only when asked. Timed, neither does (the name is swapped in the
-    functions' own globals, which the lab's cells share)."""
-    names = function.__globals__
-    kept = names["live_memory"]
-    names["live_memory"] = types.SimpleNamespace(LiveMemory=_NoTracker)
-    try:
-        yield
-    finally:
-        names["live_memory"] = kept
 
 
 @unrecorded

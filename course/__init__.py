@@ -34,6 +34,20 @@ holds this, and that every module is in exactly one layer):
   Figures, tables and controls (matplotlib, pandas, ipywidgets); each view is a
   draw/describe/show module built on `widgets`.
 
+The layers are lists, not folders, on purpose. The views could be `course/views/` and the
+launcher's private modules `course/_launcher/`; both stay flat. Notebooks import the views by
+their flat names (`course.memory_view`), so a folder of views would need a stub at each old
+name: more files, not fewer. The launcher's private modules are found by name and by place: the
+forkserver preloads `course._forkserver_folder` and `course._worker` by name, ranks unpickle
+functions by their module's name, the judge's protocol is written against
+`course._wire_records`, and `_tracebacks` hides the course's frames from a student's traceback
+by its own folder (a `course/_launcher/` would show launch.py's frames again). Moving them
+renames each of those for no reader: students never open them, and the list above already groups
+them. What the next labs add are views and lab kit modules, which stay flat for the first
+reason. A layer becomes a folder when its modules are reached through one door only and its list
+outgrows a few lines; then tests/test_architecture.py's layer lines and
+tests/test_course_docstrings.py must read dotted names.
+
 `import course` loads the launcher, counting and the lab kit's light part;
 the views, `throughput` (pandas) and scikit-learn's digits are imported on
 demand: ranks start faster without them.

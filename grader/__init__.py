@@ -33,15 +33,16 @@ module is in exactly one layer):
   the cgroup, sets the rlimits and execs bwrap; inside, the kernel runs under the seccomp
   filter, as the jail's uid when the grader is root. What the kernel sends back is capped
   by `kernel` before the grader holds it.
-- judge (grader/judge/): server, client, spawner, judged_execute, tampering, allowed, lab_cells, loopback,
-  wire.
+- judge (grader/judge/): server, client, spawner, judged_execute, tampering, scanner, allowed, lab_cells,
+  loopback, wire.
   The hidden tests' answers, kept outside the jail. `server` is a process of its own per
   submission (as an unprivileged uid when started by root) that answers the jailed kernel
   pass or fail over a unix socket; `client`, in the grader, starts it and reads what it
   found; `spawner` is a grading run's warm process that forks each judge, its imports
   paid once; `judged_execute`, in the autograde worker, tells the judge which test cell
-  runs; `tampering` reads the student's code as text, in the grader, and never runs it:
-  against `allowed`, what a student's cell may use, and `lab_cells`, what the lab's own bind;
+  runs; `tampering` reads the student's code as text, in the grader, and never runs it
+  (`scanner`, its `ast` visitor, reads each cell): against `allowed`, what a student's cell may
+  use, and `lab_cells`, what the lab's own bind;
   `loopback` reads what the jail's processes wrote to each other (its network's counters, from
   outside, in the autograde worker), and `wire` compares it with what the ranks' records account for.
 - feedback (grader/feedback/): safety, page, worker.

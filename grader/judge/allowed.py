@@ -1,6 +1,8 @@
 """What a student's cell may use, written down: the allowlist that grader.judge.tampering holds each
 of the student's cells to, read as text with `ast` (nothing is run).
 
+Past 300 lines, one idea: the allowlist's tables beside the rules that read them, each rule read against its table.
+
 Derived from what the labs' solution cells and their answers written differently
 (tests/test_lab*_grading.py) use; tests/test_tampering.py scans all of them and fails on any flag.
 Each import, attribute, builtin and call is one of three:

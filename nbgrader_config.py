@@ -120,7 +120,7 @@ c.Execute.skip_cells_with_tag = "nbgrader-skip-5c1e9a07d3b84f26a9e0b71c4d62f8e3"
 # configurable and is always True, which autograde needs (a failing test cell
 # is recorded as 0 points and the remaining cells still run).
 
-# Under `python -m grader grade`, the kernel runs in a sandbox (grader/jail/bwrap.py),
+# Under `python -m grader grade`, the kernel runs in a jail (grader/jail/bwrap.py),
 # and the judge (grader/judge/server.py) must know which test cell runs: the same
 # preprocessors as nbgrader's, with Execute swapped for one that tells the judge,
 # jailed unless the instructor asked for --unsafe. A jail is asked for by its spec
@@ -129,8 +129,9 @@ c.Execute.skip_cells_with_tag = "nbgrader-skip-5c1e9a07d3b84f26a9e0b71c4d62f8e3"
 # and nbgrader's own generate_feedback render its outputs, its markdown and raw cells
 # as they are, and the student's scripts would run in the instructor's browser. That
 # step is nbgrader's too wherever grader/ can be imported (formgrader's own autograde).
-if os.environ.get("GRADER_SANDBOX_SPEC"):
-    _execute = "grader.judge.judged_execute.JudgedSandboxedExecute"
+# GRADER_SANDBOX_SPEC is GRADER_JAIL_SPEC's old name (deprecated): still a jail.
+if os.environ.get("GRADER_JAIL_SPEC") or os.environ.get("GRADER_SANDBOX_SPEC"):
+    _execute = "grader.judge.judged_execute.JudgedJailedExecute"
 elif os.environ.get("GRADER_JUDGE_CELL_FILE"):
     _execute = "grader.judge.judged_execute.JudgedExecute"
 else:

@@ -26,13 +26,15 @@ module is in exactly one layer):
   nbgrader's command line, a helper process kept warm for a whole grading run, the
   student's text as the grader quotes it, the release's stubs, and how a kernel's threads
   wait where notebooks share the cores, and how a file of the grader's is written private.
-- jail (grader/jail/): seccomp, uids, cgroups, bwrap, host, kernel.
-  The boundary. `host` holds one jail in the grader (its folder, cgroup and uid, what it
-  used). `kernel` is nbgrader's kernel manager and Execute, in the autograde worker: it
-  starts the kernel through the launcher, ``python -m grader.jail.bwrap``, which joins
-  the cgroup, sets the rlimits and execs bwrap; inside, the kernel runs under the seccomp
-  filter, as the jail's uid when the grader is root. What the kernel sends back is capped
-  by `kernel` before the grader holds it.
+- jail (grader/jail/): seccomp, uids, cgroups, bwrap, launcher, host, kernel_manager, kernel.
+  The boundary. `bwrap` is the jail's shape (its limits, its spec, its folder, bwrap's command
+  line); `host` holds one jail in the grader (its folder, cgroup and uid, what it used).
+  `kernel_manager` is nbgrader's kernel manager, in the autograde worker: it starts the
+  kernel through the launcher, ``python -m grader.jail.launcher``, which joins the cgroup,
+  sets the rlimits and execs bwrap; inside, the kernel runs under the seccomp filter, as
+  the jail's uid when the grader is root. What the kernel sends back is capped before the
+  grader holds it: each frame by `kernel_manager`'s sockets, each cell's output by `kernel`,
+  nbgrader's Execute.
 - judge (grader/judge/): server, client, spawner, judged_execute, tampering, scanner, allowed, lab_cells,
   loopback, wire.
   The hidden tests' answers, kept outside the jail. `server` is a process of its own per

@@ -330,15 +330,19 @@ def test_formgrader_and_nbgrader_feedback_make_a_notebook_autograded_before_iner
 
 def test_the_course_ends_every_autograde_with_the_inert_step_and_jails_on_a_spec_alone(monkeypatch):
     from grader.common.labs import course_config
+    from grader.jail.kernel_manager import OLD_SPEC_ENV, SPEC_ENV
 
-    for name in ("GRADER_SANDBOX_SPEC", "GRADER_JUDGE_CELL_FILE"):
+    for name in (SPEC_ENV, OLD_SPEC_ENV, "GRADER_JUDGE_CELL_FILE"):
         monkeypatch.delenv(name, raising=False)
     steps = list(course_config().Autograde.autograde_preprocessors)
     assert steps[0] == "nbgrader.preprocessors.Execute" and steps[-1] == "grader.feedback.safety.InertNotebook"
-    monkeypatch.setenv("GRADER_SANDBOX_SPEC", "/nowhere/sandbox.json")  # no judge: a lab that records no value
+    monkeypatch.setenv(SPEC_ENV, "/nowhere/jail.json")  # no judge: a lab that records no value
     steps = list(course_config().Autograde.autograde_preprocessors)
-    assert steps[0] == "grader.judge.judged_execute.JudgedSandboxedExecute", steps
+    assert steps[0] == "grader.judge.judged_execute.JudgedJailedExecute", steps
     assert steps[-1] == "grader.feedback.safety.InertNotebook"
+    monkeypatch.delenv(SPEC_ENV)
+    monkeypatch.setenv(OLD_SPEC_ENV, "/nowhere/jail.json")  # its old name, in an instructor's script: still jailed
+    assert list(course_config().Autograde.autograde_preprocessors) == steps
 
 
 @pytest.mark.grading

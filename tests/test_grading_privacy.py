@@ -32,7 +32,7 @@ from course import grading
 from grader.grading.workspace import NOT_THE_GRADERS, Workspace, lab_infos, private_files, tighten
 from grader.jail import bwrap
 from grader.jail.uids import BASE_UID, UID_COUNT
-from helpers import REPO, needs_sandbox
+from helpers import REPO, needs_jail
 from helpers.submissions import grade_class, solved
 
 LAB = "01_single_gpu"
@@ -40,7 +40,7 @@ WATCHER_UID = 60917              # no account's, and outside the jails' leased r
 TIMEOUT_S = 900
 #: What the jail's folder holds, by name (the watcher also reads whatever it can list).
 JAIL_FILES = ("judge.log", "judge-cell", "running-cell/judge-cell", "judge-required.json", "judge.out", "gradebook.db",
-              "console.log", "sandbox.json", "autograde.log", "launcher.pid", "kernel/kernel.json")
+              "console.log", "jail.json", "autograde.log", "launcher.pid", "kernel/kernel.json")
 #: What the work folder holds, by name ({lab}, {student}: filled in).
 WORK_FILES = ("judge/{lab}.json", "judge/{lab}.seed.json", "gradebook.db", "grades.csv", "status.json", "run.json",
               "labs.json", "logs/judges.log", "logs/autograde-0.log", "logs/{student}/{lab}.log",
@@ -195,7 +195,7 @@ def _unused(uid: int) -> bool:
 
 
 @pytest.mark.grading
-@needs_sandbox()
+@needs_jail()
 @pytest.mark.skipif(os.geteuid() != 0, reason="another uid can only be played by root (fork and setuid)")
 @pytest.mark.timeout(TIMEOUT_S)
 def test_another_user_of_the_machine_reads_writes_and_reaches_nothing_of_a_grading_run(tmp_path):

@@ -26,8 +26,9 @@ import pytest
 from grader.grading import verdict
 from grader.jail import bwrap, seccomp
 from grader.jail.host import JailUsage
+from grader.jail.kernel_manager import OLD_SPEC_ENV, SPEC_ENV
 from grader.jail.uids import descendants, start_time
-from helpers import REPO, needs_sandbox
+from helpers import REPO, needs_jail
 from helpers.jails import jail_in, run_in_jail
 
 pytestmark = pytest.mark.grading
@@ -114,7 +115,7 @@ def test_the_socket_call_numbers_match_the_kernel_headers():
         pytest.skip("no kernel headers here")
 
 
-@needs_sandbox()
+@needs_jail()
 def test_in_the_jail_io_uring_and_other_socket_families_are_refused(bare_jail):
     console = run_in_jail(bare_jail, """
         import ctypes, os, socket
@@ -167,7 +168,8 @@ def test_the_environment_passes_by_exact_names_only(tmp_path):
     unwanted = {"COURSE_SECRET_TOKEN": "s3cret", "COURSE_ANYTHING_ELSE": "x", grading.RECORD_ENV: "/host/ref",
                 grading.SEED_ENV: "7", "NCCL_ANYTHING": "x", "CUDA_SECRET": "x", "NVIDIA_VISIBLE_DEVICES": "all",
                 "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0", "LC_SECRET": "x",
-                "GRADER_SANDBOX_SPEC": "/host/spec.json", "GRADER_JUDGE_CELL_FILE": "/host/cell", "AWS_SECRET": "x"}
+                SPEC_ENV: "/host/spec.json", OLD_SPEC_ENV: "/host/spec.json", "GRADER_JUDGE_CELL_FILE": "/host/cell",
+                "AWS_SECRET": "x"}
     env = bwrap.jail_environment(spec, {**wanted, **unwanted})
     assert not set(unwanted) & set(env), sorted(set(unwanted) & set(env))
     assert {k: env[k] for k in wanted} == {**wanted, grading.JUDGE_ENV: f"{bwrap.JAIL_JUDGE}/judge.sock"}
@@ -175,7 +177,7 @@ def test_the_environment_passes_by_exact_names_only(tmp_path):
     assert not hasattr(bwrap, "JAIL_ENV_PREFIXES")
 
 
-@needs_sandbox()
+@needs_jail()
 def test_an_instructors_course_variables_stay_outside_the_jail(bare_jail):
     console = run_in_jail(bare_jail, """
         import os
@@ -207,7 +209,7 @@ def test_descendants_are_a_process_and_every_process_below_it():
             subprocess.run(["kill", "-9", str(pid)], stderr=subprocess.DEVNULL)
 
 
-@needs_sandbox()
+@needs_jail()
 def test_memory_split_over_processes_is_held_to_the_jails_limit_without_a_cgroup(bare_jail):
     console = run_in_jail(bare_jail, SPLIT_BOMB)
     usage = bare_jail.usage()
@@ -218,7 +220,7 @@ def test_memory_split_over_processes_is_held_to_the_jails_limit_without_a_cgroup
     assert said.startswith(": it was killed for using more than the 1 GiB memory limit of its jail (peak 1."), said
 
 
-@needs_sandbox()
+@needs_jail()
 @pytest.mark.timeout(300)
 def test_ranks_over_gloo_in_a_jail_without_a_cgroup_fit_and_are_not_killed(bare_jail):
     console = run_in_jail(bare_jail, """
@@ -243,7 +245,7 @@ def _closed_folder(path: str) -> Path | None:
     return None
 
 
-@needs_sandbox()
+@needs_jail()
 @pytest.mark.timeout(300)
 def test_as_an_unprivileged_user_split_memory_is_killed_and_the_verdict_says_so(tmp_path):
     # The grader as a user, not root: no uid of its own for the jail, no cgroup, bwrap in a

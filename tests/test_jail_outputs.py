@@ -1,6 +1,6 @@
 """What a jailed kernel sends back, and where it may write: nbgrader's jailed Execute on small notebooks.
 
-Each test runs a few cells through grader.jail.kernel.SandboxedExecute, as
+Each test runs a few cells through grader.jail.kernel.JailedExecute, as
 ``nbgrader autograde`` does (the synchronous ExecutePreprocessor path), in a
 real jail (grader.jail.host.Jail), without a grading run: a kernel start and a few
 seconds each.
@@ -18,13 +18,13 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from grader.grading import verdict
-from grader.jail import bwrap, kernel
+from grader.jail import bwrap, kernel_manager
 from grader.jail.host import Jail
-from grader.jail.kernel import SPEC_ENV, SandboxedExecute
-from helpers import needs_sandbox
+from grader.jail.kernel import SPEC_ENV, JailedExecute
+from helpers import needs_jail
 from helpers.jails import jail_in
 
-pytestmark = [pytest.mark.grading, needs_sandbox()]
+pytestmark = [pytest.mark.grading, needs_jail()]
 
 LIMITS = bwrap.Limits(memory_bytes=2 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
 #: What the grader's own memory may grow by while the kernel floods it: about 30 MiB here, the kernel's
@@ -44,7 +44,7 @@ def _execute(jail: Jail, folder, *sources: str, monkeypatch) -> nbformat.Noteboo
     monkeypatch.setenv(SPEC_ENV, str(jail.spec.spec_file))
     nb = new_notebook(cells=[new_code_cell(textwrap.dedent(s)) for s in sources],
                       metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
-    execute = SandboxedExecute(timeout=120, raise_on_iopub_timeout=False, iopub_timeout=4)
+    execute = JailedExecute(timeout=120, raise_on_iopub_timeout=False, iopub_timeout=4)
     execute.preprocess(nb, {"metadata": {"path": str(folder)}})
     return nb
 
@@ -60,7 +60,7 @@ def _memory_kib(field: str) -> int:
 def test_every_kind_of_output_is_capped_before_the_grader_holds_it(jail, tmp_path, monkeypatch):
     # zmq's refusal at the cell's cap plus its slack, without the floor that lets a print flood be counted:
     # the 20 MB buffers and the 50 MB display below are then each a frame too large.
-    monkeypatch.setattr(kernel, "FRAME_FLOOR", 0)
+    monkeypatch.setattr(kernel_manager, "FRAME_FLOOR", 0)
     folder = tmp_path / "autograded"
     folder.mkdir()
     before = _memory_kib("VmRSS")
@@ -97,7 +97,7 @@ def test_every_kind_of_output_is_capped_before_the_grader_holds_it(jail, tmp_pat
 
     assert growth < GROWTH_BOUND, f"the grader grew by {growth >> 20} MiB"
     assert "printed 2.3 MB" in _texts(small), small.outputs
-    frame = bwrap.Limits().output_bytes + kernel.FRAME_SLACK
+    frame = bwrap.Limits().output_bytes + kernel_manager.FRAME_SLACK
     for cell, after in ((big, "after the big messages"), (shown, "after the display")):
         assert after in _texts(cell), cell.outputs  # the channel was connected again; nothing counted
         assert f"printed more than {frame / 2**20:.1f} MB in one output" in _texts(cell), cell.outputs

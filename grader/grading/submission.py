@@ -1,6 +1,6 @@
-"""Grading one student's lab, start to finish, in a sandbox (one slot of ``grade --jobs``).
+"""Grading one student's lab, start to finish, in a jail (one slot of ``grade --jobs``).
 
-1. autograde: ``nbgrader autograde`` in the slot's warm process, its kernel in a sandbox (grader.jail.bwrap)
+1. autograde: ``nbgrader autograde`` in the slot's warm process, its kernel in a jail (grader.jail.bwrap)
    with the limits of `Limits`, the hidden tests' reference answers held
    outside it by the judge (grader.judge.server), against a private copy of the
    gradebook;
@@ -41,7 +41,7 @@ from grader.common.quoting import quoted
 from grader.feedback.worker import FeedbackWorker
 from grader.jail import bwrap
 from grader.jail.host import Jail
-from grader.jail.kernel import SPEC_ENV
+from grader.jail.kernel_manager import OLD_SPEC_ENV, SPEC_ENV
 from grader.judge import lab_cells, tampering, wire
 from grader.judge.client import STRANGERS_FILE, Judge
 from grader.judge.judged_execute import CELL_FILE_ENV
@@ -125,7 +125,7 @@ class SubmissionGrader:
     labs: dict[str, LabInfo]
     limits: bwrap.Limits
     cell_timeout: float | None
-    sandboxed: bool
+    jailed: bool                           # False: --unsafe, where no jail can be made
     lock: threading.Lock
     autograde: dict[int, AutogradeWorker]  # slot -> its nbgrader
     feedback: dict[int, FeedbackWorker]    # slot -> its renderer
@@ -151,42 +151,45 @@ class SubmissionGrader:
             why = self._failed(submission, "read this notebook", error)
         if why:
             return self._not_graded(submission, why, started)
-        jail = Path(tempfile.mkdtemp(prefix="grader-"))  # short: unix socket paths are limited
-        box = usage = None  # the jail's jail.Jail, and what it used
+        jail_folder = Path(tempfile.mkdtemp(prefix="grader-"))  # short: unix socket paths are limited
+        jail = usage = None  # the submission's Jail (grader.jail.host), and what it used
         try:
             with self.lock:
-                private = gradebook.private_copy(self.ws.gradebook, jail / "gradebook.db")
+                private = gradebook.private_copy(self.ws.gradebook, jail_folder / "gradebook.db")
             env = {"MPLBACKEND": INLINE_BACKEND,
                    grading.DIR_ENV: bwrap.NO_REFERENCE_DIR}
-            if self.sandboxed:
-                box = Jail(jail, self.limits)
-                spec = box.spec
-                env[SPEC_ENV] = str(spec.spec_file)
+            if self.jailed:
+                jail = Jail(jail_folder, self.limits)
+                spec = jail.spec
+                # Its old name too, for an nbgrader_config.py of before the rename, which would otherwise
+                # not ask for the jail at all (deprecated; goes with the old name).
+                env[SPEC_ENV] = env[OLD_SPEC_ENV] = str(spec.spec_file)
                 judge_dir = spec.judge_dir
             else:
-                judge_dir = jail
+                judge_dir = jail_folder
             selector = [submission.lab, f"--student={submission.student}", "--force"]
             limits = [f"--Execute.timeout={self.cell_timeout:g}"] if self.cell_timeout else []
             # nbclient's 4 s can pass on a loaded grading machine while a flood's last prints are coming
             limits.append(f"--Execute.iopub_timeout={IOPUB_TIMEOUT_S}")
             values, seed = self.judged.get(lab.name, (None, 0))
             # As root, the judge drops to a uid of the jail's own and answers the jail's uid alone.
-            with Judge(lab.name, values, seed, lab.required, judge_dir, jail, box.judge_uid if box else None,
-                       spawner=self.judges, peer_uid=box.uid if box else None) if values else nullcontext() as judge:
+            with Judge(lab.name, values, seed, lab.required, judge_dir, jail_folder, jail.judge_uid if jail else None,
+                       spawner=self.judges, peer_uid=jail.uid if jail else None) if values else nullcontext() as judge:
                 if judge:
                     env[grading.JUDGE_ENV] = str(judge.socket_path)
                     env[CELL_FILE_ENV] = str(judge.cell_file)
-                    env[wire.WIRE_FILE_ENV] = str(jail / wire.WIRE_FILE)
+                    env[wire.WIRE_FILE_ENV] = str(jail_folder / wire.WIRE_FILE)
                 code = self.autograde[slot].run([*selector, *self.ws.flags(private), *limits], env,
-                                                jail / "autograde.log", self.limits.wall_s)
-            leftovers = box.stop() if box else []
-            usage = box.usage() if box else None
+                                                jail_folder / "autograde.log", self.limits.wall_s)
+            leftovers = jail.stop() if jail else []
+            usage = jail.usage() if jail else None
             autograded = self.ws.autograded / submission.student / lab.name / f"{lab.name}.ipynb"
             if code is None:
                 graded, problem = False, (f"grading ran past the limit of {self.limits.wall_s:.0f} s "
                                           "for one notebook and was stopped")
-            elif code != 0 and ("Kernel died" in (log := _tail(jail / "autograde.log")) or usage and usage.oom_killed):
-                console = _tail(spec.console) if self.sandboxed else ""
+            elif code != 0 and ("Kernel died" in (log := _tail(jail_folder / "autograde.log"))
+                                or usage and usage.oom_killed):
+                console = _tail(spec.console) if self.jailed else ""
                 graded, problem = False, ("the kernel died while running the notebook"
                                           + verdict.why_died(console, self.limits, usage))
             elif code != 0:
@@ -203,9 +206,9 @@ class SubmissionGrader:
             # Before the points: a line that can rewrite a check withholds the points of the test cells after it.
             tampered = self._tampering(submission, submitted, lab)
             try:  # the points: what the grade rests on, so no grade without them
-                found, wire_flags = wire.judged(judge, jail) if judge else ({}, [])   # the judge's, and the wire's
+                found, wire_flags = wire.judged(judge, jail_folder) if judge else ({}, [])  # the judge's, the wire's
                 if judge and (note := judge.strangers_note()):   # for the instructor's log
-                    (jail / STRANGERS_FILE).write_text(note, encoding="utf-8")
+                    (jail_folder / STRANGERS_FILE).write_text(note, encoding="utf-8")
                 scores = gradebook.cell_scores(private, self.course_id, lab.name, submission.student)
                 unverified = {gid: f.why for gid, f in found.items() if not f.passed and scores.get(gid, 0) > 0}
                 first = min((f for f in tampered if getattr(f, "withholds", False)), key=lambda f: f.index,
@@ -251,10 +254,10 @@ class SubmissionGrader:
             return {"graded": True, "verdict": lines, "seconds": round(time.time() - started, 1),
                     **({"pending manual": written.pending} if written.pending else {})}
         finally:
-            if box:
-                box.close()
-            self._keep_logs(jail, submission)
-            shutil.rmtree(jail, ignore_errors=True)
+            if jail:
+                jail.close()
+            self._keep_logs(jail_folder, submission)
+            shutil.rmtree(jail_folder, ignore_errors=True)
 
     def _tampering(self, submission: collect.Submission, submitted: dict, lab: LabInfo) -> list[str]:
         """What the student did to the tests, and the lines the scan flags (grader.judge.tampering.Flag, each
@@ -283,10 +286,10 @@ class SubmissionGrader:
         log_failure(self.ws, submission, step, error)
         return verdict.could_not(step, error)
 
-    def _keep_logs(self, jail: Path, submission: collect.Submission) -> None:
+    def _keep_logs(self, jail_folder: Path, submission: collect.Submission) -> None:
         """nbgrader's log and the tail of the kernel's console, for the instructor: logs/<student>/<lab>.log."""
         try:
-            parts = [(name, _tail(jail / name))
+            parts = [(name, _tail(jail_folder / name))
                      for name in ("autograde.log", "console.log", wire.REPORT_FILE, STRANGERS_FILE)]
             text = "".join(f"===== {name}\n{body}\n" for name, body in parts if body)
             if text:

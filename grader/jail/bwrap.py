@@ -26,26 +26,25 @@ A submission's kernel (and every rank it launches) runs inside `bwrap` with:
 - an environment from an allowlist of exact names (jail_env_names), not the grader's;
 - when the grader runs as root, a uid held by this jail alone (grader.jail.uids).
 
-grader.jail.host makes one on the host (folder, cgroup, uid), and after it ends says
-what it used. The launcher is this module's ``main``: nbgrader's kernel
-manager runs ``python -m grader.jail.bwrap SPEC LAB -- KERNEL_ARGV`` (see
-grader.jail.kernel), which joins the cgroup, sets the limits and execs bwrap.
+This module is the jail's shape: its `Limits`, its `Spec` (JSON the grader writes, which the
+kernel manager and the launcher read), its folder (`prepare`), the kernel's environment and
+bwrap's command line. grader.jail.host makes one on the host (folder, cgroup, uid), and after
+it ends says what it used. The launcher, grader.jail.launcher, puts it to work: nbgrader's kernel
+manager (grader.jail.kernel_manager) runs ``python -m grader.jail.launcher SPEC LAB -- KERNEL_ARGV``
+(`launch_command`), which joins the cgroup, sets the rlimits and execs bwrap.
 """
 from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..common.cores import SHARED_CORES_ENV
-from . import cgroups, seccomp
-from .uids import start_time
 
-# No `course` import at the top: `main`, the launcher, runs once for every kernel a grading run
+# No `course` import at the top: the launcher imports this module once for every kernel a grading run
 # starts, and importing course imports torch (1.7 s on 2 cores, a student's whole kernel start
 # again). What the launcher needs of course, the grader writes into the jail's Spec.
 #: Paths inside the jail: none of them names a host folder.
@@ -55,10 +54,10 @@ JAIL_JUDGE = "/run/grader"            # the judge's folder, read-only
 #: COURSE_REFERENCE_DIR while graded: no stored values in the kernel, and no host path in its environment.
 NO_REFERENCE_DIR = "/nonexistent/course-reference"
 WRITABLE_INSIDE = (JAIL_HOME, "/tmp", "/dev/shm")
-SANDBOX_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n"
+JAIL_HOSTS = "127.0.0.1\tlocalhost jail\n::1\tlocalhost\n"
 # c10d looks up its peers' names; with DNS in the list, every lookup waits for
 # a network that is not there and prints a warning into the student's output.
-SANDBOX_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\n"
+JAIL_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\n"
 
 
 def tree_home() -> Path:
@@ -93,12 +92,17 @@ _JAIL_ENV_NAMES = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL",
     "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE",
 })
-#: Seconds a graded launch waits for its ranks (course.launch reads $COURSE_RANK_TIMEOUT).
+#: Seconds a graded launch waits for its ranks (course.launch reads course.errors.TIMEOUT_VARIABLE).
 GRADED_RANK_TIMEOUT_S = "120"
-#: In the jail's folder: the launcher's pid and start time. bwrap keeps the pid, and every process
-#: of the jail descends from it: where there is no cgroup, the grader finds the jail's processes so.
-LAUNCHER_FILE = "launcher.pid"
-WATCHDOG_S = 0.2  # how often that watchdog sums their memory
+
+
+def jail_env_defaults() -> dict[str, str]:
+    """What the jail's environment holds where the grader's does not set it (the instructor may)."""
+    from course.errors import TIMEOUT_VARIABLE
+    # A launch's deadlock report comes at 30 s in a student's notebook; graded, two notebooks share
+    # the cores and nobody waits for it, so a correct but slowed solution never loses points to it.
+    # The submissions graded side by side share the cores too: their threads sleep while they wait.
+    return {TIMEOUT_VARIABLE: GRADED_RANK_TIMEOUT_S, **SHARED_CORES_ENV}
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ class Spec:
     cgroup_problem: str = ""      # why there is none
     memory_watchdog: bool = False  # no cgroup: the grader holds the jail's total memory (grader.jail.host)
     env_names: list[str] = field(default_factory=lambda: sorted(jail_env_names()))  # what the jail's env may hold
+    env_defaults: dict[str, str] = field(default_factory=jail_env_defaults)  # unless the grader's env sets them
 
     @property
     def tree(self) -> Path: return Path(self.root) / "tree"            # /course inside
@@ -136,7 +141,7 @@ class Spec:
     @property
     def console(self) -> Path: return Path(self.root) / "console.log"  # the kernel's own stdout/stderr
     @property
-    def spec_file(self) -> Path: return Path(self.root) / "sandbox.json"
+    def spec_file(self) -> Path: return Path(self.root) / "jail.json"
 
     def save(self) -> Path:
         fd = os.open(self.spec_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -169,8 +174,8 @@ def prepare(root: Path, uid: int | None, limits: Limits) -> Spec:
     os.chmod(root, 0o700)
     shutil.copytree(tree_home() / "course", spec.tree / "course",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (Path(root) / "hosts").write_text(SANDBOX_HOSTS, encoding="utf-8")
-    (Path(root) / "nsswitch.conf").write_text(SANDBOX_NSSWITCH, encoding="utf-8")
+    (Path(root) / "hosts").write_text(JAIL_HOSTS, encoding="utf-8")
+    (Path(root) / "nsswitch.conf").write_text(JAIL_NSSWITCH, encoding="utf-8")
     for folder in (spec.kernel_dir, spec.judge_dir):
         folder.mkdir()
     # Read by the jail's uid through their mounts; public text, behind the 0700 folder.
@@ -191,7 +196,7 @@ def prepare(root: Path, uid: int | None, limits: Limits) -> Spec:
 
 def _dirs_for(path: str) -> list[str]:
     # bwrap creates missing parents of a mount point with the host's permissions:
-    # /root (0700) would lock the sandbox uid out of a Python installed under it.
+    # /root (0700) would lock the jail's uid out of a Python installed under it.
     parts, out = Path(path).parts[1:-1], []
     for i in range(1, len(parts) + 1):
         out += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
@@ -233,10 +238,7 @@ def jail_environment(spec: Spec, outside: dict[str, str]) -> dict[str, str]:
         if value == judge or value.startswith(judge + "/"):
             env[key] = JAIL_JUDGE + value[len(judge):]
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    # A launch's deadlock report comes at 30 s in a student's notebook; graded, two notebooks share
-    # the cores and nobody waits for it, so a correct but slowed solution never loses points to it.
-    env.setdefault("COURSE_RANK_TIMEOUT", GRADED_RANK_TIMEOUT_S)
-    for name, value in SHARED_CORES_ENV.items():   # the submissions graded side by side share the cores
+    for name, value in spec.env_defaults.items():
         env.setdefault(name, value)
     env.update(HOME=JAIL_HOME, TMPDIR="/tmp", PYTHONPATH=JAIL_COURSE, USER="student", LOGNAME="student")
     return env
@@ -247,7 +249,7 @@ def bwrap_argv(spec: Spec, lab: str, argv: list[str], env: dict[str, str], secco
     limits = Limits(**spec.limits)
     root = Path(spec.root)
     args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent",
+            "--unshare-cgroup-try", "--hostname", "jail", "--die-with-parent",
             # Its own session: an interrupt (SIGINT to the kernel's process group) must
             # reach the kernel and its ranks, never bwrap, whose death ends the jail.
             "--new-session",
@@ -283,67 +285,6 @@ def bwrap_argv(spec: Spec, lab: str, argv: list[str], env: dict[str, str], secco
                    "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", *argv]
 
 
-def set_limits(limits: Limits) -> None:
-    for which, value in ((resource.RLIMIT_DATA, limits.memory_bytes),
-                         (resource.RLIMIT_NPROC, limits.processes),
-                         (resource.RLIMIT_FSIZE, limits.file_bytes),
-                         (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(which, (value, value))
-
-
 def launch_command(spec: Spec, lab: str, argv: list[str]) -> list[str]:
-    """The command that runs argv in the jail (through the launcher, `main`)."""
-    return [sys.executable, "-m", "grader.jail.bwrap", str(spec.spec_file), lab, "--", *argv]
-
-
-def _seccomp_fd() -> int:
-    # bwrap reads the program from a file descriptor it inherits.
-    fd = os.memfd_create("grader-seccomp", 0)
-    os.write(fd, seccomp.program())
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.set_inheritable(fd, True)
-    return fd
-
-
-def _record_launcher(spec: Spec) -> None:
-    """Write LAUNCHER_FILE: this process's pid and start time (for grader.jail.host's memory watchdog)."""
-    fd = os.open(Path(spec.root) / LAUNCHER_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()} {start_time(os.getpid())}\n")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m grader.jail.bwrap SPEC LAB -- ARGV...``: join the cgroup, set the limits, exec bwrap."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 4 or argv[2] != "--":
-        sys.exit("usage: python -m grader.jail.bwrap SPEC LAB -- ARGV...")
-    spec, lab, command = Spec.load(argv[0]), argv[1], argv[3:]
-    if not lab or "/" in lab or lab.startswith("."):
-        sys.exit(f"grader.jail.bwrap: {lab!r} is not a lab's name")
-    # The kernel's own stdout/stderr (not what cells print: that goes over zmq) into a
-    # file of the jail, whose size RLIMIT_FSIZE bounds.
-    console = os.open(spec.console, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-    os.dup2(console, 1)
-    os.dup2(console, 2)
-    limits = Limits(**spec.limits)
-    if spec.cgroup:
-        cgroup = cgroups.Cgroup(**spec.cgroup)
-        cgroup.join()  # before bwrap: every process of the jail is born in it
-        print(f"[grader] jail limits for the whole jail ({cgroup.description}): memory "
-              f"{limits.memory_bytes / 2**30:g} GiB, {limits.processes} processes, {limits.cpus:g} CPUs", flush=True)
-    elif spec.memory_watchdog:
-        print(f"[grader] WARNING: no cgroup for this jail ({spec.cgroup_problem}); the grader sums its processes' "
-              f"memory every {WATCHDOG_S:g} s and kills past {limits.memory_bytes / 2**30:g} GiB; its other limits "
-              f"are per process (rlimits)", flush=True)
-    else:
-        print(f"[grader] WARNING: no cgroup for this jail ({spec.cgroup_problem}); its limits are per process "
-              f"only (rlimits): memory {limits.memory_bytes / 2**30:g} GiB per process, the jail's total is "
-              "not enforced", flush=True)
-    set_limits(limits)
-    _record_launcher(spec)
-    bwrap = bwrap_argv(spec, lab, command, jail_environment(spec, dict(os.environ)), _seccomp_fd())
-    os.execvp(bwrap[0], bwrap)
-
-
-if __name__ == "__main__":
-    main()
+    """The command that runs argv in the jail (through the launcher, grader.jail.launcher)."""
+    return [sys.executable, "-m", "grader.jail.launcher", str(spec.spec_file), lab, "--", *argv]

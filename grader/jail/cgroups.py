@@ -3,7 +3,7 @@
 rlimits count per process (memory) or per file (size): three processes may
 each take the whole memory limit. A cgroup counts the jail as one: its
 memory (tmpfs pages included), its processes and its CPU time. The grader
-creates one per jail; the launcher (grader.jail.bwrap main) moves itself into
+creates one per jail; the launcher (grader.jail.launcher) moves itself into
 it before it execs bwrap, so every process of the jail is in it. After the
 jail, the grader reads what happened (peak memory, an OOM kill, the process
 limit hit) and kills whatever is still in it.

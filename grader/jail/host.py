@@ -1,6 +1,6 @@
 """One submission's jail as the grader holds it: its folder, its cgroup, its uid, and what it used.
 
-grader.jail.bwrap builds what runs inside (bwrap's command line, the launcher);
+grader.jail.bwrap builds what runs inside (bwrap's command line; grader.jail.launcher starts it);
 this module is the host's side of one jail's life: `Jail` prepares the folder,
 makes the cgroup (grader.jail.cgroups) and leases the uid (grader.jail.uids); the
 kernel manager starts the kernel in it; afterwards `stop` kills what is left,
@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bwrap, cgroups, seccomp
+from . import bwrap, cgroups, launcher, seccomp
 from .bwrap import Limits, prepare
 from .uids import UidLease, descendants, kill_uid, start_time
 
@@ -121,10 +121,10 @@ class Jail:
             raise
 
     def _watch_total_until_closed(self) -> None:
-        launcher, limit = Path(self.spec.root) / bwrap.LAUNCHER_FILE, self.limits.memory_bytes
-        while not self._watching.wait(bwrap.WATCHDOG_S):
+        pid_file, limit = Path(self.spec.root) / launcher.LAUNCHER_FILE, self.limits.memory_bytes
+        while not self._watching.wait(launcher.WATCHDOG_S):
             try:
-                pid, started = (int(x) for x in launcher.read_text().split())
+                pid, started = (int(x) for x in pid_file.read_text().split())
             except (OSError, ValueError):
                 continue  # no kernel started yet
             processes = descendants(pid, started)
@@ -217,9 +217,9 @@ def _kill(pid: int, started: int) -> bool:
 
 @functools.cache
 def unavailable() -> str | None:
-    """Why submissions cannot be sandboxed on this machine (None: they can)."""
+    """Why submissions cannot be jailed on this machine (None: they can)."""
     if not sys.platform.startswith("linux"):
-        return f"the sandbox needs Linux namespaces; this is {sys.platform}"
+        return f"the jail needs Linux namespaces; this is {sys.platform}"
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed; on Debian or Ubuntu: apt-get install bubblewrap"
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
@@ -237,5 +237,5 @@ def unavailable() -> str | None:
             jail.close()
         console = jail.spec.console.read_text(errors="replace") if jail.spec.console.exists() else ""
     if probe.returncode != 0:
-        return f"bwrap cannot start a sandbox here: {(probe.stderr + console).strip()[-300:]}"
+        return f"bwrap cannot start a jail here: {(probe.stderr + console).strip()[-300:]}"
     return None

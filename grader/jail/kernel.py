@@ -1,199 +1,40 @@
-"""nbgrader's side of the sandbox: the kernel starts in the jail, and output is capped.
+"""nbgrader's Execute in the jail: the kernel starts there, and what its cells print is capped.
 
 ``nbgrader autograde`` runs with ``Autograde.autograde_preprocessors`` naming
-`SandboxedExecute` instead of nbgrader's Execute (grader.grade passes the flag
-and points GRADER_SANDBOX_SPEC at the jail's grader.jail.bwrap.Spec). Its kernel
-manager talks to the kernel over unix sockets in the jail (zmq's ipc
-transport): the jail has no network to reach a TCP port, and submissions
-graded side by side never race for port numbers.
+`JailedExecute` (or grader.judge.judged_execute's, which adds the judge) instead of
+nbgrader's Execute, where grader.grading.submission points $GRADER_JAIL_SPEC at the
+jail's grader.jail.bwrap.Spec (nbgrader_config.py). Its kernel is
+grader.jail.kernel_manager's, in the jail, each frame it sends bounded by zmq; here,
+every message that adds to the notebook counts against the cell's and the
+notebook's caps as it arrives, and a cell cut short gets a note.
 
-What the kernel sends is bounded before Python holds it: zmq refuses a frame
-(one part of a message) larger than the cell's output cap plus FRAME_SLACK, at
-least FRAME_FLOOR, on the output channel (ZMQ_MAXMSGSIZE; an output that large
-could never be kept), and larger than OTHER_FRAME_BYTES on the others. zmq
-ends a connection that sends such a frame and does not make it again by
-itself: `CappedChannel` watches for that and connects again, and the cell gets
-a note.
+The classes' names until the jail had one word (SandboxedExecute,
+SandboxedKernelManager, SandboxedKernelClient) still import, with a FutureWarning,
+for an instructor's nbgrader_config.py that names them (deprecated).
 """
 from __future__ import annotations
 
 import json
-import os
-import time
-from pathlib import Path
-from queue import Empty
+import sys
+import warnings
 
-import zmq
-from jupyter_client.asynchronous import AsyncKernelClient
-from jupyter_client.channels import AsyncZMQSocketChannel
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
-from traitlets import DottedObjectName, Integer, Type
-from zmq.utils.monitor import recv_monitor_message
 
 from . import bwrap
+from .kernel_manager import SPEC_ENV, JailedKernelClient, JailedKernelManager, output_frame_bytes, spec_path
 
-SPEC_ENV = "GRADER_SANDBOX_SPEC"
+#: What other modules take from here; the kernel manager's names too, where they imported them before.
+__all__ = ["SPEC_ENV", "OUTPUT_NOTE", "NOTEBOOK_OUTPUT_NOTE", "JailedExecute",
+           "JailedKernelManager", "JailedKernelClient"]
+
 OUTPUT_NOTE = "[grader] this cell printed {printed}; only the first {kept} are kept."
 NOTEBOOK_OUTPUT_NOTE = "[grader] the notebook's output passed {kept}; this cell's output past that is not kept."
-#: The output channel takes frames up to the cell's output cap plus this (a message's JSON is a
-#: little longer than what it adds to the notebook; a cell's code comes in a frame of its own)...
-FRAME_SLACK = 1 << 20
-#: ...and never less than this: ipykernel sends what a cell printed in a batch every 0.2 s, and a
-#: loop of prints fills megabytes in that time. Counted, such a flood is noted and cut exactly; refused
-#: by zmq, what came after the refusal would be lost with it. One output larger is refused unread.
-FRAME_FLOOR = 64 << 20
-#: The other channels' frames (replies: an error's reply repeats its message): up to this.
-OTHER_FRAME_BYTES = 256 << 20
-#: How often a wait for a message looks whether zmq cut the channel off.
-RECONNECT_CHECK_S = 0.1
-
-
-def output_frame_bytes(output_bytes: int) -> int:
-    """The largest frame the output channel takes, for a cell's output cap of output_bytes."""
-    return max(output_bytes + FRAME_SLACK, FRAME_FLOOR)
 
 
 def megabytes(n: int) -> str:
     return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} kB"
-
-
-class CappedChannel(AsyncZMQSocketChannel):
-    """A channel to the kernel that connects again after zmq cut it off for a frame past its cap.
-
-    zmq (ZMQ_MAXMSGSIZE) ends the connection at the frame's size, before it reads the frame,
-    and never reconnects a connection it ended so: a monitor of the socket reports it, and each
-    wait for a message looks every RECONNECT_CHECK_S and connects again. What the kernel sent
-    in between is lost; `cut` counts the times.
-    """
-
-    def __init__(self, socket, session, loop=None):
-        super().__init__(socket, session, loop)
-        self.url = socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.cut = 0
-        address = f"inproc://grader-monitor-{id(self):x}"
-        socket.monitor(address, zmq.EVENT_DISCONNECTED)
-        # A plain socket on the same zmq context (inproc needs it), read without waiting.
-        self._context = zmq.Context.shadow(socket.context.underlying)
-        self._events = self._context.socket(zmq.PAIR)
-        self._events.linger = 0
-        self._events.connect(address)
-
-    def reconnect_if_cut(self) -> None:
-        cut = False
-        while self._events is not None and self._events.poll(0):
-            cut |= recv_monitor_message(self._events)["event"] == zmq.EVENT_DISCONNECTED
-        if cut and self.socket is not None:
-            self.cut += 1
-            try:
-                self.socket.disconnect(self.url)
-            except zmq.ZMQError:
-                pass
-            self.socket.connect(self.url)
-
-    async def get_msg(self, timeout: float | None = None) -> dict:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self.reconnect_if_cut()
-            left = RECONNECT_CHECK_S if deadline is None else min(RECONNECT_CHECK_S, deadline - time.monotonic())
-            try:
-                return await super().get_msg(timeout=max(left, 0))
-            except Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-
-    def close(self) -> None:
-        if self._events is not None:
-            if self.socket is not None:
-                self.socket.disable_monitor()  # first: a monitor with no reader could block zmq
-            self._events.close()
-            self._events = None
-        super().close()
-
-    stop = close
-
-
-class SandboxedKernelClient(AsyncKernelClient):
-    """The kernel's client, each socket with its frame cap set before it connects (see the module)."""
-    iopub_frame_bytes = Integer(OTHER_FRAME_BYTES)
-
-    shell_channel_class = Type(CappedChannel)
-    iopub_channel_class = Type(CappedChannel)
-    stdin_channel_class = Type(CappedChannel)
-    control_channel_class = Type(CappedChannel)
-
-    def _create_connected_socket(self, channel: str, identity: bytes | None = None):
-        # Sockets take the context's options when they are made (the heartbeat's too, made apart).
-        self.context.setsockopt(zmq.MAXMSGSIZE, self.iopub_frame_bytes if channel == "iopub" else OTHER_FRAME_BYTES)
-        try:
-            return super()._create_connected_socket(channel, identity)
-        finally:
-            self.context.setsockopt(zmq.MAXMSGSIZE, OTHER_FRAME_BYTES)
-
-
-class SandboxedKernelManager(AsyncKernelManager):
-    """A python3 kernel of this interpreter, started by grader.jail.bwrap in the jail.
-
-    The kernel's folder (connection file, ipc sockets) is on the host, so root
-    must never follow a link in it: the kernel, as the jail's uid, may create
-    its sockets there only until it answers (the folder is root's, group the
-    jail's uid, 0770), then `seal` takes that away (0750). jupyter_client only
-    unlinks files there afterwards, and reconnects to the sockets it knows.
-    """
-
-    def __init__(self, **kwargs):
-        # This interpreter's own kernel, as grader.common.execute does: a stale user-level
-        # kernelspec could name a Python the jail does not contain.
-        kwargs.setdefault("kernel_spec_manager", KernelSpecManager(kernel_dirs=[]))
-        super().__init__(**kwargs)
-        self.jail = bwrap.Spec.load(os.environ[SPEC_ENV])
-        self.transport = "ipc"
-        self.connection_file = str(self.jail.kernel_dir / "kernel.json")
-        self.ip = str(self.jail.kernel_dir / "k")
-        self.sealed = False
-
-    client_class = DottedObjectName("grader.jail.kernel.SandboxedKernelClient")
-    client_factory = Type(SandboxedKernelClient, klass=AsyncKernelClient)
-
-    def client(self, **kwargs) -> SandboxedKernelClient:
-        output_bytes = bwrap.Limits(**self.jail.limits).output_bytes
-        return super().client(iopub_frame_bytes=output_frame_bytes(output_bytes), **kwargs)
-
-    def write_connection_file(self, **kwargs) -> None:
-        super().write_connection_file(**kwargs)
-        if self.jail.uid is not None:  # the kernel reads it; only root writes it
-            os.chown(self.connection_file, 0, self.jail.uid, follow_symlinks=False)
-            os.chmod(self.connection_file, 0o640, follow_symlinks=False)
-
-    def seal(self) -> None:
-        """The kernel has bound its sockets: from now on it may not add, remove or replace files here.
-
-        (Where the grader is not root, the kernel's uid owns the folder and no mode keeps it out.)
-        """
-        if self.jail.uid is not None and not self.sealed:
-            os.chmod(self.jail.kernel_dir, 0o750)
-            self.sealed = True
-
-    def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
-        cmd = super().format_kernel_cmd(extra_arguments)
-        # nbgrader starts the kernel in its autograded/<student>/<lab> folder; the jail
-        # gets a working folder of that name, never the host folder itself.
-        lab = Path(str(self._launch_args.get("cwd") or os.getcwd())).name
-        return bwrap.launch_command(self.jail, lab, cmd)
-
-    async def _async_interrupt_kernel(self) -> None:
-        # By message, not by signal: the process this manager started is bwrap, and a
-        # SIGINT to its process group would end the jail. The kernel signals itself
-        # and the ranks in its own process group.
-        if self.has_kernel:
-            msg = self.session.msg("interrupt_request", content={})
-            self._connect_control_socket()
-            self.session.send(self._control_socket, msg)
-
-    interrupt_kernel = _async_interrupt_kernel
 
 
 #: Truncated error messages: the error stays (the cell still fails), its size is bounded.
@@ -218,7 +59,7 @@ def _truncated_error(content: dict) -> dict:
     return {**content, "ename": str(content.get("ename", "Error"))[:200], "evalue": evalue, "traceback": kept}
 
 
-class SandboxedExecute(Execute):
+class JailedExecute(Execute):
     """nbgrader's Execute with the jailed kernel, and bounded output.
 
     Every iopub message that adds to the notebook counts against `output_bytes`
@@ -235,19 +76,19 @@ class SandboxedExecute(Execute):
     only afterwards. Widget state is never written into the notebook
     (metadata ``widgets``): nothing grades it, and a browser would run it.
 
-    The kernel's folder is sealed (SandboxedKernelManager.seal) once the kernel
+    The kernel's folder is sealed (JailedKernelManager.seal) once the kernel
     answers, on the synchronous path that nbconvert's ExecutePreprocessor takes
     as on the asynchronous one, and again before each cell in any case.
     """
 
     def __init__(self, **kwargs):
-        kwargs["kernel_manager_class"] = SandboxedKernelManager
+        kwargs["kernel_manager_class"] = JailedKernelManager
         # Once the last cell has answered, the kernel is killed, not asked to quit: a graceful
         # shutdown waited 1.5 s for Python to unload torch, 2.6 s with ranks launched, per
         # submission; the jail ends every process it held anyway (its own PID namespace).
         kwargs.setdefault("shutdown_kernel", "immediate")
         super().__init__(**kwargs)
-        limits = bwrap.Limits(**bwrap.Spec.load(os.environ[SPEC_ENV]).limits)
+        limits = bwrap.Limits(**bwrap.Spec.load(spec_path()).limits)
         self.output_bytes, self.notebook_output_bytes = limits.output_bytes, limits.notebook_output_bytes
         self._printed: dict[int, int] = {}
         self._notebook_kept = 0       # what the notebook keeps: a cell cut at its own cap counts what it kept
@@ -359,3 +200,20 @@ class SandboxedExecute(Execute):
             note["text"] = NOTEBOOK_OUTPUT_NOTE.format(kept=megabytes(self.notebook_output_bytes)) + "\n"
         else:
             note["text"] = OUTPUT_NOTE.format(printed=megabytes(printed), kept=megabytes(self.output_bytes)) + "\n"
+
+
+def renamed(module: str, names: dict[str, str]):
+    """A module's ``__getattr__`` that answers each old name of `names` with the object of its new name,
+    and a FutureWarning that names the new one (nbgrader resolves a configured class by its import string)."""
+    def __getattr__(name: str):
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(f"{module}.{name} is deprecated and goes next term: use {module}.{names[name]}",
+                      FutureWarning, stacklevel=2)
+        return getattr(sys.modules[module], names[name])
+    return __getattr__
+
+
+__getattr__ = renamed(__name__, {"SandboxedExecute": "JailedExecute",  # the deprecated names
+                                 "SandboxedKernelManager": "JailedKernelManager",
+                                 "SandboxedKernelClient": "JailedKernelClient"})

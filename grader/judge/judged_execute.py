@@ -7,6 +7,9 @@ cell's grade_id (after nbgrader has put the lab's own test cells back) into
 the judge's cell file, and clears it after. The file lies in the grader's
 folder of the jail, which the kernel never sees. In the jail, it also reads
 what the jail's processes wrote to each other while each cell ran (`MeasuresWire`).
+
+JudgedSandboxedExecute, JudgedJailedExecute's name until the jail had one word, still
+imports, with a FutureWarning, for an instructor's nbgrader_config.py that names it (deprecated).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import os
 
 from nbgrader.preprocessors import Execute
 
-from grader.jail.kernel import SandboxedExecute
+from grader.jail.kernel import JailedExecute, renamed
 
 from . import loopback, wire
 from .client import announce
@@ -87,8 +90,11 @@ class MeasuresWire:
 
 
 class JudgedExecute(AnnouncesCells, Execute):
-    """nbgrader's own Execute (grading without a sandbox, --unsafe: no jail, no wire to read)."""
+    """nbgrader's own Execute (grading without a jail, --unsafe: no wire to read)."""
 
 
-class JudgedSandboxedExecute(AnnouncesCells, MeasuresWire, SandboxedExecute):
+class JudgedJailedExecute(AnnouncesCells, MeasuresWire, JailedExecute):
     """The jailed Execute (grader.jail.kernel), each cell's wire measured."""
+
+
+__getattr__ = renamed(__name__, {"JudgedSandboxedExecute": "JudgedJailedExecute"})  # the deprecated name

@@ -32,7 +32,7 @@ DEMO_HOME := build/demo
 # bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
 BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
-.PHONY: install sandbox-tools browser-tools slurm-tools site-tools site hub hub-tools hub-remove test test-fast test-lab lint lab demo demo-home release handout reference grade bench check-hardware clean
+.PHONY: install jail-tools sandbox-tools browser-tools slurm-tools site-tools site hub hub-tools hub-remove test test-fast test-lab lint lab demo demo-home release handout reference grade bench check-hardware clean
 
 install: $(INSTALL_STAMP) $(LAB_OVERRIDES)
 
@@ -41,16 +41,21 @@ $(INSTALL_STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q $(TORCH_PIN)
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
-	sh grader/sandbox-tools.sh
+	sh grader/jail-tools.sh
 	touch $@
 
 $(LAB_OVERRIDES): deploy/handout/jupyterlab-overrides.json $(INSTALL_STAMP)
 	mkdir -p $(dir $@)
 	cp $< $@
 
-# The grader's sandbox; a no-op where bubblewrap is already installed.
+# The grader's jail; a no-op where bubblewrap is already installed.
+jail-tools:
+	sh grader/jail-tools.sh
+
+# jail-tools' old name (deprecated: goes next term).
 sandbox-tools:
-	sh grader/sandbox-tools.sh
+	@echo "make sandbox-tools is deprecated and goes next term: make jail-tools" >&2
+	@$(MAKE) --no-print-directory jail-tools
 
 # The browser tests' chromium, from Debian; a no-op where it is already installed.
 browser-tools:
@@ -160,7 +165,7 @@ HUB_STUDENTS ?= student1 student2
 HUB_IP ?= 127.0.0.1
 HUB_PORT ?= 8000
 HUB_SETUP_ARGS ?=
-hub: sandbox-tools hub-tools
+hub: jail-tools hub-tools
 	$(PYTHON) deploy/hub/classroom.py setup --root '$(HUB_ROOT)' --homes '$(HUB_HOMES)' --torch '$(TORCH_PIN)' \
 		--instructor '$(HUB_INSTRUCTOR)' --students $(HUB_STUDENTS) $(HUB_SETUP_ARGS)
 	COURSE_HUB_ROOT='$(HUB_ROOT)' COURSE_HUB_IP='$(HUB_IP)' COURSE_HUB_PORT='$(HUB_PORT)' \

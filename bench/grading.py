@@ -6,7 +6,7 @@ Side by side, in one run, lab by lab and round by round:
   as a student runs it (grader.common.execute);
 - grade: one `grader.grade` run on the same notebooks handed in as one
   student's complete submission, start to CSV: for each lab
-  the sandbox, autograde (which runs every cell again), judge, verdict,
+  the jail, autograde (which runs every cell again), judge, verdict,
   feedback HTML.
 
 The ratio grade/run of the whole submission is taken round by round; the course
@@ -80,7 +80,7 @@ def markdown(labs, runs, grades, totals, reused, setup_s, rounds) -> str:
               ([f"run of {', '.join(f'`{lab}`' for lab in executed)}: executed here, each round"] if executed else [])
     source = "; ".join(sources)
     lines = [f"One complete, correct submission of the graded labs below. Grade: one `grade` run on all of them, "
-             f"start to CSV (sandbox, autograde, judge, feedback), a lab's share from status.json; {source}. "
+             f"start to CSV (jail, autograde, judge, feedback), a lab's share from status.json; {source}. "
              f"{count(rounds, 'round')}" + ("; median (min-max)." if rounds > 1 else "."), "",
              "| lab | run | grade | grade / run |", "|---|---|---|---|"]
     for lab in labs:

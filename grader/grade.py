@@ -6,7 +6,7 @@
    executed outside the jail as autograde executes it, with a seed drawn for
    the run; the hidden tests draw their inputs from it (grader.judge_values:
    ``--judge-values`` reuses an earlier run's, for a class graded in batches);
-3. grade each student's lab in a sandbox (grader.grading.submission): autograde,
+3. grade each student's lab in a jail (grader.grading.submission): autograde,
    verdict, feedback page, scores into the class gradebook; several at once
    with ``--jobs``, recordings included: a lab's students start as soon as its
    own recording is done;
@@ -16,7 +16,7 @@
 A step that fails for one submission (collecting it, reading it, grading,
 scanning, merging or exporting it) is that submission's verdict alone, and the
 class goes on (grader.grading.collect, grader.grading.submission, grader.grading.export); only what
-concerns the whole run stops it (no sandbox, a lab whose recording failed, a
+concerns the whole run stops it (no jail, a lab whose recording failed, a
 folder of submissions that cannot be read).
 
 Everything goes under the work folder (default grader/work/, git-ignored), which is the
@@ -82,10 +82,10 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
             submissions, problems = unzip.unpack(submissions, ws.root / "unzipped" / submissions.stem, list(infos))
         why_not = jail_unavailable()
         if why_not and not unsafe:
-            raise GraderError(f"cannot sandbox the submissions: {why_not}. Fix that, or pass --unsafe to grade "
-                              "without a sandbox (only for notebooks you trust)")
+            raise GraderError(f"cannot jail the submissions: {why_not}. Fix that, or pass --unsafe to grade "
+                              "without a jail (only for notebooks you trust)")
         if why_not:
-            say(f"WARNING: grading without a sandbox ({why_not})")
+            say(f"WARNING: grading without a jail ({why_not})")
         found, more = collect.find(submissions, list(infos))
         for problem in problems + more:
             say(f"skipped {problem}")
@@ -208,7 +208,7 @@ def add_subcommand(subparsers) -> None:
     p = subparsers.add_parser(
         "grade", help="collect, autograde, give feedback and export grades for a class's submissions",
         description="Grade SUBMISSIONS (a folder, or a zip, of <student>/<lab>.ipynb or "
-                    "<student>/<lab>/<lab>.ipynb): autograde each notebook in a sandbox, write feedback "
+                    "<student>/<lab>/<lab>.ipynb): autograde each notebook in a jail, write feedback "
                     "HTML without hidden tests, and export one CSV row per student.")
     p.add_argument("submissions", type=Path, help="folder (or zip) with one subfolder per student")
     p.add_argument("--lab", dest="labs", action="append", metavar="LAB",
@@ -241,7 +241,7 @@ def add_subcommand(subparsers) -> None:
                         "into its own --work folder; `python -m grader merge` joins the N (give them all the "
                         "same --judge-values, recorded by `python -m grader record`)")
     p.add_argument("--unsafe", action="store_true",
-                   help="grade without the sandbox when it is unavailable (only for notebooks you trust)")
+                   help="grade without the jail when it is unavailable (only for notebooks you trust)")
     p.add_argument("--root", type=Path, default=COURSE_ROOT, help="course root (default: this repository)")
     p.set_defaults(func=_main)
 

@@ -75,7 +75,7 @@ def _marked(nb: dict, step: str) -> bool:
 
 
 class _Class:
-    """A grading run of one tiny lab, its sandboxed parts and gradebook database stood in for."""
+    """A grading run of one tiny lab, its jailed parts and gradebook database stood in for."""
 
     def __init__(self, tmp_path: Path, monkeypatch):
         self.tmp, self.work = tmp_path, tmp_path / "work"

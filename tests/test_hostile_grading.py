@@ -26,7 +26,7 @@ from test_lab1_grading import MISTAKES
 
 from grader.common.labs import graded_cells, read_notebook
 from grader.jail.uids import outlived
-from helpers import REPO, needs_sandbox
+from helpers import REPO, needs_jail
 from helpers.submissions import grade_class, grade_id, released, solved
 
 LAB = "01_single_gpu"
@@ -48,7 +48,7 @@ MOMENTUM_DAMPENED = MISTAKES["momentum dampened"][0]
 THREE_WRONG = {**MOMENTUM_DAMPENED, **MISTAKES["no zero_grad: gradients add up from step to step"][0],
                **MISTAKES["the biases counted too"][0]}
 
-pytestmark = [pytest.mark.grading, needs_sandbox()]
+pytestmark = [pytest.mark.grading, needs_jail()]
 
 
 EITHER = "graded (at most full marks), or not graded"

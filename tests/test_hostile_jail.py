@@ -16,11 +16,11 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from grader.jail import bwrap
-from helpers import REPO, needs_sandbox
+from helpers import REPO, needs_jail
 from helpers.lab1_class import HONEST, LAB, MEMORY_GB, TEST_TIMEOUT_S
 from helpers.submissions import solved
 
-pytestmark = [pytest.mark.grading, needs_sandbox()]
+pytestmark = [pytest.mark.grading, needs_jail()]
 
 
 def _with_cells(*sources):

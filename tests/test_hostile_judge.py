@@ -20,7 +20,7 @@ from test_hostile_grading import _with_cells
 
 from course import grading
 from grader.common.labs import graded_cells, read_notebook
-from helpers import REPO, needs_sandbox, round_trips
+from helpers import REPO, needs_jail, round_trips
 from helpers.lab1_class import HONEST, TEST_TIMEOUT_S
 from helpers.submissions import solved
 
@@ -31,7 +31,7 @@ MOMENTUM = POINTS["test_momentum_sgd"]
 # A stub that moves no weight: every kernel-side test of it fails, unless the asserts go.
 STUB = ("self.params[i].add_(self.velocity[i], alpha=-self.lr)", "pass")
 
-pytestmark = [pytest.mark.grading, needs_sandbox()]
+pytestmark = [pytest.mark.grading, needs_jail()]
 
 STRIP_ASSERTS = '''
 import ast

@@ -228,7 +228,7 @@ def _play(hub, browser, pages: dict, finished: Path) -> None:
          "--jobs", "2"], capture_output=True, text=True, timeout=900, **hub.as_user(INSTRUCTOR, course))
     (ARTIFACTS / "grading.log").write_text(graded.stdout + graded.stderr)
     assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
-    assert "WARNING: grading without a sandbox" not in graded.stdout
+    assert "WARNING: grading without a jail" not in graded.stdout
     with open(course / "grader" / "work" / "grades.csv", newline="") as f:
         rows = {row["student_id"]: row for row in csv.DictReader(f)}
     finished_row, untouched_row = rows[FINISHER], rows[UNTOUCHED]

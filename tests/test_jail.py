@@ -17,10 +17,10 @@ import pytest
 from grader.jail import bwrap, cgroups, seccomp
 from grader.jail.host import Jail
 from grader.jail.uids import processes_of
-from helpers import needs_sandbox
+from helpers import needs_jail
 from helpers.jails import jail_in, run_in_jail
 
-pytestmark = [pytest.mark.grading, needs_sandbox()]
+pytestmark = [pytest.mark.grading, needs_jail()]
 
 LIMITS = bwrap.Limits(memory_bytes=1 << 30, processes=64, tmp_bytes=64 << 20, work_bytes=64 << 20)
 

@@ -18,7 +18,7 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from grader.common.labs import graded_cells
-from helpers import REPO, needs_sandbox, round_trips
+from helpers import REPO, needs_jail, round_trips
 from helpers.submissions import solved
 
 pytestmark = pytest.mark.grading
@@ -51,7 +51,7 @@ def _stub() -> nbformat.NotebookNode:
     return nb
 
 
-@needs_sandbox()  # skipped where no jail can be made, but never in CI
+@needs_jail()  # skipped where no jail can be made, but never in CI
 @pytest.mark.timeout(round_trips.TEST_TIMEOUT_S)
 def test_a_stub_with_the_asserts_stripped_scores_nothing_for_its_exercise(round_trip_class):
     scores = round_trips.scores(round_trip_class, LAB, ["stub"])

@@ -26,7 +26,7 @@ from course import _wire_records, grading
 from grader.jail import bwrap
 from grader.judge import loopback, wire
 from grader.judge.client import Finding
-from helpers import needs_sandbox
+from helpers import needs_jail
 from helpers.jails import jail_in
 
 # /proc/net/dev, snmp and snmp6 as Linux writes them (dev's headers and snmp's columns cut short).
@@ -242,7 +242,7 @@ def _open_when_started(launcher: subprocess.Popen, deadline_s: float = 60) -> lo
 
 
 @pytest.mark.grading
-@needs_sandbox()
+@needs_jail()
 @pytest.mark.timeout(300)
 def test_the_jails_loopback_read_from_outside_counts_what_its_processes_wrote(tmp_path):
     launched, own = 3_000_000, 2_000_000

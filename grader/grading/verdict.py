@@ -20,7 +20,7 @@ from grader.jail.kernel import NOTEBOOK_OUTPUT_NOTE, OUTPUT_NOTE
 MAX_LINE = 240
 MAX_LINES = 12
 HIDDEN_PARTS = ("solutions", "reference", "gradebook", "grader/work")
-# The grader's own words about a size (sandboxed.megabytes): a cell that prints the note itself adds no other.
+# The grader's own words about a size (grader.jail.kernel.megabytes): a cell that prints the note itself adds no other.
 _OUTPUT_NOTE_RE = re.compile(re.escape(OUTPUT_NOTE.split("{")[0])
                              + r"((?:more than )?[0-9.]+ [kM]B(?: in one output)?); only")
 _NOTEBOOK_NOTE_RE = re.compile(re.escape(NOTEBOOK_OUTPUT_NOTE.split("{")[0]) + r"[0-9.]+ [kM]B; this cell")

@@ -1,5 +1,5 @@
 """What the tests share besides fixtures (those are in tests/conftest.py): REPO, the
-checkout's root; graded_labs(), the labs every per-lab rule is held to; needs_sandbox(),
+checkout's root; graded_labs(), the labs every per-lab rule is held to; needs_jail(),
 the skip mark of tests that start the grader's jail; and one module per helper:
 
 - submissions: student notebooks built from the release and the solutions, graded
@@ -43,12 +43,12 @@ def graded_labs(root: Path = REPO) -> list:
     return [lab for lab in find_labs(root) if lab.points]
 
 
-def needs_sandbox():
+def needs_jail():
     """Skipped where this machine cannot make a jail; never in CI, which must."""
     from grader.jail.host import unavailable  # a probe that starts a jail: only for the tests that need one
 
     return pytest.mark.skipif(unavailable() is not None and not os.environ.get("CI"),
-                              reason=f"no sandbox here: {unavailable()}")
+                              reason=f"no jail here: {unavailable()}")
 
 
 def make_environment() -> dict[str, str]:

@@ -25,7 +25,7 @@ import pytest
 from .lab_server import TOKEN, LabServer
 
 CHROMIUM_VARIABLE = "COURSE_CHROMIUM"  # a browser other than Debian's, by path
-# As the machine's own probe starts it: no sandbox (root), no GPU, and no background
+# As the machine's own probe starts it: no Chromium sandbox (root), no GPU, and no background
 # traffic, which a closed network refuses many times over at every start.
 CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

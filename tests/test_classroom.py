@@ -1,4 +1,5 @@
-"""Covers: grader.grading.receipts, deploy.hub.classroom, deploy.hub.jupyterhub_config.
+"""Covers: grader.grading.receipts, deploy.hub.classroom, deploy.hub.class_environment,
+deploy.hub.jupyterhub_config.
 
 The classroom's parts, quickly (tests/test_hub.py runs the whole of it on a real hub, in a browser).
 

@@ -1,4 +1,4 @@
-"""Covers: course.drawings.
+"""Covers: course.drawings, course.split_drawing, course._drawing.
 
 The pictures of labs 2, 3 and 4 (course.drawings): the arithmetic each draws, checked without
 pixels against an independent computation and against the labs' own code, then what each

@@ -24,7 +24,8 @@ Direct use, not transitive: a lab uses what its notebook names, where a student 
 runs underneath (the recorder inside every launch, `sizes` under every view) would list nearly
 every lab in nearly every module and tell a reader nothing.
 
-`test_a_wrong_or_missing_line_is_caught` shows each failure on purpose.
+`test_a_wrong_or_missing_line_is_caught` and `test_a_general_phrase_is_held_to_the_labs_of_its_kind`
+show each failure on purpose.
 """
 from __future__ import annotations
 

@@ -408,7 +408,7 @@ def test_the_site_shows_every_lab_as_released_with_its_figures(page, executed_la
     from grader.common.labs import find_labs
 
     hub, repository = "https://hub.example.edu", "https://github.com/example/multi-gpu-course"
-    built = subprocess.run([sys.executable, "-m", "grader", "site", "--out", str(tmp_path / "site"), "--executed",
+    built = subprocess.run([sys.executable, "-m", "course_tools", "site", "--out", str(tmp_path / "site"), "--executed",
                             str(executed_labs), "--hub-url", hub, "--repository", repository, "--branch", "fall"],
                            cwd=REPO, capture_output=True, text=True, timeout=900)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]

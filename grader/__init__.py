@@ -52,16 +52,17 @@ module is in exactly one layer):
   inert (also as autograde's last step, in the autograde worker), `page` renders it in
   the feedback worker, a process of its own that is killed past its time.
 - grading (grader/grading/): collect, unzip, receipts, gradebook, workspace, verdict, export, autograde_worker,
-  submission, shards, exchange, plain_copy, feedback_release.
+  submission, logs, shards, exchange, plain_copy, feedback_release.
   A grading run's parts, in the grader: the submissions collected (`unzip`: from a zip of them;
   `exchange`: nbgrader's collect that refuses a submission handed in as another student or holding
   a link, copied by `plain_copy` without following one, and `feedback_release`, its
   release of feedback pages readable by their students, both run by the instructor's nbgrader;
   `receipts`: nbgrader's, kept beside each feedback page where the exchange vouches for them, so that
   formgrader returns it through the exchange), each graded in a jail
-  of its own (`submission`: nbgrader's autograde in the slot's warm autograde worker),
-  the verdict in plain words, the class gradebook and the CSV; `shards`: a class split into
-  shards graded anywhere, and merged.
+  of its own (`submission`: nbgrader's autograde in the slot's warm autograde worker; `logs`:
+  what it leaves for the instructor, and a page where nothing was graded), the verdict in
+  plain words, the class gradebook and the CSV; `shards`: a class split into shards graded
+  anywhere, and merged.
 - commands (grader/): __main__, grade, judge_values, record, merge, release, reference.
   What an instructor types. `grade` grades a class with all of the above (`judge_values`:
   the judge's values of its run, recorded by `reference` or reused from an earlier run; `record`

@@ -40,7 +40,8 @@ from .common.labs import display_path, find_labs
 from .feedback.worker import FeedbackWorker
 from .grading import collect, export, receipts, shards, unzip, verdict
 from .grading.autograde_worker import AutogradeWorker
-from .grading.submission import SubmissionGrader, log_failure, not_graded
+from .grading.logs import log_failure, not_graded
+from .grading.submission import SubmissionGrader
 from .grading.workspace import Workspace, fingerprint, lab_infos, prepare_gradebook, privately
 from .jail import bwrap
 from .jail.host import unavailable as jail_unavailable
@@ -58,9 +59,9 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
           cell_timeout: float | None = None, jobs: int = 1, unsafe: bool = False, regrade: bool = False,
           judge_values: Path | None = None, shard: tuple[int, int] | None = None, whole_term: bool = False,
           say=print) -> Path:
-    """Collect, autograde, give feedback and export; returns the CSV's path. The CSV reports the labs
-    named in `labs`, or every graded lab with `whole_term`; else the labs handed in
-    (grader.grading.export.reported_labs).
+    """Collect, autograde, give feedback and export (the module's four steps); returns the CSV's path.
+    The CSV reports the labs named in `labs`, or every graded lab with `whole_term`; else the labs
+    handed in (grader.grading.export.reported_labs).
 
     judge_values: an earlier run's judge/ folder, whose recordings are reused where they can be
     (grader.judge_values); shard: (K, N), grade only the K-th of N shards of the class
@@ -76,98 +77,127 @@ def grade(submissions: Path, *, labs: list[str] | None = None, work: Path = DEFA
     # judge's values are recorded: a student's grading waits for it, the export too.
     with ThreadPoolExecutor(max_workers=1) as preparing:
         gradebook_ready = preparing.submit(prepare_gradebook, ws, root, infos)
-        submissions = Path(submissions)
-        problems = []
-        if submissions.is_file():
-            submissions, problems = unzip.unpack(submissions, ws.root / "unzipped" / submissions.stem, list(infos))
-        why_not = jail_unavailable()
-        if why_not and not unsafe:
-            raise GraderError(f"cannot jail the submissions: {why_not}. Fix that, or pass --unsafe to grade "
-                              "without a jail (only for notebooks you trust)")
-        if why_not:
-            say(f"WARNING: grading without a jail ({why_not})")
-        found, more = collect.find(submissions, list(infos))
-        for problem in problems + more:
-            say(f"skipped {problem}")
-        uncollected = _uncollected(problems + more, found, infos)
-        if shard:
-            mine = shards.students_of(shard, [s.student for s in found] + list(uncollected))
-            found = [s for s in found if s.student in mine]
-            uncollected = {student: labs_ for student, labs_ in uncollected.items() if student in mine}
-            say(f"shard {shard[0]}/{shard[1]}: {len(mine)} students, {len(found)} submissions")
+        found, uncollected, why_not = _collect(ws, Path(submissions), infos, shard, unsafe, say)      # 1. collect
         status = ws.load_status()
-        todo = []
-        for submission in found:
-            entry = status.get(submission.student, {}).get(submission.lab)
-            if regrade or not entry or entry.get("fingerprint") != _fingerprint(submission, infos):
-                todo.append(submission)
-        if len(todo) < len(found):
-            say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept "
-                "(--regrade grades them again)")
-        jobs = min(jobs, len(todo))  # no idle slots, and no renderer when nothing is to be graded
-        logs = ws.root / "logs"
-        autograde = {slot: AutogradeWorker(root, logs / f"autograde-{slot}.log") for slot in range(jobs)}
-        feedback = {slot: FeedbackWorker(root, FEEDBACK_TIMEOUT_S, logs / f"feedback-{slot}.log")
-                    for slot in range(jobs)}
-        judges = JudgeSpawner(root, logs / "judges.log")  # one for all slots: a fork takes milliseconds
-        workers = [*autograde.values(), *feedback.values(), *([judges] if jobs else [])]
-        for worker in workers:
-            worker.start()
-        judged: dict[str, tuple[Path, int]] = {}  # filled by each lab's recording before its students start
-        grader = SubmissionGrader(root, ws, infos, limits, cell_timeout, not why_not, threading.Lock(),
-                                  autograde, feedback, judged, judges=judges)
-        slots: queue.Queue[int] = queue.Queue()
-        for slot in range(jobs):
-            slots.put(slot)
-        done = iter(range(1, len(todo) + 1))
-
-        solutions = {x.name: x for x in find_labs(root)}
-
-        def record(lab: str) -> None:
-            if infos[lab].required:  # a lab whose tests check no reference value has none to record
-                judged[lab] = record_judged_values(ws, root, solutions[lab], say, reuse=judge_values)
-
-        def run(submission: collect.Submission) -> None:
-            recordings[submission.lab].result()  # this lab's values are in `judged` (or its recording failed)
-            gradebook_ready.result()
-            slot = slots.get()
-            started = time.time()
-            try:
-                entry = grader.grade(submission, slot)
-            except Exception as error:  # this student's alone: the class goes on (grader.grading.submission)
-                log_failure(ws, submission, "grade this notebook", error)
-                entry = not_graded(ws, submission, verdict.could_not("grade this notebook", error), started)
-            finally:
-                slots.put(slot)
-            if mark := _fingerprint(submission, infos):
-                entry["fingerprint"] = mark  # none: the next run grades it again
-            with grader.lock:
-                status.setdefault(submission.student, {})[submission.lab] = entry
-                ws.save_status(status)  # after each one: an interrupted run keeps what it graded
-                say(f"[{next(done)}/{len(todo)}] {submission.student} {submission.lab}: "
-                    f"{verdict.as_text(entry['verdict'])}{_pending(entry)} ({entry['seconds']:.0f} s)")
-
-        # The labs' recordings go first, `jobs` at a time, in the pool that then grades: a lab's
-        # students start as soon as its own recording is done, while the others' go on.
-        pool = ThreadPoolExecutor(max_workers=max(jobs, 1))
-        try:
-            recordings = {lab: pool.submit(record, lab) for lab in sorted({s.lab for s in todo})}
-            for future in [*recordings.values(), *[pool.submit(run, s) for s in todo]]:
-                future.result()
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)  # after a failure: nothing more starts
-            for worker in workers:
-                worker.close()
+        todo = _changed(found, status, infos, regrade, say)
+        _record_and_grade(root, ws, infos, todo, status, gradebook_ready, jobs=jobs, limits=limits,  # 2. and 3.
+                          cell_timeout=cell_timeout, jailed=not why_not, judge_values=judge_values, say=say)
         for submission in found:  # the receipts of a resubmission change even where its notebook did not
             receipts.keep(submission, ws.feedback / submission.student / submission.lab)
         gradebook_ready.result()
-        target = Path(csv_path) if csv_path else ws.root / "grades.csv"
-        every_lab = bool(labs) or whole_term
-        shards.write_run(ws, list(infos), shard, uncollected, every_lab)
-        export.write_class(target, ws.gradebook, root, infos, status, uncollected, {s.student for s in found},
-                           every=every_lab)
-        say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
-        return target
+        return _export(ws, root, infos, status, found, uncollected, csv_path, shard,           # 4. export
+                       every_lab=bool(labs) or whole_term, say=say)
+
+
+def _collect(ws: Workspace, submissions: Path, infos: dict, shard: tuple[int, int] | None, unsafe: bool,
+             say) -> tuple[list[collect.Submission], dict[str, dict], str | None]:
+    """Step 1: the submissions found (unzipped first, from a zip), those of the shard alone; the labs that
+    could not be collected ({student: {lab: status entry}}); and why no jail can be made (None: it can),
+    which stops the run unless `unsafe`."""
+    problems = []
+    if submissions.is_file():
+        submissions, problems = unzip.unpack(submissions, ws.root / "unzipped" / submissions.stem, list(infos))
+    why_not = jail_unavailable()
+    if why_not and not unsafe:
+        raise GraderError(f"cannot jail the submissions: {why_not}. Fix that, or pass --unsafe to grade "
+                          "without a jail (only for notebooks you trust)")
+    if why_not:
+        say(f"WARNING: grading without a jail ({why_not})")
+    found, more = collect.find(submissions, list(infos))
+    for problem in problems + more:
+        say(f"skipped {problem}")
+    uncollected = _uncollected(problems + more, found, infos)
+    if shard:
+        mine = shards.students_of(shard, [s.student for s in found] + list(uncollected))
+        found = [s for s in found if s.student in mine]
+        uncollected = {student: labs_ for student, labs_ in uncollected.items() if student in mine}
+        say(f"shard {shard[0]}/{shard[1]}: {len(mine)} students, {len(found)} submissions")
+    return found, uncollected, why_not
+
+
+def _export(ws: Workspace, root: Path, infos: dict, status: dict, found: list[collect.Submission],
+            uncollected: dict[str, dict], csv_path: Path | None, shard: tuple[int, int] | None, *, every_lab: bool,
+            say) -> Path:
+    """Step 4: the class's CSV (and the shard's record of this run, for `merge`); returns the CSV's path."""
+    target = Path(csv_path) if csv_path else ws.root / "grades.csv"
+    shards.write_run(ws, list(infos), shard, uncollected, every_lab)
+    export.write_class(target, ws.gradebook, root, infos, status, uncollected, {s.student for s in found},
+                       every=every_lab)
+    say(f"wrote {display_path(target, root)}; feedback in {display_path(ws.feedback, root)}/")
+    return target
+
+
+def _changed(found: list[collect.Submission], status: dict, infos: dict, regrade: bool,
+             say) -> list[collect.Submission]:
+    """What to grade: the submissions not graded before as they are now (all of them with `regrade`)."""
+    todo = []
+    for submission in found:
+        entry = status.get(submission.student, {}).get(submission.lab)
+        if regrade or not entry or entry.get("fingerprint") != _fingerprint(submission, infos):
+            todo.append(submission)
+    if len(todo) < len(found):
+        say(f"{len(found) - len(todo)} submissions unchanged since they were graded: kept "
+            "(--regrade grades them again)")
+    return todo
+
+
+def _record_and_grade(root: Path, ws: Workspace, infos: dict, todo: list[collect.Submission], status: dict,
+                      gradebook_ready, *, jobs: int, limits: bwrap.Limits, cell_timeout: float | None, jailed: bool,
+                      judge_values: Path | None, say) -> None:
+    """Steps 2 and 3: each lab's judge values recorded, then its students graded, `jobs` at a time, each slot
+    with its warm workers; status.json written after each submission."""
+    jobs = min(jobs, len(todo))  # no idle slots, and no renderer when nothing is to be graded
+    logs = ws.root / "logs"
+    autograde = {slot: AutogradeWorker(root, logs / f"autograde-{slot}.log") for slot in range(jobs)}
+    feedback = {slot: FeedbackWorker(root, FEEDBACK_TIMEOUT_S, logs / f"feedback-{slot}.log") for slot in range(jobs)}
+    judges = JudgeSpawner(root, logs / "judges.log")  # one for all slots: a fork takes milliseconds
+    workers = [*autograde.values(), *feedback.values(), *([judges] if jobs else [])]
+    for worker in workers:
+        worker.start()
+    judged: dict[str, tuple[Path, int]] = {}  # filled by each lab's recording before its students start
+    grader = SubmissionGrader(root, ws, infos, limits, cell_timeout, jailed, threading.Lock(),
+                              autograde, feedback, judged, judges=judges)
+    slots: queue.Queue[int] = queue.Queue()
+    for slot in range(jobs):
+        slots.put(slot)
+    done = iter(range(1, len(todo) + 1))
+    solutions = {x.name: x for x in find_labs(root)}
+
+    def record(lab: str) -> None:
+        if infos[lab].required:  # a lab whose tests check no reference value has none to record
+            judged[lab] = record_judged_values(ws, root, solutions[lab], say, reuse=judge_values)
+
+    def run(submission: collect.Submission) -> None:
+        recordings[submission.lab].result()  # this lab's values are in `judged` (or its recording failed)
+        gradebook_ready.result()
+        slot = slots.get()
+        started = time.time()
+        try:
+            entry = grader.grade(submission, slot)
+        except Exception as error:  # this student's alone: the class goes on (grader.grading.submission)
+            log_failure(ws, submission, "grade this notebook", error)
+            entry = not_graded(ws, submission, verdict.could_not("grade this notebook", error), started)
+        finally:
+            slots.put(slot)
+        if mark := _fingerprint(submission, infos):
+            entry["fingerprint"] = mark  # none: the next run grades it again
+        with grader.lock:
+            status.setdefault(submission.student, {})[submission.lab] = entry
+            ws.save_status(status)  # after each one: an interrupted run keeps what it graded
+            say(f"[{next(done)}/{len(todo)}] {submission.student} {submission.lab}: "
+                f"{verdict.as_text(entry['verdict'])}{_pending(entry)} ({entry['seconds']:.0f} s)")
+
+    # The labs' recordings go first, `jobs` at a time, in the pool that then grades: a lab's
+    # students start as soon as its own recording is done, while the others' go on.
+    pool = ThreadPoolExecutor(max_workers=max(jobs, 1))
+    try:
+        recordings = {lab: pool.submit(record, lab) for lab in sorted({s.lab for s in todo})}
+        for future in [*recordings.values(), *[pool.submit(run, s) for s in todo]]:
+            future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # after a failure: nothing more starts
+        for worker in workers:
+            worker.close()
 
 
 def _pending(entry: dict) -> str:

@@ -281,7 +281,7 @@ def test_the_jails_folder_is_the_graders_and_the_jail_may_only_search_the_judges
         assert mode(spec.judge_dir) == (0o700, me, group)
     else:
         assert mode(spec.judge_dir) == (0o750, 0, uid)
-        assert mode(spec.kernel_dir) == (0o770, 0, uid)   # until the kernel answers (grader.jail.kernel seals it)
+        assert mode(spec.kernel_dir) == (0o770, 0, uid)  # until the kernel answers (kernel_manager seals it)
 
 
 def test_no_host_path_names_where_stored_values_are_not():

@@ -1,6 +1,6 @@
 """The jail itself (grader.jail.bwrap, grader.jail.cgroups, grader.jail.seccomp, grader.jail.uids), without nbgrader.
 
-Each test starts a jail through its launcher (``python -m grader.jail.bwrap``),
+Each test starts a jail through its launcher (``python -m grader.jail.launcher``),
 as the kernel manager does, and runs a small program in it: a few seconds
 each. What graded notebooks do to the jail is in test_hostile_jail.py.
 """

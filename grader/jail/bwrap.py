@@ -11,7 +11,7 @@ A submission's kernel (and every rank it launches) runs inside `bwrap` with:
   folder /home/student/<lab>, private /tmp and /dev/shm, each a tmpfs of
   capped size that vanishes with the jail; the kernel's folder (connection
   file, zmq sockets), which the kernel may write only while it starts (see
-  grader.jail.kernel); the judge's socket, read-only. The root is read-only.
+  grader.jail.kernel_manager); the judge's socket, read-only. The root is read-only.
   The solutions, the reference answers, the gradebook, nbgrader's folders,
   other students' work and the rest of the course tree are not in it at all;
 - limits for the whole jail in a cgroup (grader.jail.cgroups: memory, processes,
@@ -187,7 +187,7 @@ def prepare(root: Path, uid: int | None, limits: Limits) -> Spec:
         # socket there (grader.judge.server gives the socket the same group), and nothing more.
         os.chown(spec.judge_dir, 0, uid)
         os.chmod(spec.judge_dir, 0o750)
-        # The kernel creates its sockets here while it starts; then grader.jail.kernel seals it.
+        # The kernel creates its sockets here while it starts; then grader.jail.kernel_manager seals it.
         os.chown(spec.kernel_dir, 0, uid)
         os.chmod(spec.kernel_dir, 0o770)
     spec.save()

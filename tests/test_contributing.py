@@ -1,4 +1,6 @@
-"""CONTRIBUTING.md's recipe table ("Every file a new lab touches") against the repository.
+"""Covers: the recipe for a new lab.
+
+CONTRIBUTING.md's recipe table ("Every file a new lab touches") against the repository.
 
 - every test the table names exists (its file, and the function where it names one);
 - every new or generated path with `NN_slug` or `N` in it exists for every lab of the kind its row names;

@@ -1,4 +1,6 @@
-"""Feedback pages run nothing of the student's and show no hidden test.
+"""Covers: grader.feedback.safety, grader.feedback.page.
+
+Feedback pages run nothing of the student's and show no hidden test.
 
 Unit tests render crafted notebooks through grader.feedback.page (without a
 gradebook); a student whose notebook does all of it at once is graded in the

@@ -1,4 +1,6 @@
-"""One submission never stops the class: whatever a step of grading one notebook raises (reading
+"""Covers: one submission never stops the class.
+
+One submission never stops the class: whatever a step of grading one notebook raises (reading
 it, scoring it, the tampering scan, the verdict, its feedback page, merging its grade, its CSV
 row), and whatever is wrong with one student's part of the class's zip or folder (a damaged
 member, stray notebooks, an id nbgrader cannot use, a folder named like a lab), is that

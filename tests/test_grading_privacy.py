@@ -1,4 +1,6 @@
-"""The grading host's other users are outside the boundary: nothing a grading run makes is theirs to read,
+"""Covers: the grading host's privacy.
+
+The grading host's other users are outside the boundary: nothing a grading run makes is theirs to read,
 write, connect to or signal.
 
 A process of an unrelated uid (a student with a terminal on the hub, another account on a cluster)

@@ -1,4 +1,6 @@
-"""The classroom on a real JupyterHub (deploy/hub/, `make hub`), end to end, each person in their own login.
+"""Covers: the hub.
+
+The classroom on a real JupyterHub (deploy/hub/, `make hub`), end to end, each person in their own login.
 
 An instructor and two students are real Unix users, made for the test and removed after it. In
 headless Chromium, each logs in to the hub with their password and gets a JupyterLab of their own:

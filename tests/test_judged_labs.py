@@ -1,4 +1,6 @@
-"""The judge holds labs 3 and 4 to account: a submission that silences the kernel's own
+"""Covers: grader.judge.server.
+
+The judge holds labs 3 and 4 to account: a submission that silences the kernel's own
 checks still earns nothing for a wrong exercise, and the judge says why.
 
 A student cell installs an IPython AST transformer that turns every `assert` into

@@ -1,4 +1,6 @@
-"""The records checked against the wire (grader.judge.wire, grader.judge.loopback, course._wire_records):
+"""Covers: grader.judge.wire, grader.judge.loopback, course._wire_records.
+
+The records checked against the wire (grader.judge.wire, grader.judge.loopback, course._wire_records):
 the comparison and its verdict, the judge's records message, and the jail's loopback read from outside
 while ranks send.
 

@@ -11,6 +11,8 @@ the skip mark of tests that start the grader's jail; and one module per helper:
 - browser: headless Chromium driving JupyterLab (`chromium`, `Notebook`).
 - collecting: the course's collect (grader/grading/exchange.py) run as formgrader runs it, in a
   test's folder, its students' uids a mapping of the test's.
+- notebooks: notebooks and a gradebook built cell by cell for the grader's unit tests
+  (`write_notebook`, `graded_cell`, `tagged_cell`, `gradebook_with_written_answers`).
 - kernel_session: a script, not a module: one Jupyter kernel through the launcher's
   notebook scenarios, in a process of its own (tests/test_launch_contexts.py).
 

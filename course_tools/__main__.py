@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-from grader import GraderError
+from grader.common import command_line
 
 # Each command module provides add_subcommand(subparsers), which registers its parser and
 # sets ``func`` (args -> exit status). Add new commands here. They are imported when the
@@ -15,15 +14,9 @@ COMMANDS = ("run", "site", "handout")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m course_tools",
-        description="The course's own tools that grade nothing: run a lab's training, build the website, "
-                    "write the students' handout.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f"course_tools.{name}").add_subcommand(sub)
-    return parser
+    return command_line.build_parser(
+        "python -m course_tools", "The course's own tools that grade nothing: run a lab's training, build the "
+        "website, write the students' handout.", "course_tools", COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run.main(argv[1:])
         return 0
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args) or 0
-    except GraderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return command_line.run(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
-from . import GraderError
+from grader.common import command_line
 
 # Each command module provides add_subcommand(subparsers), which registers its
 # parser and sets ``func`` (args -> exit status). Add new commands here. They are
@@ -19,28 +18,17 @@ MOVED = ("run", "site", "handout")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m grader",
-        description="Course tooling: build the student release, grade submissions.",
+    return command_line.build_parser(
+        "python -m grader", "Course tooling: build the student release, grade submissions.", "grader", COMMANDS,
         epilog="A lab's training (run), the website (site) and the students' handout (handout) are "
-               "python -m course_tools COMMAND.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f"grader.{name}").add_subcommand(sub)
-    return parser
+               "python -m course_tools COMMAND.")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in MOVED:
         return _forward(argv)
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args) or 0
-    except GraderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return command_line.run(build_parser(), argv)
 
 
 def _forward(argv: list[str]) -> int:

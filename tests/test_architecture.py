@@ -1,4 +1,6 @@
-"""Imports run one way: the rules of course/__init__.py's and grader/__init__.py's docstrings, held.
+"""Covers: the architecture.
+
+Imports run one way: the rules of course/__init__.py's and grader/__init__.py's docstrings, held.
 
 - no import cycle among the modules of `course/`, nor among those of `grader/`
   (an import inside a function counts: it is a cycle that only waits to be called);

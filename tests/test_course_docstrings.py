@@ -1,4 +1,6 @@
-"""Each course/ module's docstring says where it is used (d2l's back-link), held.
+"""Covers: the modules' docstrings.
+
+Each course/ module's docstring says where it is used (d2l's back-link), held.
 
 The rule, read from text only (no module is imported, no notebook run):
 - A module that a solution notebook names in a code cell has, in its docstring, a paragraph

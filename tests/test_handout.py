@@ -1,4 +1,6 @@
-"""The students' copy of the course (`make handout`, course_tools/handout.py): the release and the
+"""Covers: course_tools.handout.
+
+The students' copy of the course (`make handout`, course_tools/handout.py): the release and the
 package, how to open them, and no answer.
 
 A lab of the handout runs from it alone (its kernel imports the handout's course/, not the

@@ -1,4 +1,6 @@
-"""The hostile suite: a class of lab 1 submissions that try to break the grader.
+"""Covers: the hostile students.
+
+The hostile suite: a class of lab 1 submissions that try to break the grader.
 
 One run of `python -m grader grade` (as instructors run it: a zip of the
 class, two submissions at a time) grades honest students beside students whose

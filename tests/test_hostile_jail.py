@@ -1,4 +1,6 @@
-"""Attacks on the jail, through a real grading run (SLOW: the shared lab 1 class, helpers.lab1_class).
+"""Covers: grader.jail, the hostile students.
+
+Attacks on the jail, through a real grading run (SLOW: the shared lab 1 class, helpers.lab1_class).
 
 Students whose notebooks plant symlinks where the grader (root) used to
 write, split a memory bomb over several processes, flood the notebook through

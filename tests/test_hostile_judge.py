@@ -1,4 +1,6 @@
-"""Attacks on the judge, each a student of a real grading run of lab 1 (`python -m grader grade`: the
+"""Covers: grader.judge, the hostile students.
+
+Attacks on the judge, each a student of a real grading run of lab 1 (`python -m grader grade`: the
 class the grading modules share, helpers.lab1_class).
 
 The judge decides every graded test cell's points outside the kernel: a

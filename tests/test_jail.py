@@ -1,4 +1,6 @@
-"""The jail itself (grader.jail.bwrap, grader.jail.cgroups, grader.jail.seccomp, grader.jail.uids), without nbgrader.
+"""Covers: grader.jail.launcher, grader.jail.bwrap, grader.jail.cgroups, grader.jail.seccomp, grader.jail.uids.
+
+The jail itself (grader.jail.bwrap, grader.jail.cgroups, grader.jail.seccomp, grader.jail.uids), without nbgrader.
 
 Each test starts a jail through its launcher (``python -m grader.jail.launcher``),
 as the kernel manager does, and runs a small program in it: a few seconds

@@ -1,4 +1,6 @@
-"""The jail's edges (issue 33, item 10): the system calls and socket families its seccomp filter
+"""Covers: grader.jail.seccomp, grader.jail.bwrap, grader.jail.host, grader.jail.uids, grader.jail.launcher.
+
+The jail's edges (issue 33, item 10): the system calls and socket families its seccomp filter
 refuses, the environment it passes by exact names, and the memory of the whole jail where there
 is no cgroup (a grader not root): the grader's watchdog, tried as root and as an unprivileged uid.
 

@@ -1,4 +1,6 @@
-"""What a jailed kernel sends back, and where it may write: nbgrader's jailed Execute on small notebooks.
+"""Covers: grader.jail.kernel, grader.jail.kernel_manager, grader.jail.host.
+
+What a jailed kernel sends back, and where it may write: nbgrader's jailed Execute on small notebooks.
 
 Each test runs a few cells through grader.jail.kernel.JailedExecute, as
 ``nbgrader autograde`` does (the synchronous ExecutePreprocessor path), in a

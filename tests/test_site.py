@@ -1,4 +1,6 @@
-"""course_tools/site.py's pages, piece by piece: which of a run's outputs a released lab's page shows, and what
+"""Covers: course_tools.site.
+
+course_tools/site.py's pages, piece by piece: which of a run's outputs a released lab's page shows, and what
 the command refuses. The whole site is built from the labs' runs and looked at in test_browser.py."""
 from __future__ import annotations
 

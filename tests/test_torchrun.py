@@ -1,4 +1,6 @@
-"""Each lab's reference training as a script (`python -m course_tools run`) under torchrun: on
+"""Covers: course_tools.run, course_tools.trainings.
+
+Each lab's reference training as a script (`python -m course_tools run`) under torchrun: on
 one node, and, where the nodes change how its ranks talk (ACROSS_NODES), as two nodes meeting
 at a c10d rendezvous on this machine. The script
 must end with the parameters and losses of the notebook's own run: the same

@@ -1,4 +1,4 @@
-"""Covers: grader.grading.exchange.
+"""Covers: grader.grading.exchange, grader.grading.plain_copy, grader.grading.feedback_release.
 
 The course's collect (grader/grading/exchange.py): a submission is taken only from the student it names.
 

@@ -1,4 +1,4 @@
-"""Covers: grader.reference, grader.grade.
+"""Covers: grader.reference, grader.grade, grader.__main__, grader.grading.gradebook.
 
 What an instructor types, its parts tested alone: `reference` compares stored values with fresh
 ones, checks a solution's tagged cells before executing it, and names a solution that fails while

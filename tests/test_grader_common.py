@@ -1,5 +1,5 @@
 """Covers: grader.common.warm_process, grader.common.solution, grader.common.stubs, grader.common.execute,
-grader.common.nbgrader_cli.
+grader.common.nbgrader_cli, grader.common.command_line.
 
 The parts the grader's subsystems share: a helper process kept warm (its start not taken from a
 request's time), the solution loader and the tags it reads, the release's stubs named for what
@@ -186,3 +186,30 @@ def test_the_nbgrader_processes_the_grader_starts_leave_no_config_folder_in_tmp(
     assert Path(made).name.startswith("jupyter-clean-cfg-"), made
     assert Path(made).is_relative_to(tmp_path), made
     assert list(tmp_path.iterdir()) == [], f"left in TMPDIR: {sorted(p.name for p in tmp_path.iterdir())}"
+
+
+def test_a_command_s_grader_error_is_its_message_and_status_1_and_other_statuses_pass_through(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """grader.common.command_line: the parser both `python -m grader` and `python -m course_tools` build."""
+    from grader.common import command_line
+
+    package = tmp_path / "some_commands"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "fails.py").write_text(
+        "from grader import GraderError\n"
+        "def add_subcommand(sub):\n"
+        "    p = sub.add_parser('fails')\n"
+        "    p.add_argument('why')\n"
+        "    p.set_defaults(func=lambda args: (_ for _ in ()).throw(GraderError(f'no {args.why}')))\n")
+    (package / "ends.py").write_text(
+        "def add_subcommand(sub):\n"
+        "    sub.add_parser('ends').set_defaults(func=lambda args: 3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    parser = command_line.build_parser("prog", "what it does", "some_commands", ("fails", "ends"))
+    assert command_line.run(parser, ["fails", "solutions"]) == 1
+    assert capsys.readouterr().err == "error: no solutions\n"
+    assert command_line.run(parser, ["ends"]) == 3
+    with pytest.raises(SystemExit):  # an unknown command is argparse's: usage and status 2
+        command_line.run(parser, ["other"])
+    assert "invalid choice: 'other'" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Covers: one submission never stops the class.
+"""Covers: one submission never stops the class, grader.grading.logs.
 
 One submission never stops the class: whatever a step of grading one notebook raises (reading
 it, scoring it, the tampering scan, the verdict, its feedback page, merging its grade, its CSV

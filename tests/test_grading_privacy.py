@@ -1,4 +1,4 @@
-"""Covers: the grading host's privacy.
+"""Covers: the grading host's privacy, grader.common.private_write.
 
 The grading host's other users are outside the boundary: nothing a grading run makes is theirs to read,
 write, connect to or signal.

@@ -1,4 +1,4 @@
-"""Covers: grader.grade.
+"""Covers: grader.grade, grader.grading.autograde_worker.
 
 The grading round trip: `python -m grader grade` on a class of lab 1 submissions.
 

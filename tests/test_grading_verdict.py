@@ -1,4 +1,5 @@
-"""Covers: grader.grading.verdict, grader.grading.submission, grader.grading.export, grader.grading.workspace.
+"""Covers: grader.grading.verdict, grader.grading.submission, grader.grading.export, grader.grading.workspace,
+grader.common.quoting.
 
 What a grading run says of each submission, in the verdict and the CSV: tests that never ran mean
 not graded, errors and tampering in plain words, a long verdict line cut between clauses, only the

@@ -1,4 +1,4 @@
-"""Covers: grader.jail.bwrap.
+"""Covers: grader.jail.bwrap, grader.common.cores.
 
 The environment a graded kernel's jail gets beyond what it passes by name: its ranks wait longer and
 its threads sleep while they wait, unless the instructor says otherwise. Read from

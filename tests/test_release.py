@@ -1,4 +1,4 @@
-"""Covers: grader.release.
+"""Covers: grader.release, grader.common.labs, grader.common.compare.
 
 The student release labs/ is what `python -m grader release` makes of solutions/.
 

@@ -1,4 +1,4 @@
-"""Covers: grader.judge.tampering, grader.judge.scanner, grader.judge.allowed.
+"""Covers: grader.judge.tampering, grader.judge.scanner, grader.judge.allowed, grader.judge.lab_cells.
 
 grader.judge.tampering and grader.judge.allowed: each way of reaching for the grading machinery is flagged
 at its line and withholds, what is only outside the allowlist is flagged and costs nothing, and correct

@@ -1,4 +1,4 @@
-"""Covers: course_tools.run, course_tools.trainings.
+"""Covers: course_tools.run, course_tools.trainings, course_tools.__main__.
 
 Each lab's reference training as a script (`python -m course_tools run`) under torchrun: on
 one node, and, where the nodes change how its ranks talk (ACROSS_NODES), as two nodes meeting

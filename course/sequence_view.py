@@ -9,7 +9,8 @@ lab's block is chosen (float32, the lab's own sizes); dropout's masks counted ex
 which trains without dropout:
 
 - "none": everything stored, the s² scores too; "selective": attention's core recomputed;
-  "full": each layer's input only (plus, in backward, one layer rebuilt: not drawn);
+  "full": each layer's input only, plus, in backward, the one layer being rebuilt, which holds all a
+  "none" layer does (`all_layers_bytes` counts it; the per-layer curve draws the inputs alone);
 - "tensor parallel": selective, split over tp ranks (10·sbh whole on every rank);
 - "sequence parallel": selective, everything split over tp ranks;
 - "context parallel": ring attention over `context` ranks (no scores kept), the sequence split;
@@ -95,11 +96,18 @@ def sent_bytes(scheme: str, s: int, model: str, tp: int, context: int) -> float:
     return 0.0
 
 
+def all_layers_bytes(scheme: str, s: int, model: str, tp: int, context: int) -> float:
+    """Every layer's activations per rank at their peak: under "full" each layer's input, and the one layer
+    backward is rebuilding, which keeps what a "none" layer keeps (course.activations' table)."""
+    layers = shape(model)[2]
+    rebuilt = layer_bytes("none", s, model, tp, context) if scheme == "full" else 0.0
+    return layers * layer_bytes(scheme, s, model, tp, context) + rebuilt
+
+
 def longest(scheme: str, model: str, gpu: str, tp: int, context: int) -> int:
     """The longest sequence (a power of two) whose activations, all layers, fit the GPU's memory."""
-    _, _, layers, _ = shape(model)
     budget = memory.GPUS[gpu].nbytes
-    fits = [s for s in SEQUENCES if layers * layer_bytes(scheme, s, model, tp, context) <= budget]
+    fits = [s for s in SEQUENCES if all_layers_bytes(scheme, s, model, tp, context) <= budget]
     return max(fits) if fits else 0
 
 
@@ -147,10 +155,9 @@ def describe(*, model: str, gpu: str, tp: int, context: int, **_) -> str:
 def longest_table(*, model: str, gpu: str, tp: int, context: int) -> str:
     """A markdown table: each scheme's longest sequence that fits, and its bytes per layer at that length."""
     rows = ["| scheme | longest sequence that fits | activations per rank, all layers |", "|---|---:|---:|"]
-    layers = shape(model)[2]
     for scheme in SCHEMES:
         s = longest(scheme, model, gpu, tp, context)
-        held = layers * layer_bytes(scheme, s, model, tp, context) if s else 0
+        held = all_layers_bytes(scheme, s, model, tp, context) if s else 0
         rows.append(f"| {scheme} | {tokens(s)} | {held / 1e9:,.1f} GB |")
     return "\n".join(rows)
 

@@ -11,7 +11,8 @@ parallelism over t ranks, in bytes with 16-bit activations (and 1-byte dropout m
 |-------------|-----------------------------------------------|---------------------------|---------------------------|
 | "none"      | everything, the s² attention scores too       | sbh(10 + 24/t + 5as/(ht)) | sbh/t·(34 + 5as/h)        |
 | "selective" | all but attention's scores, recomputed in     | sbh(10 + 24/t)            | 34·sbh/t                  |
-|             | backward (as FlashAttention's backward does)  |                           |                           |
+|             | backward with scores·v (FlashAttention's      |                           |                           |
+|             | backward recomputes q·k and the softmax only) |                           |                           |
 | "full"      | its input only (activation checkpointing)     | 2sbh                      | 2sbh/t                    |
 
 "none" is the paper's Eq. 2, and Eq. 3 with sequence parallelism; sbh(34 + 5as/h) at t = 1 (Eq. 1).

@@ -105,9 +105,9 @@ def test_every_solution_tags_its_cells_for_the_loader_as_it_can_load_them():
     from grader.common.solution import code_cells, marking_problems
     for lab in find_labs():
         assert marking_problems(nbformat.read(lab.notebook, as_version=4), lab.name) == []
-    for name in LABS:  # what `python -m grader run` loads: a setup and something reused
+    for name in LABS:  # what `python -m course_tools run` loads: a setup and something reused
         nb = nbformat.read(COURSE_ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
-        assert len(code_cells(nb)) > 1, f"{name}: load would give grader run nothing to run"
+        assert len(code_cells(nb)) > 1, f"{name}: load would give course_tools run nothing to run"
 
 
 def test_solution_loader_gives_lab_2_answers_that_run_on_ranks():

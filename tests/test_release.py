@@ -83,6 +83,22 @@ EXERCISE_HEADING = re.compile(r"^## Exercise (\d+) · .*\((\d+) points?\)$", re.
 
 
 @pytest.mark.parametrize("lab", [lab for lab in find_labs(REPO) if lab.points], ids=lambda lab: lab.name)
+def test_every_written_answer_has_a_rubric_worth_its_points_with_the_wrong_answers_it_meets(lab):
+    """A question graded by hand: its model answer ends with `**Rubric (N points).**`, N the cell's points,
+    and names the common wrong answers, so that every grader gives the same points for the same answer."""
+    nb = nbformat.read(lab.notebook, as_version=4)
+    written = [cell for cell in nb.cells if cell.cell_type == "markdown"
+               and cell.metadata.get("nbgrader", {}).get("solution")]
+    for cell in written:
+        points, grade_id = cell.metadata.nbgrader["points"], cell.metadata.nbgrader["grade_id"]
+        rubric = re.search(r"\*\*Rubric \((\d+) points?\)\.\*\*", cell.source)
+        assert rubric, f"{lab.name}/{grade_id}: no **Rubric ({points:g} points).** in its model answer"
+        assert float(rubric.group(1)) == points, f"{lab.name}/{grade_id}: a rubric of {rubric.group(1)} points"
+        assert "wrong answer" in cell.source[rubric.start():].lower(), \
+            f"{lab.name}/{grade_id}: its rubric names no common wrong answer"
+
+
+@pytest.mark.parametrize("lab", [lab for lab in find_labs(REPO) if lab.points], ids=lambda lab: lab.name)
 def test_each_exercise_s_heading_gives_the_points_of_its_test_cell(lab):
     # what a student sees next to each exercise, in the release: "## Exercise 2 · ... (3 points)", the
     # points of the graded test cells up to the next exercise (one, or one per part), numbered 1, 2, ...

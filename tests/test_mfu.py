@@ -334,3 +334,23 @@ def test_the_gpu_s_datasheet_is_found_by_its_name():
     if sheet is not None:   # a datasheet's dense peak is above what one matmul reaches here
         measured = mfu.matmul_peak(device, "fp32", size=4096, repeats=3)
         assert measured < 1.2 * sheet.peak("fp32"), (measured, sheet)
+
+
+def test_lab_1_s_written_question_quotes_the_h100_run_its_model_answer_computes_from():
+    """Lab 1's question 1 states a measured throughput: the one bench/results/single_gpu_h100.md holds for the
+    wide MLP at batch 2048, and its model answer's rate and MFU follow from it (they drifted once)."""
+    import json
+    import re
+
+    from helpers import REPO
+
+    bench = (REPO / "bench" / "results" / "single_gpu_h100.md").read_text(encoding="utf-8")
+    wide = bench.split("**wide MLP (1024 -> 4096 -> 4096 -> 10)**", 1)[1]
+    measured = int(re.search(r"^\| 2048 \| [\d.]+ \| ([\d,]+) ", wide, re.M).group(1).replace(",", ""))
+    notebook = json.loads((REPO / "solutions" / "01_single_gpu" / "01_single_gpu.ipynb").read_text(encoding="utf-8"))
+    text = " ".join("".join(cell["source"]) for cell in notebook["cells"])
+    assert f"measured {measured:,} samples per second at batch 2048" in text
+    flops = mfu.training_flops_per_sample(models.mlp(in_features=1024, hidden=(4096, 4096)), (1024,))
+    assert f"≈ {measured * flops / 1e12:.1f} TFLOP/s" in text
+    ratio = f"{mfu.mfu(measured, flops, 67e12):.0%}".replace("%", " %")
+    assert f"`mfu.mfu({measured:_}, {flops:_}, 67e12)` ≈ {ratio}" in text

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import package_files
+
 REPO = Path(__file__).resolve().parent.parent
 COST_MODELS = ("transfer", "sizes", "timemodel", "grid_model", "memory", "pipeline", "activations", "presets",
                "experts", "layout_cost", "choosing")
@@ -52,16 +54,6 @@ GRADER_FOR_TOOLS = ("grader", "grader.common")
 
 
 # --- what the rules look at -----------------------------------------------------------
-
-def package_files(root: Path, package: str) -> dict[str, Path]:
-    """{dotted module name: its file}, for root/package and every package folder in it."""
-    files = {}
-    for path in sorted((root / package).rglob("*.py")):
-        parts = path.relative_to(root).with_suffix("").parts
-        if all((root.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(1, len(parts))):
-            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return files
-
 
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     """{module: every module it imports, anywhere in its source}, for the modules of root/package.

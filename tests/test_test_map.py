@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO, package_files
 
 #: What a test file may cover besides modules: a promise of the course that no one module keeps,
 #: each with what it is.
@@ -81,14 +81,8 @@ def is_promise(item: str, root: Path) -> bool:
 def modules(root: Path) -> list[str]:
     """Every module of the instructor's packages, grader/ and course_tools/, by dotted name (a package's
     __init__ holds its docstring only, and is no module of its own here)."""
-    found = []
-    for package in ("grader", "course_tools"):
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            if parts[-1] != "__init__" and all((root.joinpath(*parts[:i]) / "__init__.py").is_file()
-                                               for i in range(1, len(parts))):
-                found.append(".".join(parts))
-    return found
+    return [name for package in ("grader", "course_tools") for name, path in package_files(root, package).items()
+            if path.stem != "__init__"]
 
 
 def problems(tests: Path, root: Path = REPO) -> list[str]:

@@ -1,6 +1,7 @@
 """What the tests share besides fixtures (those are in tests/conftest.py): REPO, the
 checkout's root; graded_labs(), the labs every per-lab rule is held to; needs_jail(),
-the skip mark of tests that start the grader's jail; and one module per helper:
+the skip mark of tests that start the grader's jail; package_files(), a package's modules by
+dotted name; and one module per helper:
 
 - submissions: student notebooks built from the release and the solutions, graded
   as nbgrader grades them (`solved`, `graded_only`, `grade_class`, the fairness tests).
@@ -57,3 +58,13 @@ def make_environment() -> dict[str, str]:
     """This process's environment for a `make` it runs: a parent `make test` passes its own settings
     down through MAKEFLAGS, MFLAGS and MAKELEVEL; dropped."""
     return {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+
+
+def package_files(root: Path, package: str) -> dict[str, Path]:
+    """{dotted module name: its file}, for root/package and every package folder in it."""
+    files = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if all((root.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(1, len(parts))):
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files

@@ -19,6 +19,7 @@ import ast
 import nbformat
 import pytest
 
+from grader.judge import lab_cells
 from helpers import REPO
 
 SOLUTIONS = sorted((REPO / "solutions").glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb"))
@@ -31,8 +32,10 @@ OTHER_RANK_COUNTS = {"n_ranks", "num_ranks", "nranks", "world", "n_gpus", "num_g
 
 
 def code(source: str) -> ast.Module:
-    """A code cell's Python, its IPython magics and shell lines left out."""
-    return ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))))
+    """A code cell's Python as the kernel runs it (its magics made calls), as the tampering scan parses it."""
+    tree = lab_cells._python(source)
+    assert tree is not None, f"a cell that does not parse:\n{source}"
+    return tree
 
 
 def bindings(tree: ast.AST):

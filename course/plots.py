@@ -23,7 +23,6 @@ import matplotlib.pyplot as plt
 from course.legible import (  # noqa: F401
     PROJECTOR,
     PROJECTOR_WIDTH_PX,
-    _png_at_width,
     legends_over_axes,
     overlapping_text,
     projector,

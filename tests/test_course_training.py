@@ -1,4 +1,4 @@
-"""Covers: course.data, course.models, course.throughput, course.plots.
+"""Covers: course.data, course.models, course.throughput, course.plots, course.legible.
 
 course.data, course.models, course.throughput and course.plots, on the CPU.
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from course import data, mfu, models, plots, throughput
+from course import data, legible, mfu, models, plots, throughput
 
 
 @pytest.fixture(scope="module")
@@ -702,10 +702,10 @@ def test_projector_shows_a_figure_drawn_at_the_output_areas_width_whatever_its_s
 
     fig = plt.figure(figsize=(inches, 4))
     try:
-        png = plots._png_at_width(plots.PROJECTOR_WIDTH_PX)(fig)
+        png = legible._png_at_width(legible.PROJECTOR_WIDTH_PX)(fig)
     finally:
         plt.close(fig)
-    assert struct.unpack(">I", png[16:20])[0] == plots.PROJECTOR_WIDTH_PX
+    assert struct.unpack(">I", png[16:20])[0] == legible.PROJECTOR_WIDTH_PX
 
 
 def test_a_figures_legend_over_a_panel_is_named_and_one_beside_the_panels_is_not():

@@ -35,7 +35,10 @@ Context parallelism over c ranks (`context`) splits the sequence itself: each ra
 every activation, and its queries' scores against all s keys (a·(s/c)·s per sample); ring attention,
 which keeps no scores (FlashAttention's backward recomputes them), is `recompute="selective"` with
 `context`. What it sends per layer (`ring_attention_sent`): its K and V blocks, N − 1 times forward, and in
-backward the blocks again with their gradients, which travel the ring back to their owners.
+backward the blocks again with their gradients, which travel the ring back to their owners. K and V are
+`kv_width` wide, h unless the model shares them between heads (grouped-query attention: kv_heads of a heads,
+kv_width = kv_heads·h/a; LLaMA-2 70B and Mixtral 8 of 64 and of 32, course.presets): the ring's and the
+all-gather's bytes shrink a/kv_heads times. The activation count above still keeps K and V h wide.
 
 FLOPs (`training_flop`), Narayanan et al. 2021's count: 6 a parameter a token (2 forward, 4 backward),
 plus attention's q·k and scores·v, 4·L·s·h a token forward (counted whole though the mask is causal),
@@ -103,23 +106,34 @@ def mlp_block_bytes(s: int, b: int, h: int, tp: int = 1, *, sequence_parallel: b
     return tokens * h * (whole + split / tp)
 
 
-def ring_attention_sent(s: int, b: int, h_kv: int, ranks: int, element_bytes: int = 4,
-                        backward: bool = True) -> float:
+def kv(h: int, kv_width: int | None) -> int:
+    """The width of K and of V: h (every head its own, multi-head attention) unless `kv_width` says fewer
+    (grouped-query attention: kv_heads · h/a). Refuses, in words, a width that is not 1 to h."""
+    kv_width = h if kv_width is None else kv_width
+    if not isinstance(kv_width, int) or not 1 <= kv_width <= h:
+        raise ValueError(f"kv_width is the width of K and of V, kv_heads × head size: from 1 to h = {h}, "
+                         f"got {kv_width!r}")
+    return kv_width
+
+
+def ring_attention_sent(s: int, b: int, h: int, ranks: int, element_bytes: int = 4,
+                        backward: bool = True, *, kv_width: int | None = None) -> float:
     """Bytes one rank sends per layer in ring attention over `ranks` ranks, the sequence of s tokens split
-    evenly: forward, its K and V blocks (s/N · b · h_kv each) passed on N − 1 times; backward, K and V
-    passed on N − 1 times again and their gradients' accumulators N times (each returns to its owner)."""
+    evenly: forward, its K and V blocks (s/N · b · h_kv each, h_kv = `kv_width`, h by default) passed on
+    N − 1 times; backward, K and V passed on N − 1 times again and their gradients' accumulators N times
+    (each returns to its owner)."""
     if ranks < 1:
         raise ValueError(f"ring attention runs on at least 1 rank, got {ranks}")
-    block = 2 * s / ranks * b * h_kv * element_bytes                   # one K and one V block
+    block = 2 * s / ranks * b * kv(h, kv_width) * element_bytes         # one K and one V block
     forward = (ranks - 1) * block
     return forward + ((ranks - 1) * block + (ranks * block if ranks > 1 else 0) if backward else 0)
 
 
-def all_gather_kv_sent(s: int, b: int, h_kv: int, ranks: int, element_bytes: int = 4,
-                       backward: bool = True) -> float:
+def all_gather_kv_sent(s: int, b: int, h: int, ranks: int, element_bytes: int = 4,
+                       backward: bool = True, *, kv_width: int | None = None) -> float:
     """The same with K and V all-gathered (ring all-gather: each rank sends (N − 1)/N of the whole), and
     their gradients reduce-scattered in backward (the same bytes again)."""
-    whole = 2 * s * b * h_kv * element_bytes
+    whole = 2 * s * b * kv(h, kv_width) * element_bytes
     return (ranks - 1) / ranks * whole * (2 if backward else 1)
 
 

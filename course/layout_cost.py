@@ -11,6 +11,8 @@ micro-batches alive (1F1B: min(pp, m); GPipe: m) × one layer's activations for 
 - a transformer layer, `course.activations.layer_bytes` (Korthikanti et al. 2022, Table 2) for the
   `recompute` chosen, "selective" by default (attention's scores recomputed, as FlashAttention does),
   and `sequence_parallel` (off by default), scaled from its 16 bits to the parameters' dtype (fp32: twice);
+  dropout's masks counted where the model trains with dropout (`Model.dropout`: GPT-3 does, LLaMA-2 and
+  Mixtral do not);
   with cp, each rank's s/cp tokens (`layer_bytes(context=cp)`);
 - the labs' MLP, each Linear's input, as `course.memory.mlp_activation_bytes` counts it; tp splits
   the inputs of the row-split layers (every second one, lab 3's pairing); "full" keeps each stage's input
@@ -27,7 +29,8 @@ a transformer layer all-reduces b·s·h activations twice forward and twice back
 micro-batch, and the MLP sends lab 3's split-weight collectives (`memory.sent_per_step`); pp, a middle
 stage sends each micro-batch's boundary activations (b·s·h) forward and their gradients back, each tp rank
 the whole tensor (with SP its 1/tp slice of the sequence); cp, ring attention's K and V blocks of each
-layer, `activations.ring_attention_sent` per micro-batch, each tp rank its heads' (h/tp). With cp every
+layer, `activations.ring_attention_sent` per micro-batch, each tp rank its K/V heads' (`Model.kv_width`/tp:
+h/tp, or fewer under grouped-query attention; tp divides the K/V heads, as Megatron-LM asks). With cp every
 activation tp and pp send is its s/cp tokens'. Sequence parallelism sends what tp sends: each
 all-reduce becomes a reduce-scatter and an all-gather, the same bytes in the same ring steps (Korthikanti
 et al.). Gradients travel in their dtype, parameters and activations in the parameters' (bf16 with fp32
@@ -131,6 +134,9 @@ def why_not(model: Model, batch: int, layout: Layout, *, sequence_parallel: bool
     split = model.widths if model.is_mlp else (model.heads,)
     if any(width % layout.tp for width in split):
         return f"{'widths' if model.is_mlp else 'heads'} {split} do not split over {layout.tp} tp ranks"
+    if not model.is_mlp and model.key_value_heads % layout.tp:
+        return (f"its {model.key_value_heads} key/value heads do not split over {layout.tp} tp ranks "
+                "(Megatron-LM asks tp to divide them)")
     if layout.cp > 1 and model.is_mlp:
         return "the MLP has no sequence for context parallelism to split"
     if layout.ep > 1 and not model.is_moe:
@@ -166,17 +172,14 @@ def activation_bytes(model: Model, layout: Layout, micro_batch: int, *, precisio
             return 2 * scale * micro_batch * (alive * model.widths[0] + sum(inputs))
         return 2 * scale * alive * micro_batch * sum(inputs)
     shape = (model.sequence, micro_batch, model.hidden, model.heads, tp)
+    common = dict(sequence_parallel=sequence_parallel, context=layout.cp, dropout=model.dropout)
     # a mixture of experts keeps its MLP block's activations once for each of a token's k experts
     experts_extra = (model.top_k - 1) * activations.mlp_block_bytes(
-        model.sequence, micro_batch, model.hidden, tp, sequence_parallel=sequence_parallel,
-        context=layout.cp) if model.is_moe else 0.0
+        model.sequence, micro_batch, model.hidden, tp, **common) if model.is_moe else 0.0
     stored = 0.0 if recompute == "full" else experts_extra
-    kept = alive * per_stage * (activations.layer_bytes(*shape, recompute=recompute,
-                                                        sequence_parallel=sequence_parallel, context=layout.cp)
-                                + stored)
+    kept = alive * per_stage * (activations.layer_bytes(*shape, recompute=recompute, **common) + stored)
     if recompute == "full":                        # and one layer at a time rebuilds all it keeps
-        kept += activations.layer_bytes(*shape, recompute="none", sequence_parallel=sequence_parallel,
-                                        context=layout.cp) + experts_extra
+        kept += activations.layer_bytes(*shape, recompute="none", **common) + experts_extra
     return scale * kept
 
 
@@ -253,10 +256,11 @@ def evaluate(model: Model, cluster: Cluster, batch: int, layout: Layout, *, prec
         sent["pp"] = sends * boundary
         seconds["pp"] = sends * pp_link.seconds(boundary)
     if cp > 1:
-        # each layer, each micro-batch: a K and V block of this rank's heads passed on cp − 1 times forward,
+        # each layer, each micro-batch: a K and V block of this rank's K/V heads passed on cp − 1 times forward,
         # again in backward, with the blocks' gradient accumulators, which travel cp steps back to their owners
         per_layer = activations.ring_attention_sent(model.sequence, b, model.hidden // tp, cp,
-                                                    element_bytes=sizes.DTYPE_BYTES[dtype])
+                                                    element_bytes=sizes.DTYPE_BYTES[dtype],
+                                                    kv_width=model.kv_width // tp)
         sent["cp"] = layers_m * per_layer
         messages = (cp - 1) + (cp - 1) + cp
         seconds["cp"] = layers_m * (messages * cp_link.alpha + per_layer / cp_link.beta)

@@ -5,8 +5,8 @@ for each way of handling activations, with a run's measurements as dots.
     sequence_view.longest_table(model="LLaMA-2 70B", gpu="NVIDIA H100 SXM (80 GB)", tp=8, context=8)
 
 Schemes (`SCHEMES`), one transformer layer, one sequence (b = 1), 16-bit activations unless the
-lab's block is chosen (float32, the lab's own sizes); dropout's masks counted except for LLaMA-2,
-which trains without dropout:
+lab's block is chosen (float32, the lab's own sizes); dropout's masks counted where the model trains
+with dropout (`presets.Model.dropout`: the lab's block and GPT-3, not LLaMA-2 or Mixtral):
 
 - "none": everything stored, the s² scores too; "selective": attention's core recomputed;
   "full": each layer's input only, plus, in backward, the one layer being rebuilt, which holds all a
@@ -19,7 +19,9 @@ which trains without dropout:
 Bytes per rank per layer and step: tensor and sequence parallelism, 4 all-reduces of the layer's
 activation (their ring bytes; a reduce-scatter and an all-gather send the same); context
 parallelism, ring attention's K and V blocks (`activations.ring_attention_sent`), or all-gathered
-K and V. Everything is the formula (`course.activations`); the dots are a run's measurements.
+K and V, each `kv_width` wide (grouped-query attention: LLaMA-2 70B's and Mixtral's 8 K/V heads send
+8 and 4 times less than their width would). Everything is the formula (`course.activations`); the
+dots are a run's measurements.
 The longest sequence that fits: the GPU's memory divided by the layers, activations only (the weights,
 gradients and optimizer state take the rest: an assumption the table states).
 
@@ -70,10 +72,22 @@ def shape(model: str):
     return preset.hidden, preset.heads, preset.layers, 2
 
 
+def trained_with_dropout(model: str) -> bool:
+    """Whether the model's layers keep dropout masks: the lab's block does (GPT-2's dropouts), a preset as
+    `Model.dropout` says (GPT-3 yes, LLaMA-2 and Mixtral no)."""
+    return model == LAB_BLOCK or choosing.MODELS[model].dropout
+
+
+def kv_width(model: str) -> int:
+    """The width of K and of V a token: the preset's `Model.kv_width` (grouped-query attention: LLaMA-2 70B
+    and Mixtral 8 K/V heads), the lab's block's 64 (every head its own)."""
+    return shape(model)[0] if model == LAB_BLOCK else choosing.MODELS[model].kv_width
+
+
 def layer_bytes(scheme: str, s: int, model: str, tp: int, context: int) -> float:
     """One layer's activations per rank for one sequence of s tokens under `scheme`."""
     h, a, _, e = shape(model)
-    common = dict(element_bytes=e, dropout=not model.startswith("LLaMA"))     # LLaMA trains without dropout
+    common = dict(element_bytes=e, dropout=trained_with_dropout(model))
     kind = {"none": ("none", 1, False, 1), "selective": ("selective", 1, False, 1), "full": ("full", 1, False, 1),
             "tensor parallel": ("selective", tp, False, 1), "sequence parallel": ("selective", tp, True, 1),
             "context parallel": ("selective", 1, False, context),
@@ -90,9 +104,9 @@ def sent_bytes(scheme: str, s: int, model: str, tp: int, context: int) -> float:
     if scheme in ("tensor parallel", "sequence parallel"):
         return 4 * sizes.all_reduce_sent(s * h * e, tp)
     if scheme == "context parallel":
-        return activations.ring_attention_sent(s, 1, h, context, element_bytes=e)
+        return activations.ring_attention_sent(s, 1, h, context, element_bytes=e, kv_width=kv_width(model))
     if scheme == "context parallel, K and V all-gathered":
-        return activations.all_gather_kv_sent(s, 1, h, context, element_bytes=e)
+        return activations.all_gather_kv_sent(s, 1, h, context, element_bytes=e, kv_width=kv_width(model))
     return 0.0
 
 

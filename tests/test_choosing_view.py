@@ -133,10 +133,13 @@ def test_the_activations_menu_reaches_the_chooser():
         seen.append((recompute, sp))
     assert seen[0] == ("selective", False) and set(seen) == {("selective", False), ("selective", True),
                                                             ("full", False), ("none", False)}
-    # everything stored: LLaMA-2 70B fits no layout on 64 H100s; attention recomputed: dp 4 × tp 4 × pp 4
-    assert "None fits" in choosing_view.describe(model="LLaMA-2 70B", nodes=8,
+    # everything stored: GPT-3 175B fits no layout on 64 H100s, LLaMA-2 70B (no dropout) 7 with tp 8;
+    # attention recomputed: dp 2 × tp 2 × pp 16
+    assert "None fits" in choosing_view.describe(model="GPT-3 175B", nodes=8,
                                                  activations="everything stored (the s² attention scores too)")
-    assert "The fastest that fits: dp 4 (ZeRO-1) × tp 4 × pp 4, m 256, 73.6 GB a rank" in choosing_view.describe(
+    assert "7 fit in 80 GB" in choosing_view.describe(model="LLaMA-2 70B", nodes=8,
+                                                      activations="everything stored (the s² attention scores too)")
+    assert "The fastest that fits: dp 2 (ZeRO-1) × tp 2 × pp 16, m 512, 75.6 GB a rank" in choosing_view.describe(
         model="LLaMA-2 70B", nodes=8)
     with pytest.raises(ValueError, match="activations must be one of"):
         choosing_view.show(activations="full")
@@ -144,17 +147,18 @@ def test_the_activations_menu_reaches_the_chooser():
 
 def test_fastest_table_rows_are_the_choosers():
     stored = "everything stored (the s² attention scores too)"
-    text = choosing_view.fastest_table(models=["GPT-3 6.7B", "LLaMA-2 70B"], nodes=[8],
+    text = choosing_view.fastest_table(models=["GPT-3 6.7B", "LLaMA-2 70B", "GPT-3 175B"], nodes=[8],
                                        activations=[choosing_view.DEFAULT_ACTIVATIONS, stored])
     header, rule, *rows = text.splitlines()
-    assert header.startswith("| model | nodes (GPUs) | activations |") and len(rows) == 4
+    assert header.startswith("| model | nodes (GPUs) | activations |") and len(rows) == 6
     found = choosing.options(choosing.MODELS["LLaMA-2 70B"], choosing.CLUSTERS[choosing.H100_CLUSTER], 1024, nodes=8)
     best = choosing.fastest(found)
     assert rows[2] == (f"| LLaMA-2 70B | 8 (64) | {choosing_view.DEFAULT_ACTIVATIONS} | "
                        f"{sum(o.fits for o in found)} of {len(found)} | {choosing_view.layout_words(best.layout)} | "
                        f"dp+zero+tp+pp | {in_units(best.memory['total'])} ({in_units(best.memory['activations'])}) | "
                        f"{best.seconds['total']:.3g} s |")
-    assert rows[3] == f"| LLaMA-2 70B | 8 (64) | {stored} | 0 of 350 | none fits | | | |"
+    assert rows[3].startswith(f"| LLaMA-2 70B | 8 (64) | {stored} | 7 of 350 | dp 2 (ZeRO-1) × tp 8 × pp 4, m 512 |")
+    assert rows[5] == f"| GPT-3 175B | 8 (64) | {stored} | 0 of 375 | none fits | | | |"
     assert "| dp+zero+pp |" in rows[0]
 
 

@@ -121,10 +121,10 @@ def test_a_token_costs_the_active_parameters_flops_and_keeps_k_mlp_blocks():
     assert moe.seconds["compute"] == pytest.approx(H100.processor_for("mixed").seconds(want / 8), rel=1e-12)
     assert moe.seconds["compute"] < 0.3 * dense.seconds["compute"]            # 12.9B of 46.7B
     extra = moe.memory["activations"] - dense.memory["activations"]
-    assert extra == 32 * 1 * activations.mlp_block_bytes(4096, 1, 4096)        # one more expert a token
+    assert extra == 32 * 1 * activations.mlp_block_bytes(4096, 1, 4096, dropout=False)   # one more expert a token
     full = choosing.activation_bytes(MOE, layout, 1, precision="mixed", recompute="full")
     assert full - choosing.activation_bytes(DENSE_TWIN, layout, 1, precision="mixed", recompute="full") == \
-        activations.mlp_block_bytes(4096, 1, 4096)                              # only the layer rebuilt
+        activations.mlp_block_bytes(4096, 1, 4096, dropout=False)               # only the layer rebuilt
 
 
 def test_the_tp_all_reduces_of_an_expert_layer_carry_k_rows_a_token():
@@ -220,4 +220,9 @@ def test_the_view_s_crossing_is_where_expert_parallelism_sends_what_replicating_
     assert experts_view.sent("expert parallel", tokens, mixtral, 8, 2, 8) == pytest.approx(
         experts_view.sent("replicated", tokens, mixtral, 8, 2, 8), rel=1e-12)
     assert "up to 86,016 tokens a rank" in experts_view.describe(model=mixtral, experts=8, top_k=2, ranks=8)
+    # with the gradients reduced in fp32 (lab 5's mixed precision), the replicated experts send twice the
+    # bytes and the crossing doubles: 4·k·T·h·2 = 2·E·P·4, T = E·P/(k·h) = 172,032 (lab 8's written answer)
+    fp32_gradients = experts.replicated_sent(8 * 3 * 4096 * 14_336, 8, 4)
+    assert experts.sent_per_layer(172_032, 4096, 2, 8, 2) == pytest.approx(fp32_gradients, rel=1e-12)
+    assert experts.sent_per_layer(86_016, 4096, 2, 8, 2) == pytest.approx(fp32_gradients / 2, rel=1e-12)
     assert experts_view.fitted(4, 8, 16) == (4, 4)       # sliders past the experts: drawn at the experts

@@ -32,3 +32,23 @@ def test_the_other_schemes_hold_every_layer_alike(scheme):
     budget = memory.GPUS[H100].nbytes
     assert sequence_view.all_layers_bytes(scheme, 2 * s, "GPT-3 175B", 8, 4) > budget or 2 * s > max(
         sequence_view.SEQUENCES)
+
+
+def test_context_parallel_bytes_use_the_models_key_value_heads():
+    # LLaMA-2 70B at 131,072 tokens on 16 context ranks, bf16: the ring's 46 K and V blocks a layer (15 forward,
+    # 15 backward, 16 gradients home), each 2 · (s/16) · h_kv · 2 bytes, h_kv = 8 K/V heads × 128 = 1024:
+    # 1.54 GB, where h = 8192 would make it 12.35 GB; Mixtral (8 of 32 heads) 4 times less than its width
+    ring = sequence_view.sent_bytes("context parallel", 131_072, "LLaMA-2 70B", 8, 16)
+    assert ring == 46 * 2 * (131_072 // 16) * 1024 * 2 and round(ring / 1e9, 2) == 1.54
+    gathered = sequence_view.sent_bytes("context parallel, K and V all-gathered", 131_072, "LLaMA-2 70B", 8, 16)
+    assert gathered == 2 * 15 / 16 * 2 * 131_072 * 1024 * 2
+    mixtral, gpt = "Mixtral 8x7B (8 experts, top 2)", "GPT-3 175B"
+    assert sequence_view.kv_width(mixtral) == 4096 // 4 and sequence_view.kv_width(gpt) == 12288
+    assert sequence_view.kv_width(sequence_view.LAB_BLOCK) == 64
+    assert sequence_view.sent_bytes("context parallel", 4096, gpt, 8, 4) == 10 * 2 * 1024 * 12288 * 2
+    # and the view draws them
+    fig = sequence_view.draw(model="LLaMA-2 70B", tp=8, context=16)
+    ring_line = next(line for line in fig.axes[1].get_lines() if line.get_label().startswith("ring attention"))
+    assert ring_line.get_ydata()[sequence_view.SEQUENCES.index(131_072)] == ring
+    import matplotlib.pyplot as plt
+    plt.close(fig)

@@ -39,12 +39,14 @@ ARGUMENTS = {
     "pipeline.py": ["--rounds", "3"],
     "long_sequences.py": ["--rounds", "3"],
     "experts.py": ["--rounds", "3"],
+    "expert_overlap.py": ["--rounds", "7"],
     "labs.py": ["--ranks", "4"],
     "grading.py": ["--rounds", "1"],
 }
 # Run in this order (others after, by name): grading.py reuses labs.py's runs of the same notebooks.
 ORDER = ["launch_latency.py", "comm_bytes.py", "gloo_link.py", "data_parallel.py", "model_parallel.py",
-         "sharded.py", "pipeline.py", "long_sequences.py", "experts.py", "labs.py", "grading.py"]
+         "sharded.py", "pipeline.py", "long_sequences.py", "experts.py", "expert_overlap.py", "labs.py",
+         "grading.py"]
 TAIL_LINES = 15
 
 

@@ -8,8 +8,9 @@ A layout is (dp, zero, tp, pp, m) with dp·tp·pp = the GPUs (`layouts`): tp ran
 (Megatron), within a node; pp stages of whole layers (pp divides the layers), 1F1B over m micro-batches
 (pp, 2pp, 4pp, 8pp, and `options` adds micro-batches of one sample);
 dp data-parallel copies, their state sharded by ZeRO stage `zero` (0: plain data parallelism). With
-`context=True`, cp ranks also split each sequence (ring attention, lab 7; the zig-zag split, 2·cp chunks,
-balances the causal mask): dp·cp·tp·pp = the GPUs, and the dp·cp ranks that hold the same weights
+`context=True`, cp ranks also split each sequence (ring attention, lab 7, passing K and V `Model.kv_width`
+wide: grouped-query attention sends less; the zig-zag split, 2·cp chunks, balances the causal mask):
+dp·cp·tp·pp = the GPUs, and the dp·cp ranks that hold the same weights
 (`Layout.replicas`) average their gradients and share ZeRO's shards, as Megatron-LM's distributed optimizer
 does. Ranks are placed tp innermost, then cp, then dp, then pp (Megatron's order): a group leaves its
 node when its span does. For a mixture of experts (`Model.experts`), ep of the dp copies, side by side,

@@ -34,7 +34,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course import moe, timeline
+from course import moe, placement, timeline
 from course.launch import launch
 
 SCHEDULES = ("blocking", "overlapped")
@@ -151,8 +151,9 @@ def timed_steps(micro_batches=4, repeats=5, seed=0, **sizes):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     mine = moe.experts_of(rank, sizes["experts"], world_size)
     w1, w2 = moe.expert_weights(sizes["experts"], sizes["hidden"], sizes["ffn"], seed=seed)
-    w1, w2 = (w[mine[0]:mine[-1] + 1].clone().requires_grad_() for w in (w1, w2))
-    x, gradients = micro_batches_of(rank, micro_batches, seed, **sizes)
+    device = placement.device()
+    w1, w2 = (w[mine[0]:mine[-1] + 1].to(device).requires_grad_() for w in (w1, w2))
+    x, gradients = (t.to(device) for t in micro_batches_of(rank, micro_batches, seed, **sizes))
     for schedule in SCHEDULES:                  # connections, allocations
         one_step(x, gradients, w1, w2, schedule == "overlapped")
     found = {"seconds": {s: [] for s in SCHEDULES}, "events": {}, "weight_gradients": {}, "shown": {}}
@@ -161,9 +162,12 @@ def timed_steps(micro_batches=4, repeats=5, seed=0, **sizes):
             dist.barrier()
             start, shown = time.perf_counter(), timeline.now()
             events, weight_gradients = one_step(x, gradients, w1, w2, schedule == "overlapped")
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             found["seconds"][schedule].append(time.perf_counter() - start)
             found["shown"][schedule] = (shown, timeline.now())
-            found["events"][schedule], found["weight_gradients"][schedule] = events, weight_gradients
+            found["events"][schedule] = events
+            found["weight_gradients"][schedule] = [g.cpu() for g in weight_gradients]
     return found
 
 

@@ -24,7 +24,7 @@ holds this, and that every module is in exactly one layer):
   Ranks from a notebook cell, or the process itself under torchrun: start them,
   give each a device, and report what they returned, printed and raised.
 - lab kit: check, grading, data, models, throughput, mfu, datasheets, link_probe, sharding, stages,
-  transformer, context, moe, unfinished.
+  transformer, context, moe, expert_overlap, unfinished, checkpointing, causal_tiles.
   What the notebooks and their test cells use: comparisons whose messages say
   what differs, the judged reference values, the digits, the two models, the
   link the ranks run on (measured, for the time model).

@@ -162,6 +162,7 @@ if importlib.util.find_spec("grader") is not None:
 # nbgrader 0.9.6 shows hidden tests in the feedback HTML; grader.feedback.page
 # removes them, and the tracebacks that would quote them.
 c.GenerateFeedback.preprocessors = [
+    "grader.feedback.page.DropRubrics",  # the model answers formgrader shows beside written answers: never a student's
     "nbgrader.preprocessors.GetGrades",
     "grader.feedback.page.HideHiddenTests",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",

@@ -20,13 +20,14 @@ the layers below, never above (tests/test_architecture.py holds this, and that e
 module is in exactly one layer):
 
 - common (grader/common/): labs, quoting, nbgrader_cli, warm_process, execute, solution, compare, stubs, cores,
-  private_write, command_line.
+  private_write, command_line, rubrics.
   What the others use: the labs in solutions/ and their notebooks, one executed in this
   interpreter's kernel or loaded as a module (the instructor's solutions: trusted code),
   nbgrader's command line, a helper process kept warm for a whole grading run, the
   student's text as the grader quotes it, the release's stubs, and how a kernel's threads
   wait where notebooks share the cores, how a file of the grader's is written private, and the
-  command line `python -m grader` and `python -m course_tools` share.
+  command line `python -m grader` and `python -m course_tools` share, and each written answer's model answer
+  and rubric, put beside it in the autograded notebook that formgrader shows and left out of every feedback page.
 - jail (grader/jail/): seccomp, uids, cgroups, bwrap, launcher, host, kernel_manager, kernel.
   The boundary. `bwrap` is the jail's shape (its limits, its spec, its folder, bwrap's command
   line); `host` holds one jail in the grader (its folder, cgroup and uid, what it used).

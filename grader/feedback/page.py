@@ -30,6 +30,8 @@ from nbgrader.preprocessors import GetGrades, NbGraderPreprocessor
 from traitlets import Unicode
 from traitlets.config import Config
 
+from grader.common import rubrics
+
 from .safety import VERDICT, HiddenLines, make_inert
 
 HIDDEN_NOTE = "# (hidden tests, not shown)"
@@ -69,6 +71,16 @@ class HideHiddenTests(NbGraderPreprocessor):
                 output["traceback"] = [f"{output.get('ename', 'Error')}: {output.get('evalue', '')}",
                                        "(the traceback is not shown: it would quote the hidden tests)"]
         return cell, resources
+
+
+class DropRubrics(NbGraderPreprocessor):
+    """The grader's model answers and rubrics (grader.common.rubrics) left out of nbgrader's own feedback
+    (generate_feedback, formgrader's "Generate Feedback"; nbgrader_config.py): formgrader shows them, no
+    student page may."""
+
+    def preprocess(self, nb, resources):
+        nb.cells = rubrics.without_rubrics(nb.cells)
+        return nb, resources
 
 
 class GetGradesPending(GetGrades):

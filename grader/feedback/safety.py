@@ -7,6 +7,7 @@ autograded notebook from what the page may safely show:
 - code cell outputs keep text (escaped by the template) and PNG or JPEG
   images that decode as such; HTML, JavaScript, SVG, markdown, LaTeX, widgets
   and any other kind become their text/plain fallback or a short note;
+- the grader's model answers and rubrics (grader.common.rubrics) are left out: they are for formgrader;
 - markdown cells are marked ``lab`` only where their source is the lab's own;
   the template (grader/feedback/template) shows every other one as escaped text;
 - cell and notebook metadata keep only what the template needs, checked
@@ -34,6 +35,8 @@ from html.parser import HTMLParser
 from nbconvert.preprocessors import Preprocessor
 from nbformat import NotebookNode, from_dict
 from traitlets import Bool
+
+from grader.common import rubrics
 
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 MIN_HIDDEN_LINE = 20
@@ -158,7 +161,7 @@ def make_inert(nb: NotebookNode, lab_markdown: list[str], hidden: list[str]) -> 
     """
     scrubber, own = HiddenLines(hidden), {text.strip() for text in lab_markdown}
     cells = []
-    for index, cell in enumerate(nb.get("cells", [])):
+    for index, cell in enumerate(rubrics.without_rubrics(nb.get("cells", []))):  # the grader's, never a student's
         kind = cell.get("cell_type")
         source = _text(cell.get("source", ""))
         cell_id = str(cell.get("id", ""))

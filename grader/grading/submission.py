@@ -10,7 +10,8 @@
    formgrader: their points are pending, apart from the autograded score;
 3. feedback: the page rendered by the slot's feedback worker, hidden tests
    removed, the verdict on top; a page with the verdict where nothing could
-   be graded;
+   be graded; then, in the autograded notebook formgrader shows, the solution's model
+   answer and rubric after each written answer (grader.common.rubrics), never on the page;
 4. the private gradebook's scores are merged into the class gradebook.
 
 `SubmissionGrader.grade` is these steps in order, each a method (`_autograde`, `_points`
@@ -39,6 +40,7 @@ from pathlib import Path
 import nbformat
 
 from course import grading
+from grader.common import rubrics
 from grader.common.execute import INLINE_BACKEND
 from grader.common.labs import course_config
 from grader.common.quoting import quoted
@@ -151,6 +153,7 @@ class SubmissionGrader:
                                   ran=self._ran(submission, at.autograded, at.lab, at.usage),
                                   unverified=points.unverified, judged=points.judged, withheld=points.withheld)
             self._feedback(at, slot, lines, points.written)                                  # 3. feedback
+            self._rubrics(at, lines)   # the written answers' rubrics, for formgrader: after the page, never in it
             try:                                                                             # 4. the class gradebook
                 with self.lock:
                     gradebook.merge(at.private, self.ws.gradebook, self.course_id, at.lab.name, submission.student)
@@ -270,6 +273,14 @@ class SubmissionGrader:
                                    [*shown, lines[-1]])
             except Exception as error:  # the verdict already says there is no page
                 log_failure(self.ws, submission, "write the feedback page of this notebook", error)
+
+    def _rubrics(self, at: _Attempt, lines: list[str]) -> None:
+        """The model answers and rubrics after the written answers, for formgrader (grader.common.rubrics)."""
+        try:
+            rubrics.add_to_autograded(at.autograded, at.lab.rubrics)
+        except Exception as error:  # the grade stands; the rubric is in solutions/
+            lines.append("no rubric beside the written answers in formgrader: "
+                         + self._failed(at.submission, "add the rubrics to the autograded notebook", error))
 
     def _tampering(self, submission: collect.Submission, submitted: dict, lab: LabInfo) -> list[str]:
         """What the student did to the tests, and the lines the scan flags (grader.judge.tampering.Flag, each

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader import GraderError
+from grader.common import rubrics
 from grader.common.labs import find_labs, read_notebook, source_text
 from grader.common.nbgrader_cli import generate_assignment
 from grader.common.private_write import write_private
@@ -144,6 +145,8 @@ class LabInfo:
     written: dict[str, float] = field(default_factory=dict)  # grade_id -> points of the answers graded by hand
     # grade_id -> (its source as released, as the gradebook holds it): the test cells with hidden tests
     with_hidden_tests: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # grade_id -> the solution's model answer and rubric of each written answer, for formgrader (grader.common.rubrics)
+    rubrics: dict[str, str] = field(default_factory=dict)
 
     @property
     def max_score(self) -> float:
@@ -172,7 +175,8 @@ def lab_infos(root: Path, labs: list[str] | None = None) -> dict[str, LabInfo]:
         released_path = root / "labs" / lab.name / f"{lab.name}.ipynb"
         released = read_notebook(released_path, root) if released_path.is_file() else source
         infos[lab.name] = LabInfo(lab.name, lab.points, released, required_checks(source), digest.hexdigest()[:16],
-                                  hidden_lines(source), lab.written, _with_hidden_tests(source, released))
+                                  hidden_lines(source), lab.written, _with_hidden_tests(source, released),
+                                  rubrics.model_answers(source))
     return infos
 
 

@@ -11,8 +11,9 @@ the tokens' ranks. An expert cannot start before its rows arrive, so waiting for
 the compute that needs it (`blocking`) puts every one of them on the critical path. `overlapped` issues
 micro-batch i+1's all-to-all (`async_op=True`) before micro-batch i's experts compute and waits for it
 after, and waits for the combines (each issued as its experts finish) at the end of the pass: what
-flies while another micro-batch computes is hidden. A data-parallel gradient all-reduce is different:
-it runs once a step and overlaps the backward by itself (lab 2's buckets, lab 3's lesson).
+flies while another micro-batch computes is hidden. Lab 3 found the same of tensor parallelism's
+all-reduces inside the forward; replicated experts' gradient all-reduce is different: it runs once a
+step and overlaps the backward by itself, as lab 2's buckets do.
 
 The step's shape, not its routing: each rank sends tokens·k rows of h features in equal splits to
 every rank (what expert parallelism sends under even routing), and the rows a rank receives are

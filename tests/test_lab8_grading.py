@@ -1,14 +1,15 @@
 """Covers: the fairness of lab 8.
 
 Lab 8's tests grade fairly: each classic mistake of a mixture of experts, the all-to-all, expert
-parallelism, capacity, balance and the grid's gradients costs its own exercise and no other, and a
-correct answer written differently from the reference gets every point.
+parallelism, capacity (in one process and in the dispatch), balance and the grid's gradients costs its own
+exercise and no other, and a correct answer written differently from the reference gets every point.
 
 As for labs 2 to 7: each submission runs as nbgrader scores it, minus the demonstrations; then one
 nbgrader round trip grades the student who answers differently. The exercises' tests do not lean on
 each other: expert parallelism's tests run with torch's differentiable all-to-all in place of the
 student's `all_to_all_rows` and the by-token layer in place of `moe_forward`; capacity's with the
-by-token layer; expert parallelism's and the backward's routings are drawn at random, not `route`'s.
+by-token layer; capacity in the dispatch's with both; expert parallelism's and the backward's routings are drawn
+at random, not `route`'s.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 # The same exercises, answered in other correct ways than the reference's: the softmax of the k largest logits;
 # the slots sorted by expert and split, the experts no slot chose skipped; the counts as int32, received with irecv,
 # empty blocks sent too; the all-to-all's two directions as one helper; the per-expert counts by an all-to-all, the
-# received rows sorted by expert; capacity by a loop over the slots; the fractions from one-hot rows; the grid's
+# received rows sorted by expert; capacity by a loop over the slots; the dispatch's places by a loop, its buffer
+# gathered from a row of zeros, each kept slot combined choice by choice; the fractions from one-hot rows; the grid's
 # groups by lists.
 DIFFERENT = {
     "route": '''
@@ -131,6 +133,37 @@ def capped_moe(x, weights, chosen, w1, w2, capacity):
                 kept[t, j] = True
     kept = kept.to(chosen.device)
     return x + moe_forward(x, torch.where(kept, weights, torch.zeros_like(weights)), chosen, w1, w2), kept
+''',
+    "capped_dispatch": '''
+def capped_dispatch(x, weights, chosen, w1, w2, experts, capacity):
+    me, n = dist.get_rank(), dist.get_world_size()
+    held = moe.experts_of(me, experts, n)
+    tokens, top_k = chosen.shape
+    kept = torch.zeros(tokens, top_k, dtype=torch.bool, device=chosen.device)
+    place = torch.zeros(tokens, top_k, dtype=torch.long)
+    taken = [0] * experts
+    for j in range(top_k):
+        for t in range(tokens):
+            e = int(chosen[t, j])
+            if taken[e] < capacity:
+                kept[t, j], place[t, j] = True, e * capacity + taken[e]
+                taken[e] += 1
+    index = torch.full((experts * capacity,), -1, dtype=torch.long)
+    index[place[kept.cpu()]] = torch.arange(tokens)[:, None].expand(tokens, top_k)[kept.cpu()]
+    padded = torch.cat([x, torch.zeros(1, x.shape[1], dtype=x.dtype, device=x.device)])
+    buffer = padded[index.to(x.device)]                    # index -1: the row of zeros
+    splits = [capacity * len(moe.experts_of(r, experts, n)) for r in range(n)]
+    arrived = all_to_all_rows(buffer, splits, [capacity * len(held)] * n)
+    arrived = arrived.view(n, len(held), capacity, x.shape[1]).transpose(0, 1)
+    done = [moe.expert_mlp(arrived[e].reshape(-1, x.shape[1]), w1[e], w2[e]).view(n, capacity, -1)
+            for e in range(len(held))]
+    done = torch.stack(done).transpose(0, 1).reshape(-1, x.shape[1])
+    returned = all_to_all_rows(done, [capacity * len(held)] * n, splits)
+    y = torch.zeros_like(x)
+    for j in range(top_k):
+        rows = kept[:, j].nonzero().squeeze(1)
+        y = y.index_add(0, rows, returned[place[rows.cpu(), j].to(x.device)] * weights[rows, j, None])
+    return y, kept
 ''',
     "balance": '''
 def balance_loss(probabilities, chosen):
@@ -452,6 +485,47 @@ MISTAKES.update({
         {"grid": [("raise ValueError(", "raise RuntimeError(")]}, "test_grid"),
 })
 
+# Exercise 7, capacity in the dispatch: the fill order; the capacity each sending rank's own; the counts not
+# exchanged (caught only by the recorded collectives); the empty places zeros (caught only by the buffer sent);
+# each expert once on all its places.
+COUNTS_EXCHANGED = """\
+    told = torch.empty(world_size, dtype=torch.int64)
+    dist.all_to_all_single(told, torch.tensor(send_counts))
+    receive_counts = told.tolist()
+"""
+MISTAKES.update({
+    "the dispatch's slots queued in token order, not first choices first": (
+        {"capped_dispatch": [("by_preference = chosen.t().reshape(-1)", "by_preference = chosen.reshape(-1)"),
+                             ("kept = (place < capacity).reshape(top_k, tokens).t()",
+                              "kept = (place < capacity).reshape(tokens, top_k)"),
+                             ("torch.arange(tokens, device=x.device).repeat(top_k)",
+                              "torch.arange(tokens, device=x.device).repeat_interleave(top_k)"),
+                             ("weights.t().reshape(-1)[keep, None]", "weights.reshape(-1)[keep, None]")]},
+        "test_capped_dispatch"),
+    "the capacity shared by the sending ranks, not each rank's": (
+        {"capped_dispatch": [("    tokens, top_k = chosen.shape\n    mine = moe.experts_of(",
+                              "    tokens, top_k = chosen.shape\n    capacity = -(-capacity // world_size)\n"
+                              "    mine = moe.experts_of(")]},
+        "test_capped_dispatch"),
+    "the counts exchanged anyway": (
+        {"capped_dispatch": [("    receive_counts = [len(mine) * capacity] * world_size\n", COUNTS_EXCHANGED)]},
+        "test_capped_dispatch"),
+    "the empty places filled with token 0's row, not zeros": (
+        {"capped_dispatch": [(
+            "    buffer = torch.zeros(experts * capacity, x.shape[1], dtype=x.dtype, device=x.device)\n"
+            "    buffer = buffer.index_copy(0, slot, x[token_of[keep]])\n",
+            "    index = torch.zeros(experts * capacity, dtype=torch.int64, device=x.device)\n"
+            "    buffer = x[index.index_copy(0, slot, token_of[keep])]\n")]},
+        "test_capped_dispatch"),
+    "each expert run once per sender on its buffer places": (
+        {"capped_dispatch": [(
+            "    out = torch.stack([moe.expert_mlp(received[:, e].reshape(world_size * capacity, -1), w1[e], w2[e])\n"
+            "                       .reshape(world_size, capacity, -1) for e in range(len(mine))], dim=1)\n",
+            "    out = torch.stack([torch.stack([moe.expert_mlp(received[s, e], w1[e], w2[e])\n"
+            "                                    for e in range(len(mine))]) for s in range(world_size)])\n")]},
+        "test_capped_dispatch"),
+})
+
 # The nbgrader round trip (its last test): the full notebook, as an instructor grades it, of the student who
 # answers differently. This lab's mistakes are plain ones, which the forked runs hold.
 
@@ -531,6 +605,16 @@ RULES: dict[str, dict] = {
             "the residual x left out", "a token that loses every slot vanishes instead of taking the residual path"),
         "The kept slots keep their weights as they were: no renormalisation over what is left":
             "the kept slots' weights renormalised",
+    },
+    "capped_dispatch": {
+        "in exercise 6's fill order (first choices in token order, then second choices)":
+            "the dispatch's slots queued in token order, not first choices first",
+        "at most `capacity` for each expert, counted on this rank only":
+            "the capacity shared by the sending ranks, not each rank's",
+        "then zeros in the places left empty": "the empty places filled with token 0's row, not zeros",
+        "Exchange no counts: no collective but `all_to_all_rows`.": "the counts exchanged anyway",
+        "each of this rank's experts once, `moe.expert_mlp`, on all the N × `capacity` places it received":
+            "each expert run once per sender on its buffer places",
     },
     "balance": {
         "balance = E · Σ_i f_i · P_i": ("the loss without the factor E", "the loss left per expert, not summed"),

@@ -133,3 +133,28 @@ def test_lab_4_s_accounting_answer_gives_grid_model_s_numbers():
     guide = (GUIDE / "04_hybrid.md").read_text()
     assert all(figure in answer for figure in figures), (figures, answer)
     assert all(figure in " ".join(guide.split()) for figure in figures[:2] + figures[3:5]), figures
+
+
+def test_lab_7_s_ring_answer_gives_the_formulas_numbers():
+    """Written question 3 of lab 7: the model answer's figures are what `context.ring_hiding_tokens` and the
+    lab's table of the forms give (LLaMA-2 70B with its 8 K/V heads, GPT-3 175B with all 96, 131,072 tokens
+    on 16 ranks, 16 bits, an H100's dense BF16 peak over NVLink 4 and InfiniBand NDR, causal)."""
+    from course import activations, context, datasheets, presets, timemodel
+
+    peak, s, ranks, e = datasheets.DATASHEETS["NVIDIA H100 SXM"].peak("bf16"), 131_072, 16, 2
+    figures = []
+    for name in ("LLaMA-2 70B", "GPT-3 175B"):
+        model = presets.MODELS[name]
+        h, kv = model.hidden, model.kv_width
+        figures += [f"{context.ring_hiding_tokens(peak, link.beta, h, kv_width=kv, causal=True):,.0f}"
+                    for link in (timemodel.NVLINK4, timemodel.INFINIBAND_NDR)]
+        figures += [f"{2 * s * kv * e / 1e9:.2f} GB", f"{2 * 2 * s // ranks * kv * e / 1e6:.0f} MB"]
+    llama = presets.MODELS["LLaMA-2 70B"]
+    sent = [f(s, 1, llama.hidden, ranks, element_bytes=e, kv_width=llama.kv_width) / 1e9
+            for f in (activations.all_gather_kv_sent, activations.ring_attention_sent)]
+    figures += [f"{sent[0]:.2f} GB a layer against {sent[1]:.2f}", f"{2 * 1_048_576 * 12_288 * e / 1e9:.1f} GB"]
+    assert figures[0] == "550" and figures[5] == "39,580", figures     # the two the rubric quotes as well
+    notebook = nbformat.read(REPO / "solutions" / "07_long_sequences" / "07_long_sequences.ipynb", as_version=4)
+    answer = " ".join(next(c.source for c in notebook.cells
+                           if c.metadata.get("nbgrader", {}).get("grade_id") == "written_ring_worth_it").split())
+    assert [figure for figure in figures if figure not in answer] == [], (figures, answer)

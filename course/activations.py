@@ -35,7 +35,8 @@ Context parallelism over c ranks (`context`) splits the sequence itself: each ra
 every activation, and its queries' scores against all s keys (a·(s/c)·s per sample); ring attention,
 which keeps no scores (FlashAttention's backward recomputes them), is `recompute="selective"` with
 `context`. What it sends per layer (`ring_attention_sent`): its K and V blocks, N − 1 times forward, and in
-backward the blocks again with their gradients, which travel the ring back to their owners. K and V are
+backward the blocks again with their gradients, which travel the ring back to their owners; the
+all-gather's and Ulysses' bytes are `all_gather_kv_sent` and `ulysses_sent`. K and V are
 `kv_width` wide, h unless the model shares them between heads (grouped-query attention: kv_heads of a heads,
 kv_width = kv_heads·h/a; LLaMA-2 70B and Mixtral 8 of 64 and of 32, course.presets): the ring's and the
 all-gather's bytes shrink a/kv_heads times. The activation count above still keeps K and V h wide.
@@ -135,6 +136,19 @@ def all_gather_kv_sent(s: int, b: int, h: int, ranks: int, element_bytes: int = 
     their gradients reduce-scattered in backward (the same bytes again)."""
     whole = 2 * s * b * kv(h, kv_width) * element_bytes
     return (ranks - 1) / ranks * whole * (2 if backward else 1)
+
+
+def ulysses_sent(s: int, b: int, h: int, ranks: int, element_bytes: int = 4,
+                 backward: bool = True, *, kv_width: int | None = None) -> float:
+    """The same by Ulysses (DeepSpeed-Ulysses, Jacobs et al. 2023): an all-to-all turns each rank's s/N tokens
+    of every head into all s tokens of heads/N heads, for q (h wide), K and V (`kv_width`), and one turns the
+    output (h) back; each rank sends (N − 1)/N of its s/N tokens' (2h + 2·kv_width) features. Backward sends
+    the same again (the output's gradient one way, q's, K's and V's the other). A rank's bytes fall as
+    1/N, where the ring's and the all-gather's stay."""
+    if ranks < 1:
+        raise ValueError(f"Ulysses runs on at least 1 rank, got {ranks}")
+    mine = s / ranks * b * (2 * h + 2 * kv(h, kv_width)) * element_bytes
+    return (ranks - 1) / ranks * mine * (2 if backward else 1)
 
 
 def training_flop(parameters: float, *, layers: int, sequence: int, hidden: int, tokens: float,

@@ -18,10 +18,11 @@ with dropout (`presets.Model.dropout`: the lab's block and GPT-3, not LLaMA-2 or
 
 Bytes per rank per layer and step: tensor and sequence parallelism, 4 all-reduces of the layer's
 activation (their ring bytes; a reduce-scatter and an all-gather send the same); context
-parallelism, ring attention's K and V blocks (`activations.ring_attention_sent`), or all-gathered
-K and V, each `kv_width` wide (grouped-query attention: LLaMA-2 70B's and Mixtral's 8 K/V heads send
-8 and 4 times less than their width would). Everything is the formula (`course.activations`); the
-dots are a run's measurements.
+parallelism, ring attention's K and V blocks (`activations.ring_attention_sent`), all-gathered K and
+V, or Ulysses' all-to-alls of q, K, V and the output (where the heads split over the ranks), K and V
+`kv_width` wide (grouped-query attention: LLaMA-2 70B's and Mixtral's 8 K/V heads make the ring's
+and the all-gather's bytes 8 and 4 times less than their width would). Everything is the formula
+(`course.activations`); the dots are a run's measurements.
 The longest sequence that fits: the GPU's memory divided by the layers, activations only (the weights,
 gradients and optimizer state take the rest: an assumption the table states).
 
@@ -107,7 +108,23 @@ def sent_bytes(scheme: str, s: int, model: str, tp: int, context: int) -> float:
         return activations.ring_attention_sent(s, 1, h, context, element_bytes=e, kv_width=kv_width(model))
     if scheme == "context parallel, K and V all-gathered":
         return activations.all_gather_kv_sent(s, 1, h, context, element_bytes=e, kv_width=kv_width(model))
+    if scheme == "context parallel, Ulysses":
+        reason = why_not_ulysses(model, context)
+        if reason:
+            raise ValueError(f"Ulysses cannot run {model} on {context} context ranks: {reason}")
+        return activations.ulysses_sent(s, 1, h, context, element_bytes=e, kv_width=kv_width(model))
     return 0.0
+
+
+def why_not_ulysses(model: str, context: int) -> str | None:
+    """Why Ulysses cannot split `model`'s heads over `context` ranks, or None: each rank takes heads/N whole
+    heads of q and of K and V, so N divides the heads and the K/V heads (fewer K/V heads than ranks would
+    have to be copied, which this count leaves out)."""
+    h, a, _, _ = shape(model)
+    groups = a * kv_width(model) // h                     # K/V heads
+    if a % context or groups % context:
+        return f"its {a} heads and {groups} K/V heads do not both split over {context} ranks"
+    return None
 
 
 def all_layers_bytes(scheme: str, s: int, model: str, tp: int, context: int) -> float:
@@ -134,11 +151,14 @@ def draw(*, model: str = "GPT-3 175B", gpu: str = "NVIDIA H100 SXM (80 GB)", tp:
                   color=COLOURS[scheme], label=scheme)
     held.axhline(memory.GPUS[gpu].nbytes / shape(model)[2], color="black", linestyle=":",
                  label=f"{gpu.split(' (')[0]} / {shape(model)[2]} layers")
+    ulysses = why_not_ulysses(model, context)
     for scheme, label in (("sequence parallel", f"tensor or sequence parallel, t = {tp}"),
                           ("context parallel", f"ring attention, {context} ranks"),
-                          ("context parallel, K and V all-gathered", "K and V all-gathered")):
-        sent.plot(SEQUENCES, [sent_bytes(scheme, s, model, tp, context) for s in SEQUENCES],
-                  color=COLOURS.get(scheme, "tab:brown"), label=label)
+                          ("context parallel, K and V all-gathered", "K and V all-gathered"),
+                          ("context parallel, Ulysses", f"Ulysses: not drawn, {ulysses}" if ulysses else "Ulysses")):
+        drawn = [] if scheme.endswith("Ulysses") and ulysses else SEQUENCES
+        sent.plot(drawn, [sent_bytes(scheme, s, model, tp, context) for s in drawn],
+                  color=COLOURS.get(scheme, "tab:olive" if scheme.endswith("Ulysses") else "tab:brown"), label=label)
     for row in (measured or {}).get("held", []):
         held.scatter([row["sequence"]], [row["bytes"]], color=COLOURS[row["scheme"]], edgecolor="black", zorder=3)
     for row in (measured or {}).get("sent", []):

@@ -52,3 +52,21 @@ def test_context_parallel_bytes_use_the_models_key_value_heads():
     assert ring_line.get_ydata()[sequence_view.SEQUENCES.index(131_072)] == ring
     import matplotlib.pyplot as plt
     plt.close(fig)
+
+
+def test_ulysses_bytes_and_where_its_heads_do_not_split():
+    # Ulysses: each rank sends (N − 1)/N of its s/N tokens' q and output (h each) and K and V (h_kv each),
+    # forward and again backward: LLaMA-2 70B at 131,072 tokens on 8 ranks, bf16
+    got = sequence_view.sent_bytes("context parallel, Ulysses", 131_072, "LLaMA-2 70B", 8, 8)
+    assert got == 2 * 7 / 8 * (131_072 / 8) * (2 * 8192 + 2 * 1024) * 2
+    # 8 K/V heads do not split over 16 ranks, nor the lab's 4 heads over 8: refused in words, not drawn
+    assert "64 heads and 8 K/V heads do not both split over 16 ranks" in sequence_view.why_not_ulysses(
+        "LLaMA-2 70B", 16)
+    with pytest.raises(ValueError, match="Ulysses cannot run the lab's block .* on 8 context ranks"):
+        sequence_view.sent_bytes("context parallel, Ulysses", 1024, sequence_view.LAB_BLOCK, 1, 8)
+    import matplotlib.pyplot as plt
+    for context, drawn in ((16, 0), (8, len(sequence_view.SEQUENCES))):
+        fig = sequence_view.draw(model="LLaMA-2 70B", tp=8, context=context)
+        line = next(line for line in fig.axes[1].get_lines() if line.get_label().startswith("Ulysses"))
+        assert len(line.get_xdata()) == drawn and ("not drawn" in line.get_label()) == (not drawn)
+        plt.close(fig)

@@ -9,7 +9,9 @@ which each of this module's students tests one promise of the grader:
 - the solution gets full marks, and the untouched release zero on every cell;
 - one wrong exercise loses exactly that exercise's points, also when only
   the hidden tests catch the mistake;
-- feedback never shows hidden tests; the CSV has one row per student.
+- feedback never shows hidden tests; the CSV has one row per student;
+- the autograded notebook formgrader shows has each written answer's model answer and rubric, from
+  solutions/, right after it; no feedback page has them.
 
 Submissions that try to break the grader are tests/test_hostile_grading.py.
 """
@@ -17,11 +19,14 @@ from __future__ import annotations
 
 import html
 
+import nbformat
 import pytest
 from nbgrader.api import Gradebook
 from test_lab1_grading import MISTAKES
+from test_rubrics import leaked, shown_text
 
 from grader import COURSE_ROOT
+from grader.common import rubrics
 from grader.common.labs import course_config, graded_cells, read_notebook
 from helpers import REPO
 from helpers.lab1_class import HONEST, TEST_TIMEOUT_S
@@ -109,3 +114,19 @@ def test_feedback_shows_no_hidden_tests(graded):
     # The student still learns what failed: the check's message survives.
     page = graded["work"] / "feedback" / "hidden_only" / LAB / f"{LAB}.html"
     assert "lapped several times" in html.unescape(page.read_text())
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_formgrader_shows_each_rubric_after_its_answer_and_feedback_never(graded):
+    answers = rubrics.model_answers(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
+    assert answers, f"{LAB} has no written answer to show a rubric for"
+    student = "untouched"   # answers as released: whatever of a model answer is on a page, the grader put it
+    cells = nbformat.read(graded["work"] / "autograded" / student / LAB / f"{LAB}.ipynb", as_version=4).cells
+    after = {cell.metadata.get("nbgrader", {}).get("grade_id"): cells[i + 1] for i, cell in enumerate(cells[:-1])}
+    for gid, answer in answers.items():
+        assert rubrics.is_rubric(after[gid]) and answer in after[gid].source, f"{student}: no rubric after {gid}"
+    assert sum(rubrics.is_rubric(cell) for cell in cells) == len(answers)
+    pages = list((graded["work"] / "feedback").glob(f"*/{LAB}/{LAB}.html"))
+    assert pages and not [page for page in pages if rubrics.RUBRIC_TITLE in shown_text(page.read_text())]
+    page = (graded["work"] / "feedback" / student / LAB / f"{LAB}.html").read_text()
+    assert not leaked(page, answers), f"{student}'s feedback shows the model answers of {leaked(page, answers)}"

@@ -21,7 +21,7 @@ from nbformat.v4 import new_markdown_cell
 from grader.common import rubrics
 from grader.common.labs import course_config, find_labs, written_cells
 from grader.feedback.page import DropRubrics, html_page
-from grader.feedback.safety import make_inert
+from grader.feedback.safety import make_inert, make_notebook_inert, unsafe_markdown
 from grader.grading.submission import SubmissionGrader
 from grader.grading.workspace import lab_infos
 from helpers import REPO
@@ -63,6 +63,17 @@ def test_every_written_answer_has_its_model_answer_and_rubric_from_the_solution(
     assert set(answers) == set(written_cells(solution(lab.name))), lab.name
     for gid, text in answers.items():
         assert "**Rubric (" in text and "### BEGIN SOLUTION" not in text and "### END SOLUTION" not in text, gid
+
+
+@pytest.mark.parametrize("lab", GRADED, ids=lambda lab: lab.name)
+def test_formgrader_renders_each_rubric_as_markdown(lab):
+    """formgrader's HTMLExporter runs grader.feedback.safety's InertNotebook, which shows as text a markdown
+    cell whose HTML could run: no rubric may look so, or the grader reads it as a code block."""
+    for gid, text in rubrics.model_answers(solution(lab.name)).items():
+        cell = nbformat.from_dict(rubrics.rubric_cell(gid, text))
+        assert unsafe_markdown(cell.source) == [], (lab.name, gid, unsafe_markdown(cell.source))
+        nb = make_notebook_inert(nbformat.v4.new_notebook(cells=[cell]))
+        assert nb.cells[0].source == cell.source and rubrics.is_rubric(nb.cells[0]), (lab.name, gid)
 
 
 def test_the_release_holds_none_of_them():

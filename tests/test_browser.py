@@ -337,20 +337,24 @@ def test_an_instructor_grades_a_written_answer_by_hand_in_formgrader(server, pag
     """A lab 4 submission whose written answer autograde left pending (as `grader grade` leaves it in
     the class gradebook): formgrader's manual grading page shows the student's markup as text, the
     instructor types 1.5 of 2 points, the gradebook holds them and the export counts them apart
-    from the autograded score, nothing pending any more."""
+    from the autograded score, nothing pending any more; the model answer and rubric are under the answer."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    from grader.common import rubrics
     from grader.grading import export
     from grader.grading.gradebook import written_points
 
     lab, student, gid = "04_hybrid", "written_student", "written_averaging_groups"
     source = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    model_answers = rubrics.model_answers(source)   # before the answer below takes the cell's place
     at = next(i for i, c in enumerate(source.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
     question, answer = source.cells[at - 1], source.cells[at]
     answer.source = "Only the same position holds the same shard. <img src=x onerror=\"document.title='ran'\">"
     autograded = course_copy / "grader" / "work" / "autograded" / student / lab / f"{lab}.ipynb"
     autograded.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nbformat.v4.new_notebook(cells=[question, answer], metadata=source.metadata), autograded)
+    graded = nbformat.v4.new_notebook(cells=[question, answer], metadata=source.metadata)
+    assert rubrics.show_beside_answers(graded, model_answers) == [gid]   # as `grader grade` leaves it
+    nbformat.write(graded, autograded)
     db = f"sqlite:///{course_copy / 'grader' / 'work' / 'gradebook.db'}"
     with Gradebook(db, course_id="multi-gpu-course") as gb:
         gb.update_or_create_assignment(lab)
@@ -376,7 +380,11 @@ def test_an_instructor_grades_a_written_answer_by_hand_in_formgrader(server, pag
     # request): typed before that, on a loaded machine, the score went nowhere.
     page.wait_for_function("() => window.formgrader && formgrader.grades && formgrader.grades.loaded",
                            timeout=30_000)
-    assert "onerror=" in page.locator("body").inner_text()  # the student's markup, as text
+    shown = page.locator("body").inner_text()
+    assert "onerror=" in shown  # the student's markup, as text
+    # the model answer and rubric from solutions/, rendered under the answer, for whoever marks it
+    assert rubrics.RUBRIC_TITLE in shown and "Rubric (2 points)." in shown
+    assert shown.index("Only the same position holds") < shown.index(rubrics.RUBRIC_TITLE)
     score.fill("1.5")
     with page.expect_response(lambda r: "/formgrader/api/grade/" in r.url and r.request.method == "PUT",
                               timeout=30_000) as put:

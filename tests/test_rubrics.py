@@ -76,6 +76,27 @@ def test_formgrader_renders_each_rubric_as_markdown(lab):
         assert nb.cells[0].source == cell.source and rubrics.is_rubric(nb.cells[0]), (lab.name, gid)
 
 
+def test_formgrader_s_page_shows_the_rubric_under_the_answer(tmp_path):
+    """The page formgrader's Manual Grading serves: its HTMLExporter, its formgrade template and the course's
+    configuration (InertNotebook), on an autograded notebook as the grader leaves it."""
+    from nbconvert import HTMLExporter
+    from nbgrader.server_extensions.formgrader import handlers
+
+    answers, nb = rubrics.model_answers(solution(LAB)), answered(LAB)
+    rubrics.show_beside_answers(nb, answers)
+    nbformat.write(nb, tmp_path / f"{LAB}.ipynb")
+    config = course_config(REPO)
+    config.HTMLExporter.template_name = "formgrade"        # what formgrader's extension adds to the config
+    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    resources = {"assignment_id": LAB, "notebook_id": LAB, "submission_id": "s", "index": 0, "total": 1,
+                 "base_url": "", "student": "ada", "last_name": "", "first_name": "", "notebook_path": LAB}
+    page, _ = HTMLExporter(config=config).from_filename(str(tmp_path / f"{LAB}.ipynb"), resources=resources)
+    shown = shown_text(page)
+    places = sorted((shown.index(shown_text(f"My own answer to {gid}")), gid) for gid in answers)
+    for (at, gid), (following, _) in zip(places, [*places[1:], (len(shown), None)]):
+        assert at < shown.index(shown_text(answers[gid])[:80]) < following, f"{gid}'s rubric is not under it"
+
+
 def test_the_release_holds_none_of_them():
     """The student's copy has no model answer: the rubric can only come from solutions/."""
     answers, nb = rubrics.model_answers(solution(LAB)), released(LAB)

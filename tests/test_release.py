@@ -98,6 +98,29 @@ def test_every_written_answer_has_a_rubric_worth_its_points_with_the_wrong_answe
             f"{lab.name}/{grade_id}: its rubric names no common wrong answer"
 
 
+QUESTION_HEADING = re.compile(r"\*\*Question (\d+)\*\* \((\d+) points?, graded by hand\)")
+
+
+@pytest.mark.parametrize("lab", [lab for lab in find_labs(REPO) if lab.written], ids=lambda lab: lab.name)
+def test_each_written_question_is_numbered_on_with_the_points_of_its_answer(lab):
+    """What a student reads before a written answer, in the release: its locked question cell, "**Question N**
+    (P points, graded by hand)", N = 1, 2, ... in order through the lab, P the answer cell's points."""
+    cells = nbformat.read(LABS / lab.name / f"{lab.name}.ipynb", as_version=4).cells
+    asked = []
+    for index, cell in enumerate(cells):
+        grading = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "markdown" and grading.get("solution") and grading.get("grade"):
+            question = cells[index - 1]
+            found = QUESTION_HEADING.findall(question.source)
+            assert question.metadata.get("nbgrader", {}).get("locked") and len(found) == 1, (
+                f"{lab.name}/{grading['grade_id']}: the cell before it is not one locked question cell "
+                f"with one **Question N** (P points, graded by hand): {found}")
+            asked.append((int(found[0][0]), int(found[0][1]), int(grading["points"]), grading["grade_id"]))
+    assert [n for n, *_ in asked] == list(range(1, len(asked) + 1)), f"{lab.name}: questions numbered {asked}"
+    wrong = [(n, says, has, gid) for n, says, has, gid in asked if says != has]
+    assert not wrong, f"{lab.name}: questions whose points differ from their answer cells': {wrong}"
+
+
 @pytest.mark.parametrize("lab", [lab for lab in find_labs(REPO) if lab.points], ids=lambda lab: lab.name)
 def test_each_exercise_s_heading_gives_the_points_of_its_test_cell(lab):
     # what a student sees next to each exercise, in the release: "## Exercise 2 · ... (3 points)", the

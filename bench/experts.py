@@ -1,6 +1,7 @@
 # One idea past 300 lines: one section of the benchmark report (lab 8's all-to-all and expert-parallel
 # layer), its measurements beside the tables that state them, as bench/_results.py has each script own them.
-"""Lab 8's all-to-all against all_to_all_single; its expert-parallel step against one process and tensor parallelism.
+"""Lab 8's all-to-all against all_to_all_single; its expert-parallel step against one process and tensor parallelism;
+its dropless dispatch against capacity applied in the dispatch.
 
 1. The all-to-all: the lab's `all_to_all` (the student's, from isend/recv: each rank's counts first, then its
    rows) against `dist.all_to_all_single` on the same seeded rows (ROWS rows of WIDTH float32 features a rank,
@@ -16,6 +17,12 @@
    (the slowest rank's), the three alternating round by round; the bytes each rank's float32 all-to-alls and
    all-reduces send in a step, counted, against the formulas; and the outputs and the tokens' gradients of both
    parallel schemes against one process's.
+3. Dropless against capacity in the dispatch: the lab's `expert_parallel` (counts exchanged, every slot sent) and
+   its `capped_dispatch` at capacity factors 1.0 and 1.25 (fixed E x C buffers a rank, the slots past C dropped
+   on the sending rank, no counts exchanged), on the same seeded layer, tokens and random routing. Median step
+   time (the slowest rank's) alternating round by round; the bytes each rank's float32 all-to-alls send in a step,
+   counted, against the routing's (dropless) and the fixed buffers' (capacity); the collectives a step; the share
+   of slots dropped.
 
     python bench/experts.py [--rounds 5] [--quick] [--json bench/results/experts.json]
 """
@@ -45,6 +52,7 @@ CALLS = 5          # all-to-all calls of each kind a round (the lab's exchange_t
 STEPS = 3          # layer steps a round, after one to warm up
 GOAL = 1.3         # the lab's all_to_all's time over all_to_all_single's, on gloo
 SCHEMES = ("one process", "expert parallel", "tensor parallel")
+DISPATCHES = ("expert parallel", "capacity 1.0", "capacity 1.25")     # dropless, then capacity in the dispatch
 
 
 def exchange_bytes(rows, width, seed=0):
@@ -112,13 +120,17 @@ def layer_step(scheme, hidden, ffn, tokens, ranks=RANKS, seed=0):
     output and its tokens' gradient (for expert parallelism, this rank's T tokens; otherwise all N·T)."""
     x, weights, chosen, w1, w2, mix = layer_case(hidden, ffn, tokens, ranks, seed)
     device = course.device()
-    if scheme == "expert parallel":
+    if scheme in DISPATCHES:
         rank = dist.get_rank()
         mine, held = slice(rank * tokens, (rank + 1) * tokens), moe.experts_of(rank, LAB.EXPERTS, ranks)
         x, weights, chosen, mix = x[mine], weights[mine], chosen[mine], mix[mine]
         w1, w2 = w1[held[0]:held[-1] + 1], w2[held[0]:held[-1] + 1]
-        def layer(*a):
-            return LAB.expert_parallel(*a, LAB.EXPERTS)
+        if scheme == "expert parallel":
+            def layer(*a):
+                return LAB.expert_parallel(*a, LAB.EXPERTS)
+        else:
+            def layer(*a):
+                return LAB.capped_dispatch(*a, LAB.EXPERTS, capacity_of(scheme, tokens))[0]
     elif scheme == "tensor parallel":
         columns = torch.arange(ffn).tensor_split(ranks)[dist.get_rank()]
         w1, w2 = w1[:, :, columns], w2[:, columns]
@@ -127,7 +139,7 @@ def layer_step(scheme, hidden, ffn, tokens, ranks=RANKS, seed=0):
     elif scheme == "one process":
         layer = LAB.moe_forward
     else:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        raise ValueError(f"scheme must be one of {SCHEMES + DISPATCHES[1:]}, got {scheme!r}")
     x, w1, w2 = (t.contiguous().to(device).requires_grad_() for t in (x, w1, w2))
     weights, chosen, mix = weights.to(device), chosen.to(device), mix.to(device)
 
@@ -138,6 +150,11 @@ def layer_step(scheme, hidden, ffn, tokens, ranks=RANKS, seed=0):
         y.backward(mix)
         return y.detach(), x.grad
     return step
+
+
+def capacity_of(scheme, tokens):
+    """The places an expert a sending rank by a "capacity <factor>" scheme, for `tokens` tokens a rank."""
+    return experts.capacity(tokens, LAB.EXPERTS, LAB.TOP_K, float(scheme.split()[1]))
 
 
 def synchronize():
@@ -209,13 +226,50 @@ def layer_rows(sizes, rounds) -> list[dict]:
     return rows
 
 
+def dispatch_rows(sizes, rounds) -> list[dict]:
+    rows = []
+    for hidden, ffn, tokens in sizes["layers"]:
+        chosen = layer_case(hidden, ffn, tokens)[2].reshape(RANKS, tokens, LAB.TOP_K)
+        row = {"hidden": hidden, "ffn": ffn, "tokens": tokens, "sent": {}, "collectives": {}, "dropped": {}}
+        for scheme in DISPATCHES:
+            run = course.launch(layer_once, RANKS, args=(scheme, hidden, ffn, tokens))
+            frame = run.comm.to_frame()
+            rows_sent = frame[(frame["op"] == "all_to_all_single") & (frame["dtype"] == "torch.float32")]
+            row["collectives"][scheme] = len(frame) / RANKS
+            if scheme == "expert parallel":
+                owner = torch.tensor(moe.owners(LAB.EXPERTS, RANKS))
+                expected = [2 * 4 * hidden * (int((owner[chosen[r]] != r).sum()) + sum(
+                    int((owner[chosen[s]] == r).sum()) for s in range(RANKS) if s != r)) for r in run.ranks]
+                row["dropped"][scheme] = 0.0
+            else:
+                places = capacity_of(scheme, tokens)
+                held = [len(moe.experts_of(r, LAB.EXPERTS, RANKS)) for r in run.ranks]
+                expected = [2 * 4 * hidden * places * (LAB.EXPERTS - held[r] + (RANKS - 1) * held[r])
+                            for r in run.ranks]
+                kept = [LAB.kept_by_loop(chosen[r], LAB.EXPERTS, places) for r in run.ranks]
+                row["dropped"][scheme] = 1 - sum(map(sum, sum(kept, []))) / chosen.numel()
+            row["sent"][scheme] = [{"rank": r, "counted": float(rows_sent[rows_sent["rank"] == r]["predicted"].sum()),
+                                    "expected": expected[r]} for r in run.ranks]
+        seconds = {scheme: [] for scheme in DISPATCHES}
+        for _ in range(rounds):
+            for scheme in DISPATCHES:
+                run = course.launch(timed_layer, RANKS, args=(scheme, hidden, ffn, tokens), timeout=300)
+                seconds[scheme].append(max(run[r] for r in run.ranks))
+        row["ms"] = {scheme: spread(1e3 * t for t in seconds[scheme]) for scheme in DISPATCHES}
+        row["over_dropless"] = {scheme: spread(c / d for c, d in zip(seconds[scheme], seconds["expert parallel"]))
+                                for scheme in DISPATCHES[1:]}
+        rows.append(row)
+    return rows
+
+
 def main(argv=None):
     args = _script.options(__doc__, argv, full=FULL, quick=QUICK, default_rounds=5, rounds_help="rounds of each timing",
                            quick_help="small sizes, 1 round: for tests")
     sizes, rounds = args.sizes, args.rounds
     figures = {"quick": args.quick, "rounds": rounds, "cores": os.cpu_count(), "ranks": RANKS,
                "backend": course.placement.choose(RANKS).backend, "experts": LAB.EXPERTS, "top_k": LAB.TOP_K,
-               "exchange": exchange_rows(sizes, rounds), "layer": layer_rows(sizes, rounds)}
+               "exchange": exchange_rows(sizes, rounds), "layer": layer_rows(sizes, rounds),
+               "dispatch": dispatch_rows(sizes, rounds)}
     emit(args.json, title="Lab 8's all-to-all and expert parallelism against torch.distributed, one process and "
          "tensor parallelism", markdown=markdown(figures), headline=headline(figures), figures=figures)
 
@@ -250,6 +304,11 @@ def headline(figures) -> list[dict]:
                                  over))
         rows.append(headline_row(f"expert-parallel step / tensor-parallel experts, {setting}",
                                  spread_text(r["over_tensor_parallel"]), over))
+    for r in figures["dispatch"]:
+        for scheme in DISPATCHES[1:]:
+            rows.append(headline_row(f"{scheme} in the dispatch / dropless, {r['hidden']} wide, {r['tokens']:,} "
+                                     f"tokens a rank ({r['dropped'][scheme]:.1%} of slots dropped)",
+                                     spread_text(r["over_dropless"][scheme]), over))
     return rows
 
 
@@ -306,6 +365,21 @@ def markdown(figures) -> str:
                 routed = "-" if b["by the routing"] is None else f"{b['by the routing']:,}"
                 lines.append(f"| {r['hidden']} | {r['tokens']:,} | {scheme} | {b['rank']} | {b['counted']:,.0f} | "
                              f"{routed} | {b['formula']:,.0f} | {r['difference'][scheme]:.1e} |")
+    lines += ["", "Dropless against capacity in the dispatch, the same layer, tokens and random routing: the lab's "
+              "`expert_parallel` (counts exchanged, every slot sent) and its `capped_dispatch` (E x C buffers a "
+              "rank, C = `experts.capacity` of the rank's T tokens, drops on the sender, no counts). Step time as "
+              "above; bytes of rows a rank a step, counted, against the routing's rows (dropless) or the fixed "
+              "buffers' places bound for other ranks (capacity); collectives a rank a step (recorded), slots "
+              "dropped.", "",
+              "| hidden | T | dispatch | step | / dropless (range) | collectives | bytes counted (rank 0) | "
+              "expected | slots dropped |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in figures["dispatch"]:
+        for scheme in DISPATCHES:
+            ratio = "-" if scheme == "expert parallel" else spread_text(r["over_dropless"][scheme])
+            b = r["sent"][scheme][0]
+            lines.append(f"| {r['hidden']} | {r['tokens']:,} | {scheme} | {r['ms'][scheme]['median']:.2f} ms | "
+                         f"{ratio} | {r['collectives'][scheme]:.0f} | {b['counted']:,.0f} | {b['expected']:,.0f} | "
+                         f"{r['dropped'][scheme]:.1%} |")
     return "\n".join(lines)
 
 

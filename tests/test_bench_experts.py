@@ -3,7 +3,8 @@
 bench/experts.py measures what it says, at --quick's size: lab 8's all-to-all timed beside all_to_all_single
 with the same bytes of rows (the sockets' bytes apart by its counts and their headers only), and the expert-parallel
 step timed beside one process and the tensor-parallel experts, all three computing the same layer and each parallel
-scheme sending what its formula says. Structure and invariants only, never speed."""
+scheme sending what its formula says; the dropless layer timed beside capacity in the dispatch, which sends its fixed
+buffers and exchanges no counts. Structure and invariants only, never speed."""
 from __future__ import annotations
 
 import json
@@ -63,6 +64,25 @@ def test_the_expert_parallel_step_is_timed_beside_one_process_and_tensor_paralle
     assert "| hidden | ffn | T | one process | expert parallel | tensor parallel |" in report["markdown"]
     figures = [line["figure"] for line in report["headline"]]
     assert any("one process" in f for f in figures) and any("tensor-parallel" in f for f in figures)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_capacity_in_the_dispatch_sends_its_fixed_buffers_and_no_counts_beside_the_dropless_layer(report):
+    (row,) = report["figures"]["dispatch"]
+    hidden, ffn, tokens = experts.QUICK["layers"][0]
+    assert (row["hidden"], row["ffn"], row["tokens"]) == (hidden, ffn, tokens)
+    assert set(row["ms"]) == set(row["sent"]) == set(row["dropped"]) == set(experts.DISPATCHES)
+    assert all(row["ms"][scheme]["median"] > 0 for scheme in experts.DISPATCHES)
+    for scheme, sent in row["sent"].items():          # dropless: the routing's rows; capacity: the fixed buffers'
+        for b in sent:
+            assert b["counted"] == b["expected"] > 0, (scheme, b)
+    for scheme in experts.DISPATCHES[1:]:             # no exchange of counts: one collective fewer a step
+        assert row["collectives"][scheme] < row["collectives"]["expert parallel"], row["collectives"]
+    assert row["dropped"]["expert parallel"] == 0
+    assert 0 <= row["dropped"]["capacity 1.25"] <= row["dropped"]["capacity 1.0"] < 1, row["dropped"]
+    assert "| hidden | T | dispatch | step | / dropless (range) |" in report["markdown"]
+    assert any("in the dispatch / dropless" in line["figure"] for line in report["headline"])
 
 
 def test_no_rounds_is_refused():

@@ -31,7 +31,7 @@ trace of what ran.
 The ridge point of a device in a precision is its peak over its memory bandwidth, in FLOPs per
 byte (the roofline model, Williams et al. 2009): below it, a kernel waits on memory.
 
-Used in: lab 1 (01_single_gpu).
+Used in: lab 1 (01_single_gpu), lab 7 (07_long_sequences).
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ Peaks are the vendors' dense figures (no structured sparsity): float32 on CUDA
 cores for the processors named as before, BF16 on tensor cores for the `_BF16`
 presets.
 
-Used in: lab 2 (02_data_parallel), lab 4 (04_hybrid), the demo (solutions/demo.ipynb).
+Used in: lab 2 (02_data_parallel), lab 4 (04_hybrid), lab 7 (07_long_sequences), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

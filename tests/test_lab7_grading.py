@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 # The same exercises, answered in other correct ways than the reference's: storages kept in a list and compared
 # by address, the hooks entered by hand; the generator's state saved and restored by hand; the single-tensor
 # collectives; the ring's state merged as (output, log-sum-exp) pairs, K and V in one message; the backward's
-# travellers in one message; the zig-zag from chunk sizes worked out by hand.
+# travellers in one message; the zig-zag from chunk sizes worked out by hand; the all-gather's K and V stacked in one
+# all_gather_into_tensor and merged as (output, log-sum-exp) pairs.
 DIFFERENT = {
     "saved_bytes": '''
 def saved_bytes(run, exclude=()):
@@ -187,6 +188,28 @@ def ring_attention_backward(dout, q, k, v, out, lse, positions, causal):
         else:
             grads = incoming
     return dq, grads[0], grads[1]
+''',
+    "all_gather_forward": '''
+def all_gather_attention_forward(q, k, v, positions, mask):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    sizes = [len(p) for p in positions]
+    kv = torch.nn.functional.pad(torch.stack([k, v]), (0, 0, 0, max(sizes) - k.shape[-2]))
+    kv = kv.contiguous().to(course.message_device())
+    everything = torch.empty((n * 2, *kv.shape[1:]), dtype=kv.dtype, device=kv.device)
+    dist.all_gather_into_tensor(everything, kv)
+    everything = everything.view(n, *kv.shape)
+    out, lse = torch.zeros_like(q), q.new_full(q.shape[:-1], float("-inf"))
+    for j in range(n):
+        keys, values = everything[j, :, :, :, :sizes[j]].to(q.device).unbind(0)
+        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        scores = torch.where(mask(positions[rank].to(q.device), positions[j].to(q.device)), float("-inf"), scores)
+        block_lse = torch.logsumexp(scores, -1)
+        block_out = torch.nan_to_num(torch.softmax(scores, -1), nan=0.0) @ values
+        new_lse = torch.logaddexp(lse, block_lse)
+        safe = torch.where(torch.isinf(new_lse), 0.0, new_lse)
+        out = out * torch.exp(lse - safe)[..., None] + block_out * torch.exp(block_lse - safe)[..., None]
+        lse = new_lse
+    return out, lse
 ''',
     "zigzag": '''
 def zigzag_positions(sequence, ranks):
@@ -473,6 +496,62 @@ MISTAKES = {
         {"zigzag": [("torch.arange(sequence).tensor_split(2 * ranks)",
                      "torch.arange(sequence).split(sequence // (2 * ranks))")]},
         "test_zigzag"),
+    # Exercise 7: the all-gather over the online softmax.
+    "the mask built from the blocks' local indices, not the positions": (
+        {"all_gather_forward": [("mask(mine, positions[owner].to(q.device))",
+                                 "mask(torch.arange(q.shape[-2]), torch.arange(held))")]},
+        "test_all_gather_forward"),
+    "the gathered keys placed as if the split were contiguous": (
+        {"all_gather_forward": [("mask(mine, positions[owner].to(q.device))",
+                                 "mask(mine, context.contiguous_positions(sum(len(p) for p in positions), "
+                                 "world_size)[owner])")]},
+        "test_all_gather_forward"),
+    "a block masked for a query merged unguarded: exp(−∞ − (−∞)) is NaN": (
+        {"all_gather_forward": [('shift = torch.where(new_max == float("-inf"), 0.0, new_max)', "shift = new_max")]},
+        "test_all_gather_forward"),
+    "the gathered merge without the running maximum": (
+        {"all_gather_forward": [(
+            "        new_max = torch.maximum(running_max, scores.amax(-1))\n"
+            "        shift = torch.where(new_max == float(\"-inf\"), 0.0, new_max)    # every key so far masked: "
+            "nothing to add\n"
+            "        weights = torch.exp(scores - shift[..., None])\n"
+            "        correction = torch.exp(running_max - shift)\n"
+            "        running_sum = running_sum * correction + weights.sum(-1)\n"
+            "        running_out = running_out * correction[..., None] + weights @ values\n"
+            "        running_max = new_max\n",
+            "        weights = torch.exp(scores)\n"
+            "        running_sum = running_sum + weights.sum(-1)\n"
+            "        running_out = running_out + weights @ values\n"),
+            ("running_max + torch.log(running_sum)", "torch.log(running_sum)")]},
+        "test_all_gather_forward"),
+    "each rank's block gathered at its own length, not padded": (
+        {"all_gather_forward": [(
+            "        padded = t.new_zeros((*t.shape[:-2], longest, t.shape[-1]), device=course.message_device())\n"
+            "        padded[..., :t.shape[-2], :] = t\n"
+            "        blocks = [torch.empty_like(padded) for _ in range(world_size)]\n",
+            "        padded = t.contiguous().to(course.message_device())\n"
+            "        blocks = [t.new_empty((*t.shape[:-2], len(p), t.shape[-1]), device=course.message_device()) "
+            "for p in positions]\n")]},
+        "test_all_gather_forward"),
+    "the padding attended: the gathered blocks not cut back": (
+        {"all_gather_forward": [("blocks[owner][..., :held, :]", "blocks[owner]"),
+                                ("mask(mine, positions[owner].to(q.device))",
+                                 "mask(mine, torch.cat([positions[owner], "
+                                 "positions[owner][-1:].repeat(longest - held)]).to(q.device))")]},
+        "test_all_gather_forward"),
+    "K and V gathered as Python objects (all_gather_object), no padding needed": (
+        {"all_gather_forward": [(
+            "    gathered = []\n"
+            "    for t in (k, v):\n"
+            "        padded = t.new_zeros((*t.shape[:-2], longest, t.shape[-1]), device=course.message_device())\n"
+            "        padded[..., :t.shape[-2], :] = t\n"
+            "        blocks = [torch.empty_like(padded) for _ in range(world_size)]\n"
+            "        dist.all_gather(blocks, padded)\n"
+            "        gathered.append(blocks)\n",
+            "    blocks = [None] * world_size\n"
+            "    dist.all_gather_object(blocks, (k.cpu(), v.cpu()))\n"
+            "    gathered = [[block[0] for block in blocks], [block[1] for block in blocks]]\n")]},
+        "test_all_gather_forward"),
 }
 
 # The nbgrader round trip (its last test): the full notebook, as an instructor grades it, of the student
@@ -561,6 +640,26 @@ RULES: dict[str, dict] = {
         "so that after N steps the rank holds the dK and dV of its own block":
             "dK and dV left on the rank that computed them last",
         "Messages only, to r + 1 and from r − 1.": "the backward's ring turned the other way",
+    },
+    "all_gather_forward": {
+        "a token attends only the tokens before it in its own document":
+            "the mask built from the blocks' local indices, not the positions",
+        "Gather every rank's K and V with `dist.all_gather`":
+            "K and V gathered as Python objects (all_gather_object), no padding needed",
+        "gloo gathers blocks of one shape only": "each rank's block gathered at its own length, not padded",
+        "pad each block with zeros to the longest rank's tokens": (
+            "each rank's block gathered at its own length, not padded",
+            "K and V gathered as Python objects (all_gather_object), no padding needed"),
+        "cut each gathered block back to its owner's tokens": "the padding attended: the gathered blocks not cut back",
+        "merge the gathered blocks owner by owner, rank 0 first, by exercise 4's rules":
+            "the gathered merge without the running maximum",
+        "the keys of rank j's block are at `positions[j]`": (
+            "the mask built from the blocks' local indices, not the positions",
+            "the gathered keys placed as if the split were contiguous"),
+        "A block whose keys the mask hides from a query must change nothing of that query's m, ℓ and o, even "
+        "when it comes first": "a block masked for a query merged unguarded: exp(−∞ − (−∞)) is NaN",
+        "return `(out, lse)` as `context.attention(..., mask=mask)` gives them":
+            "the gathered merge without the running maximum",
     },
     "zigzag": {
         "cuts the sequence into 2N chunks": "N chunks, not 2N",

@@ -1,4 +1,4 @@
-"""Lab 7's ring attention against one process's attention, and activation memory against the formula.
+"""Lab 7's three forms of context parallelism against one process, and activation memory against the formula.
 
 1. Activation memory: the bytes autograd keeps for one layer (the lab's `saved_bytes`, per storage,
    parameters left out) against `course.activations.layer_bytes` in float32, for the lab's block with
@@ -6,14 +6,18 @@
    ("selective") and the block recomputed ("full"), each by the lab's `recomputed`; and context
    parallelism, each rank of 2 holding half of the tokens of the lab's training block (no dropout),
    attention by the lab's ring (`ring_attend`), against `layer_bytes(..., context=2)`. Goal: within 5 %.
-2. Ring attention against one process: attention alone (4 heads of 16, one sequence, causal, zig-zag
-   split), one forward and backward, by the lab's `attention_step`: the peak live bytes a rank holds
-   above its start (lab 5's tracker) and the median seconds, one process over the whole sequence and
-   each of 2 ranks of the ring, the two alternating round by round.
-3. PyTorch's `context_parallel` (torch.distributed.tensor.experimental) shards only CUDA's fused
-   attention kernels (flash, memory-efficient, cuDNN): it is compared on a machine with 2 or more
-   CUDA GPUs only (the lab's ring on its zig-zag split against it, causal, one forward and backward, the
-   two alternating; goal: ≤ 1.2× its step), and this script says so where there are fewer.
+2. The three forms against one process: attention alone (4 heads of 16, one sequence, causal, zig-zag
+   split), one forward and backward, by the lab's `attention_step`: one process over the whole sequence,
+   and each of 2 ranks of the all-gather (the lab's exercise 7), the ring (exercises 4 and 5) and Ulysses
+   (all-to-alls around PyTorch's fused kernel), alternating round by round. Per form: the live bytes a
+   rank keeps after the forward and at the peak, above its start (lab 5's tracker); the bytes it sends
+   (the recorder's prediction for the backend's algorithm) against the form's formula
+   (`activations.all_gather_kv_sent`, `ring_attention_sent`, `ulysses_sent`); the median seconds.
+3. PyTorch's `context_parallel` (torch.distributed.tensor.experimental), under both rotate methods
+   (all-gather, its default, and all-to-all, its ring), shards only CUDA's fused attention kernels
+   (flash, memory-efficient, cuDNN): it is compared on a machine with 2 or more CUDA GPUs (the lab's
+   ring on its zig-zag split against it, causal, one forward and backward, alternating; goal: ≤ 1.2× its
+   step); elsewhere this script tries it on 2 CPU ranks and reports the error.
 
     python bench/long_sequences.py [--rounds 5] [--quick] [--json bench/results/long_sequences.json]
 """
@@ -67,36 +71,50 @@ def memory_rows(sizes) -> list[dict]:
     return rows
 
 
-def ring_rows(sizes, rounds) -> list[dict]:
+def forms_rows(sizes, rounds, repeats=3) -> list[dict]:
+    """Each form of LAB.CONTEXT_FORMS at each ring sequence, the forms alternating round by round."""
     rows = []
     for s in sizes["ring_sequences"]:
-        seconds, peaks = {"one process": [], "ring": []}, {"one process": [], "ring": []}
+        seen = {form: {"seconds": [], "peak": [], "kept": [], "sent": []} for form in LAB.CONTEXT_FORMS}
         for _ in range(rounds):
-            for scheme, ranks in (("one process", 1), ("ring", 2)):
-                run = course.launch(LAB.attention_step, ranks, args=(scheme, s))
-                seconds[scheme].append(max(run[r]["seconds"] for r in run.ranks))
-                peaks[scheme].append(max(run[r]["peak bytes"] for r in run.ranks))
-        ratios = [ring / one for ring, one in zip(seconds["ring"], seconds["one process"])]
-        rows.append({"sequence": s, "one_process_ms": spread(1e3 * t for t in seconds["one process"]),
-                     "ring_ms": spread(1e3 * t for t in seconds["ring"]), "time_ratio": spread(ratios),
-                     "one_process_peak": max(peaks["one process"]), "ring_peak": max(peaks["ring"])})
+            for form in LAB.CONTEXT_FORMS:
+                run = course.launch(LAB.attention_step, 1 if form == "one process" else 2, args=(form, s),
+                                    kwargs=dict(repeats=repeats))
+                seen[form]["seconds"].append(max(run[r]["seconds"] for r in run.ranks))
+                seen[form]["peak"].append(max(run[r]["peak bytes"] for r in run.ranks))
+                seen[form]["kept"].append(max(run[r]["kept bytes"] for r in run.ranks))
+                seen[form]["sent"].append(max(sum(c.predicted for c in run.comm.rank(r) if c.op != "barrier")
+                                              for r in run.ranks) / repeats)
+        one = seen["one process"]["seconds"]
+        for form, got in seen.items():
+            ranks = 1 if form == "one process" else 2
+            rows.append({"sequence": s, "form": form, "ranks": ranks, "ms": spread(1e3 * t for t in got["seconds"]),
+                         "time_ratio": spread(t / o for t, o in zip(got["seconds"], one)),
+                         "peak": max(got["peak"]), "kept": max(got["kept"]), "sent": max(got["sent"]),
+                         "formula": LAB.formula_sent(form, s, ranks),
+                         "one process kept": max(seen["one process"]["kept"]),
+                         "one process peak": max(seen["one process"]["peak"])})
     return rows
 
 
 def cuda_attention_step(way, sequence, seed=0, repeats=5):
     """Runs on every rank, one CUDA GPU each: causal attention over `sequence` tokens (the lab's 4 heads of 16), one
     forward and backward `repeats` times, by the lab's RingAttention on its zig-zag split ("ring") or by PyTorch's
-    context_parallel around scaled_dot_product_attention ("context_parallel"); the median seconds, each step
-    timed between two synchronizations of the GPU."""
+    context_parallel around scaled_dot_product_attention under a rotate method ("allgather" or "alltoall"); the
+    median seconds, each step timed between two synchronizations of the GPU. On CPU ranks it runs (or fails) the
+    same way."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    synchronize = torch.cuda.synchronize if course.device().type == "cuda" else (lambda: None)
     generator = torch.Generator().manual_seed(seed)
     whole = [torch.randn(1, LAB.HEADS, sequence, LAB.HEAD_DIM, generator=generator).to(course.device())
              for _ in range(4)]
     positions = LAB.zigzag_positions(sequence, world_size)
-    if way == "context_parallel":
+    if way != "ring":                             # "allgather" or "alltoall": context_parallel's rotate methods
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.experimental import context_parallel
-        mesh = init_device_mesh("cuda", (world_size,))
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+        mesh = init_device_mesh(course.device().type, (world_size,))
+        set_rotate_method(way)
     seconds = []
     for _ in range(repeats):
         with contextlib.ExitStack() as stack:
@@ -105,8 +123,8 @@ def cuda_attention_step(way, sequence, seed=0, repeats=5):
             else:                             # context_parallel shards its buffers in place, its own way
                 q, k, v, grad = (t.clone() for t in whole)
                 stack.enter_context(context_parallel(mesh, buffers=[q, k, v, grad], buffer_seq_dims=[2, 2, 2, 2]))
-            q, k, v = (t.requires_grad_() for t in (q, k, v))
-            torch.cuda.synchronize()
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))    # a sharded buffer cannot itself
+            synchronize()
             dist.barrier()
             start = time.perf_counter()
             if way == "ring":
@@ -114,21 +132,30 @@ def cuda_attention_step(way, sequence, seed=0, repeats=5):
             else:
                 out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             out.backward(grad)
-            torch.cuda.synchronize()
+            synchronize()
             seconds.append(time.perf_counter() - start)
     return sorted(seconds)[len(seconds) // 2]
 
 
+ROTATE_METHODS = ("allgather", "alltoall")    # context_parallel's all-gather (its default) and its ring
+
+
 def context_parallel_comparison(sizes, rounds) -> dict:
-    """The lab's ring against PyTorch's context_parallel on 2 CUDA GPUs at the longest ring sequence, the two
-    alternating round by round; where they cannot run, or fail, why."""
+    """The lab's ring against PyTorch's context_parallel under each rotate method on 2 CUDA GPUs at the longest ring
+    sequence, alternating round by round; with fewer GPUs, context_parallel tried on 2 CPU ranks, and why not."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus < 2:
-        return {"ran": False, "gpus": gpus, "why": (
-            f"not run: torch {torch.__version__}'s context_parallel shards CUDA's fused attention kernels only, "
-            f"and this machine has {gpus} CUDA GPU{'s' if gpus != 1 else ''} (it needs 2 or more)")}
     s = sizes["ring_sequences"][-1]
-    seconds = {"ring": [], "context_parallel": []}
+    if gpus < 2:
+        try:
+            course.launch(cuda_attention_step, 2, args=("allgather", sizes["ring_sequences"][0]),
+                          kwargs=dict(repeats=1))
+            gist = "it ran on CPU ranks, but was not timed here"
+        except Exception as error:      # what torch says on CPU: reported, not hidden
+            gist = f"on 2 CPU ranks it fails: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        return {"ran": False, "gpus": gpus, "why": (
+            f"not timed: torch {torch.__version__}'s context_parallel shards CUDA's fused attention kernels, and "
+            f"this machine has {gpus} CUDA GPU{'s' if gpus != 1 else ''} (it needs 2 or more); {gist}")}
+    seconds = {way: [] for way in ("ring", *ROTATE_METHODS)}
     try:
         for _ in range(rounds):
             for way in seconds:
@@ -138,12 +165,13 @@ def context_parallel_comparison(sizes, rounds) -> dict:
         return {"ran": False, "gpus": gpus,
                 "why": f"failed on torch {torch.__version__}: {type(error).__name__}: {str(error)[:300]}"}
     ms = {way: spread(1e3 * t for t in times) for way, times in seconds.items()}
-    ratio = spread(ring / theirs for ring, theirs in zip(seconds["ring"], seconds["context_parallel"]))
-    return {"ran": True, "gpus": gpus, "sequence": s, "ring_ms": ms["ring"],
-            "context_parallel_ms": ms["context_parallel"], "time_ratio": ratio,
-            "why": (f"{s} tokens on 2 GPUs, one forward and backward: the lab's ring {ms['ring']['median']:.2f} ms, "
-                    f"context_parallel {ms['context_parallel']['median']:.2f} ms; ring / context_parallel "
-                    f"{spread_text(ratio)} (goal: at most {CONTEXT_PARALLEL_GOAL})")}
+    ratios = {way: spread(ring / theirs for ring, theirs in zip(seconds["ring"], seconds[way]))
+              for way in ROTATE_METHODS}
+    return {"ran": True, "gpus": gpus, "sequence": s, "ms": ms, "time_ratio": ratios,
+            "why": (f"{s} tokens on 2 GPUs, one forward and backward: the lab's ring {ms['ring']['median']:.2f} ms; "
+                    + "; ".join(f"context_parallel ({way}) {ms[way]['median']:.2f} ms, ring / it "
+                                f"{spread_text(ratios[way])}" for way in ROTATE_METHODS)
+                    + f" (goal: at most {CONTEXT_PARALLEL_GOAL})")}
 
 
 def main(argv=None):
@@ -151,8 +179,9 @@ def main(argv=None):
                            rounds_help="rounds of the ring's timing", quick_help="small sizes, 1 round: for tests")
     sizes, rounds = args.sizes, args.rounds
     figures = {"quick": args.quick, "rounds": rounds, "cores": os.cpu_count(), "memory": memory_rows(sizes),
-               "ring": ring_rows(sizes, rounds), "context_parallel": context_parallel_comparison(sizes, rounds)}
-    emit(args.json, title="Lab 7's ring attention against one process, and activation memory against the formula",
+               "forms": forms_rows(sizes, rounds), "context_parallel": context_parallel_comparison(sizes, rounds)}
+    emit(args.json, title="Lab 7's three forms of context parallelism against one process, and activation memory "
+                          "against the formula",
          markdown=markdown(figures), headline=headline(figures), figures=figures)
 
 
@@ -162,11 +191,13 @@ def headline(figures) -> list[dict]:
     rows = [headline_row("activation memory measured / formula, every scheme and length",
                          f"{min(ratios):.3f}-{max(ratios):.3f} ({sum(within)} of {len(within)} within {GOAL:.0%})",
                          count(len(within), "measurement"))]
-    for r in figures["ring"]:
-        rows.append(headline_row(f"ring attention (2 ranks) / one process, {r['sequence']} tokens: step time",
-                                 spread_text(r["time_ratio"]), count(figures["rounds"], "round")))
-        rows.append(headline_row(f"ring attention (2 ranks) / one process, {r['sequence']} tokens: peak memory a rank",
-                                 f"{r['ring_peak'] / r['one_process_peak']:.2f}", count(figures["rounds"], "round")))
+    longest = max(r["sequence"] for r in figures["forms"])
+    for r in figures["forms"]:
+        if r["sequence"] == longest and r["form"] != "one process":
+            rows.append(headline_row(f"{r['form']} (2 ranks) / one process, {longest} tokens: step time; kept, "
+                                     "peak a rank",
+                                     f"{spread_text(r['time_ratio'])}; {r['kept'] / r['one process kept']:.3f}, "
+                                     f"{r['peak'] / r['one process peak']:.2f}", count(figures["rounds"], "round")))
     rows.append(headline_row("lab 7's ring / PyTorch's `context_parallel`", figures["context_parallel"]["why"], "-"))
     return rows
 
@@ -183,15 +214,19 @@ def markdown(figures) -> str:
     for r in figures["memory"]:
         lines.append(f"| {r['scheme']} | {r['sequence']} | {r['measured']:,} | {r['formula']:,.0f} | "
                      f"{r['ratio']:.3f} |")
-    lines += ["", "Ring attention against one process: attention alone (4 heads of 16, one sequence, causal, zig-zag), "
-              f"one forward and backward; medians and ranges over {count(figures['rounds'], 'round')}, the two "
-              "alternating; peak: the largest over the rounds of the busiest rank's live bytes above its start.", "",
-              "| tokens | one process | ring, 2 ranks | ring / one process (range) | peak a rank: one process | "
-              "ring | ring / one process |", "|---|---|---|---|---|---|---|"]
-    for r in figures["ring"]:
-        lines.append(f"| {r['sequence']} | {r['one_process_ms']['median']:.1f} ms | {r['ring_ms']['median']:.1f} ms | "
-                     f"{spread_text(r['time_ratio'])} | {r['one_process_peak'] / 2**20:.1f} MiB | "
-                     f"{r['ring_peak'] / 2**20:.1f} MiB | {r['ring_peak'] / r['one_process_peak']:.2f} |")
+    lines += ["", "The three forms of context parallelism against one process: attention alone (4 heads of 16, one "
+              "sequence, causal, zig-zag), one forward and backward, each form on 2 ranks (one process: a dense kernel "
+              "that keeps the scores; all-gather and ring: the lab's blockwise online softmax; Ulysses: all-to-alls "
+              f"around PyTorch's fused kernel); medians and ranges over {count(figures['rounds'], 'round')}, the forms "
+              "alternating. Kept: live bytes after the forward; peak: the largest, both the busiest rank's above its "
+              "start. Sent: the recorder's prediction for the backend's algorithm (gloo all-reduces where a "
+              "reduce-scatter is asked), against the form's formula.", "",
+              "| tokens | form | ms | / one process (range) | kept a rank | peak a rank | sent a rank | formula |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in figures["forms"]:
+        lines.append(f"| {r['sequence']} | {r['form']} | {r['ms']['median']:.1f} | {spread_text(r['time_ratio'])} | "
+                     f"{r['kept'] / 2**20:.2f} MiB | {r['peak'] / 2**20:.1f} MiB | {r['sent']:,.0f} | "
+                     f"{r['formula']:,.0f} |")
     lines += ["", f"PyTorch's `context_parallel`: {figures['context_parallel']['why']}."]
     return "\n".join(lines)
 

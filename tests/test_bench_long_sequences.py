@@ -13,6 +13,8 @@ import long_sequences  # bench/long_sequences.py (the conftest puts bench/ on sy
 import pytest
 import torch
 
+import course
+
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
@@ -59,3 +61,10 @@ def test_the_three_forms_are_timed_beside_one_process_and_their_bytes_held_to_th
         assert all(compared["ms"][way]["median"] > 0 for way in ("ring", "allgather", "alltoall"))
     assert any("context_parallel" in line["figure"] for line in report["headline"])
     assert "| tokens | form | ms |" in report["markdown"]
+
+
+@pytest.mark.timeout(120)
+def test_ulysses_refuses_heads_the_ranks_do_not_divide_naming_both():
+    # The lab's 4 heads over 3 ranks: each rank would get 4/3 of a head.
+    with pytest.raises(Exception, match=r"4 heads do not divide by 3 ranks"):
+        course.launch(long_sequences.LAB.attention_step, 3, args=("Ulysses", 12), kwargs=dict(repeats=1))

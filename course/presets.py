@@ -10,7 +10,9 @@ Clusters: DGX H100 and DGX A100 nodes, the 2013 setting of lab 4's sources, and 
 processor and memory were measured (bench/results/report.md). Links and processors come from
 course.timemodel, GPU memories from course.memory, where their sources are given.
 
-Used by: course.choosing, course.layout_cost.
+Read by course.choosing and course.layout_cost.
+
+Used in: lab 7 (07_long_sequences).
 """
 from __future__ import annotations
 

@@ -243,8 +243,7 @@ def dispatch_rows(sizes, rounds) -> list[dict]:
                 row["dropped"][scheme] = 0.0
             else:
                 places = capacity_of(scheme, tokens)
-                held = [len(moe.experts_of(r, LAB.EXPERTS, RANKS)) for r in run.ranks]
-                expected = [2 * 4 * hidden * places * (LAB.EXPERTS - held[r] + (RANKS - 1) * held[r])
+                expected = [experts.capacity_dispatch_sent(places, hidden, LAB.EXPERTS, RANKS, 4, rank=r)
                             for r in run.ranks]
                 kept = [LAB.kept_by_loop(chosen[r], LAB.EXPERTS, places) for r in run.ranks]
                 row["dropped"][scheme] = 1 - sum(map(sum, sum(kept, []))) / chosen.numel()

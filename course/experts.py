@@ -22,7 +22,8 @@ the group's tokens; an all-reduce of the output forward and of the input's gradi
 `tensor_parallel_sent`), or replicate them and average their gradients (data parallelism,
 `replicated_sent`: no tokens move, the whole of every expert is on every rank). `held_per_rank`
 gives each scheme's share of the experts' parameters. `capacity` is Switch Transformer's expert
-capacity, rounded up.
+capacity, rounded up; applied in the dispatch (fixed buffers a sending rank, no counts exchanged), a
+rank sends `capacity_dispatch_sent` whatever the routing.
 
 Used in: lab 8 (08_experts).
 """
@@ -107,6 +108,22 @@ def held_per_rank(scheme: str, experts: int, parameters_per_expert: int, ranks: 
     if ranks > experts:
         raise ValueError(f"{experts} experts cannot give each of {ranks} ranks one: run at most {experts}")
     return math.ceil(experts / ranks) * parameters_per_expert
+
+
+def capacity_dispatch_sent(capacity: int, hidden: int, experts: int, ranks: int, element_bytes: int, *,
+                           rank: int = 0) -> float:
+    """Bytes rank `rank` sends for one layer of experts in a training step when capacity is applied in the dispatch
+    (fixed buffers of E x `capacity` rows a sending rank, the first E mod N ranks holding one more expert): the
+    places of its buffer bound for other ranks' experts, and the (N−1)·E_r·C places it received back, forward and
+    backward. Whatever the routing: empty places travel too."""
+    transfer.check_ranks(ranks)
+    if ranks > _count(experts, "experts"):
+        raise ValueError(f"{experts} experts cannot give each of {ranks} ranks one: run at most {experts}")
+    if not 0 <= rank < ranks:
+        raise ValueError(f"rank {rank!r} is not one of the {ranks} ranks 0 to {ranks - 1}")
+    held = experts // ranks + (rank < experts % ranks)
+    places = _count(capacity, "capacity") * (experts - held + (ranks - 1) * held)
+    return 2 * places * hidden * element_bytes
 
 
 def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:

@@ -41,6 +41,24 @@ def test_the_all_to_all_s_bytes_by_hand():
     assert experts.experts_per_rank(8, 4) == 2
 
 
+
+def test_capacity_in_the_dispatch_sends_its_fixed_buffers_by_hand():
+    # lab 8's digits model on 2 ranks at factor 1.0: 4 experts, 16 places each, 32 features of 4 bytes. A rank sends
+    # its 2 other experts' 32 places and returns the 32 it got for its own, forward and backward: the 16,384 bytes
+    # the lab's table counts a step
+    assert experts.capacity_dispatch_sent(16, 32, 4, 2, 4) == 2 * (2 * 16 + 2 * 16) * 32 * 4 == 16_384
+    # 5 experts on 3 ranks: ranks 0 and 1 hold 2, rank 2 holds 1; capacity 3, 1 feature of 1 byte
+    assert [experts.capacity_dispatch_sent(3, 1, 5, 3, 1, rank=r) for r in range(3)] == [
+        2 * 3 * (3 + 2 * 2), 2 * 3 * (3 + 2 * 2), 2 * 3 * (4 + 2 * 1)]
+    assert experts.capacity_dispatch_sent(3, 8, 4, 1, 2) == 0                    # one rank keeps every place
+    with pytest.raises(ValueError, match="rank 2 is not one of the 2 ranks 0 to 1"):
+        experts.capacity_dispatch_sent(16, 32, 4, 2, 4, rank=2)
+    with pytest.raises(ValueError, match="4 experts cannot give each of 5 ranks one"):
+        experts.capacity_dispatch_sent(16, 32, 4, 5, 4)
+    with pytest.raises(ValueError, match="capacity must be a whole number"):
+        experts.capacity_dispatch_sent(-1, 32, 4, 2, 4)
+
+
 @pytest.mark.parametrize("call, words", [
     (lambda: experts.experts_per_rank(8, 3), "8 experts do not split over 3 ranks"),
     (lambda: experts.check(8, 9), "1 <= top_k <= experts, got top_k=9 of 8 experts"),

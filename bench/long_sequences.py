@@ -151,7 +151,7 @@ def context_parallel_comparison(sizes, rounds) -> dict:
                           kwargs=dict(repeats=1))
             gist = "it ran on CPU ranks, but was not timed here"
         except Exception as error:      # what torch says on CPU: reported, not hidden
-            gist = f"on 2 CPU ranks it fails: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            gist = f"on 2 CPU ranks it fails: {type(error).__name__}: {str(error).splitlines()[0][:200].rstrip('.')}"
         return {"ran": False, "gpus": gpus, "why": (
             f"not timed: torch {torch.__version__}'s context_parallel shards CUDA's fused attention kernels, and "
             f"this machine has {gpus} CUDA GPU{'s' if gpus != 1 else ''} (it needs 2 or more); {gist}")}

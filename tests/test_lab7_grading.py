@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.grading, pytest.mark.lab(LAB)]
 # by address, the hooks entered by hand; the generator's state saved and restored by hand; the single-tensor
 # collectives; the ring's state merged as (output, log-sum-exp) pairs, K and V in one message; the backward's
 # travellers in one message; the zig-zag from chunk sizes worked out by hand; the all-gather's K and V stacked in one
-# single-tensor all-gather and merged as (output, log-sum-exp) pairs.
+# all_gather_into_tensor (torch 2.4's name, deprecated in 2.13) and merged as (output, log-sum-exp) pairs.
 DIFFERENT = {
     "saved_bytes": '''
 def saved_bytes(run, exclude=()):
@@ -196,7 +196,7 @@ def all_gather_attention_forward(q, k, v, positions, mask):
     kv = torch.nn.functional.pad(torch.stack([k, v]), (0, 0, 0, max(sizes) - k.shape[-2]))
     kv = kv.contiguous().to(course.message_device())
     everything = torch.empty((n * 2, *kv.shape[1:]), dtype=kv.dtype, device=kv.device)
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(everything, kv)   # renamed in 2.13
+    dist.all_gather_into_tensor(everything, kv)     # renamed in torch 2.13: the warning must cost nothing
     everything = everything.view(n, *kv.shape)
     out, lse = torch.zeros_like(q), q.new_full(q.shape[:-1], float("-inf"))
     for j in range(n):

@@ -139,6 +139,17 @@ def test_a_submission_s_own_marked_or_forged_cell_is_not_taken_for_the_grader_s(
     assert f"{rubrics.FORGED_NOTE}\n\n{forged_text}" in sources and forged_text not in sources
 
 
+def test_a_written_answer_the_student_marked_as_the_grader_s_stays_before_the_grader_without_the_mark():
+    answers, nb = rubrics.model_answers(solution(LAB)), answered(LAB)
+    answer = next(cell for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == "written_experts")
+    answer.metadata[rubrics.MARK] = {"rubric_of": "written_experts"}
+    rubrics.show_beside_answers(nb, answers)
+    kept = [cell for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == "written_experts"]
+    assert len(kept) == 1 and kept[0].source == answer.source and not rubrics.is_rubric(kept[0])
+    following = nb.cells[nb.cells.index(kept[0]) + 1]
+    assert following.metadata[rubrics.MARK] == {"rubric_of": "written_experts"}
+
+
 def test_no_feedback_page_shows_a_rubric():
     answers, nb = rubrics.model_answers(solution(LAB)), answered(LAB)
     rubrics.show_beside_answers(nb, answers)

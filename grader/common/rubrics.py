@@ -12,8 +12,9 @@ renders it as markdown, under the answer and its score box. Nothing of the stude
 No student sees it: a feedback page drops every marked cell (`without_rubrics`: grader.feedback.safety's
 `make_inert` for the course's pages, grader.feedback.page's `DropRubrics` for nbgrader's own
 generate_feedback, formgrader's "Generate Feedback"); late students hand in while others' pages are out.
-A cell of the submission that carries the mark is the student's, not the grader's: it is removed before
-the grader's are put in, and one whose text copies the heading is shown under `FORGED_NOTE`.
+A cell of the submission that carries the mark is the student's, not the grader's: before the grader's are
+put in, a plain one is removed and a graded one loses the mark (it stays under the grader's eyes); one whose
+text copies the heading is shown under `FORGED_NOTE`.
 
 Used by: grader.grading.workspace, grader.grading.submission, grader.feedback.safety, grader.feedback.page.
 """
@@ -58,6 +59,21 @@ def without_rubrics(cells: list) -> list:
     return [cell for cell in cells if not is_rubric(cell)]
 
 
+def _unmarked(cells: list) -> list:
+    """The cells without the grader's mark: a marked cell that nbgrader does not know (the grader's own, from
+    an earlier run, or a student's plain forgery) dropped; a graded or locked cell of the submission that
+    carries the mark keeps its place and loses the mark (a student who marks their own answer must not take
+    it out of the grader's view)."""
+    kept = []
+    for cell in cells:
+        if is_rubric(cell):
+            if not cell["metadata"].get("nbgrader"):
+                continue
+            del cell["metadata"][MARK]
+        kept.append(cell)
+    return kept
+
+
 def rubric_cell(grade_id: str, text: str) -> dict:
     """The grader's cell for one written answer: the heading, then the solution's text as it is."""
     source = (f"{RUBRIC_HEADING} for `{grade_id}` (from solutions/; shown to graders only, never in feedback)"
@@ -71,7 +87,7 @@ def show_beside_answers(nb, answers: dict[str, str]) -> list[str]:
     or a dict); remove the submission's marked cells first. Returns the grade_ids that got one."""
     from nbformat import from_dict
 
-    cells = without_rubrics(nb["cells"])
+    cells = _unmarked(nb["cells"])
     for cell in cells:
         text = source_text(cell)
         if cell.get("cell_type") == "markdown" and RUBRIC_HEADING in text and not text.startswith(FORGED_NOTE):

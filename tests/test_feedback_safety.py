@@ -355,3 +355,22 @@ def test_the_hostile_autograded_notebook_runs_nothing_in_formgrader(graded):
     assert "IPython.core.display.HTML object" in autograded.read_text(), "the student's cells did not run"
     for template in ("formgrade", "feedback"):
         assert _students_markup(nb, template) == [], template
+
+
+def test_every_class_the_config_names_imports_in_a_course_folder_that_holds_grader_work(tmp_path):
+    """formgrader and generate_feedback import the config's classes with the instructor's course folder first on
+    the path: where it holds grader/work/ and not the package, `grader` is a namespace package without its
+    __init__ there, and a class whose imports reach `from grader import ...` fails (formgrader failed to load)."""
+    import subprocess
+    import sys
+
+    named = sorted(set(re.findall(r'"(grader\.[\w.]+)"', (REPO / "nbgrader_config.py").read_text())))
+    assert named, "nbgrader_config.py names no class of the grader"
+    (tmp_path / "grader" / "work").mkdir(parents=True)
+    script = ("import importlib, sys\n"
+              "for name in sys.argv[1:]:\n"
+              "    module, _, attribute = name.rpartition('.')\n"
+              "    getattr(importlib.import_module(module), attribute)\n")
+    done = subprocess.run([sys.executable, "-c", script, *named], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -23,8 +23,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .labs import source_text
 from .private_write import write_private
+
+# grader.common.labs is imported where it is used: formgrader's exporter imports this module (through
+# grader.feedback.safety) where `grader` may be a namespace package without its __init__ (a course folder
+# holding grader/work/, not the package), and labs needs the package's top.
 
 #: cell.metadata[MARK] = {"rubric_of": grade_id}: a cell the grader added, never a student's.
 MARK = "course_grader"
@@ -38,6 +41,7 @@ _SOLUTION = re.compile(r"### BEGIN SOLUTION\s*\n(.*?)\n?[ \t]*### END SOLUTION",
 def model_answers(solution: dict) -> dict[str, str]:
     """{grade_id: the model answer and rubric} of each written answer of a solution notebook (its cells
     that are a markdown answer and graded), the text between its solution markers."""
+    from .labs import source_text
     found = {}
     for cell in solution.get("cells", []):
         meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -86,6 +90,8 @@ def show_beside_answers(nb, answers: dict[str, str]) -> list[str]:
     """Put, in place, the grader's cell after each written answer of an autograded notebook (nbformat's node
     or a dict); remove the submission's marked cells first. Returns the grade_ids that got one."""
     from nbformat import from_dict
+
+    from .labs import source_text
 
     cells = _unmarked(nb["cells"])
     for cell in cells:

@@ -112,8 +112,8 @@ def kv(h: int, kv_width: int | None) -> int:
     (grouped-query attention: kv_heads · h/a). Refuses, in words, a width that is not 1 to h."""
     kv_width = h if kv_width is None else kv_width
     if not isinstance(kv_width, int) or not 1 <= kv_width <= h:
-        raise ValueError(f"kv_width is the width of K and of V, kv_heads × head size: from 1 to h = {h}, "
-                         f"got {kv_width!r}")
+        raise ValueError(f"kv_width is the width of K and of V, kv_heads × head size: a whole number, kv_width "
+                         f"from 1 to h = {h}; got {kv_width!r}")
     return kv_width
 
 

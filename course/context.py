@@ -30,6 +30,8 @@ import math
 
 import torch
 
+from course import activations
+
 
 def contiguous_positions(sequence: int, ranks: int) -> list[torch.Tensor]:
     """Rank r's token positions: the r-th block of `arange(sequence).tensor_split(ranks)`."""
@@ -114,8 +116,7 @@ def ring_hiding_tokens(peak_flop_per_s: float, link_bytes_per_s: float, h: int, 
     2·(s/N)·kv_width·e bytes (kv_width = h, every head its own K and V, unless grouped-query attention shares
     them). It hides when 4(s/N)²h / F ≥ 2(s/N)·kv_width·e / B: s/N ≥ (F/B)·kv_width·e / (2h), which is F/B
     itself at 16 bits with kv_width = h. At the peak F: a kernel below peak computes longer and hides sooner."""
-    kv_width = h if kv_width is None else kv_width
-    if min(peak_flop_per_s, link_bytes_per_s) <= 0 or not 1 <= kv_width <= h:
-        raise ValueError(f"peak FLOP/s and link bytes/s must be positive and kv_width from 1 to h = {h}; got "
-                         f"{peak_flop_per_s}, {link_bytes_per_s} and kv_width {kv_width}")
+    kv_width = activations.kv(h, kv_width)
+    if min(peak_flop_per_s, link_bytes_per_s) <= 0:
+        raise ValueError(f"peak FLOP/s and link bytes/s must be positive; got {peak_flop_per_s} and {link_bytes_per_s}")
     return peak_flop_per_s / link_bytes_per_s * kv_width * element_bytes / (2 * h) * (2 if causal else 1)

@@ -6,8 +6,11 @@ the models and data of the labs, and what their tests need.
     results.comm.to_frame()             # what each rank sent, predicted and measured
 
 Students import it; the grader copies it into each submission's jail. So it
-holds no answers and never imports `grader/` (the instructor's tools, which
-import it). Its modules come in five layers, bottom up. A module imports from
+holds no answers, but for lab 9's pieces (`gpt_stage`, `grid_step`: labs 3 to 8's
+tensor, sequence and context parallelism, 1F1B and ZeRO-1, composed), which the
+grader's scan withholds the points of in any lab whose own cells do not import
+them (`grader.judge.allowed.ANSWER_MODULES`); and it never imports `grader/` (the
+instructor's tools, which import it). Its modules come in five layers, bottom up. A module imports from
 its own layer and the layers below, never above (tests/test_architecture.py
 holds this, and that every module is in exactly one layer):
 

@@ -57,6 +57,10 @@ ATTACKS = {
     "alias": ("from course import check as c\nc.assert_close = print", 2, "rebinds course.check.assert_close"),
     "dist": ("dist.all_reduce = print", 1, "rebinds torch.distributed.all_reduce"),
     "computed getattr": ("getattr(course, 'gra' + 'ding')", 1, "reads a computed attribute of course"),
+    # lab 9's pieces are labs 3 to 8's answers: imported or reached through `course`, in any other lab
+    "imports lab 9's pieces": ("from course.gpt_stage import Stage", 1, "the course's own answers"),
+    "reaches lab 9's pieces": ("import course.grid_step\nrun = course.grid_step.train", 2,
+                               "the course's own answers"),
     "inside a magic": ("%time course.check.assert_close = print", 1, "rebinds course.check.assert_close"),
     "import over a name": ("import numpy as torch", 1, "rebinds torch"),
     "read-only helper": ("def all_reduce_against_sum(*args, **kwargs):\n    return None", 1,
@@ -226,6 +230,14 @@ def test_what_is_only_outside_the_allowlist_is_flagged_and_costs_nothing(case):
     at = [f for f in found if f.startswith(f"{cell} line {line} ")]
     assert len(at) == 1 and words in at[0], found
     assert not any(f.withholds for f in found), f"{case} withholds: {found}"
+
+
+def test_the_course_s_answers_are_allowed_only_in_a_lab_whose_own_cells_import_them():
+    for module in allowed.ANSWER_MODULES:
+        assert allowed.answers_tier(f"{module}.Stage", {"torch", module}) is None
+        finding = allowed.answers_tier(f"{module}.Stage", {"torch", "course.gpt"})
+        assert finding.withholds and module in finding.what
+    assert allowed.answers_tier("course.gpt.GPT", {"torch"}) is None     # the model itself answers nothing
 
 
 def test_the_allowlist_never_lists_a_module_twice():

@@ -56,6 +56,10 @@ LISTED_MODULES = {"os", "sys", "subprocess", "socket", "threading", "multiproces
 REACHING_PATHS = ("course.grading", "course.recorder", "torch.ops", "torch.library", "torch.hub", "torch.package",
                   "torch.utils.cpp_extension", "torch.overrides", "torch.serialization", "torch.load",
                   "torch.distributed.distributed_c10d", "torch.distributed.rpc", "numpy.ctypeslib")
+#: course modules that hold other labs' answers: lab 9 composes labs 3 to 8's pieces (tensor and sequence
+#: parallelism, context parallelism's gathered K and V, 1F1B, ZeRO-1) from them. A student's cell may use them only
+#: in a lab whose own cells import them; anywhere else they answer an exercise with the course's code.
+ANSWER_MODULES = ("course.gpt_stage", "course.grid_step")
 #: Roots whose private parts (a `_name` anywhere under them) reach the machinery the checks run on.
 PRIVATE_ROOTS = {"torch", "course", "numpy", "sys"}
 
@@ -126,11 +130,22 @@ def module_tier(path: str, lab_modules: set[str]) -> Finding | None:
         return None
     if path.startswith(REACHING_PATHS) or _private(path):
         return Finding(0, f"imports {path}, which reaches around what the checks read", True)
+    if answers := answers_tier(path, lab_modules):
+        return answers
     if any(path == m or path.startswith(m + ".") for m in lab_modules | ALLOWED_MODULES):
         return None
     if path.split(".")[0] in LISTED_MODULES:
         return Finding(0, f"imports {path}, outside what the labs' code uses (it rewrites nothing graded)", False)
     return Finding(0, f"imports {path}, a module no lab uses, which the scan cannot read", True)
+
+
+def answers_tier(path: str | None, lab_modules: set[str]) -> Finding | None:
+    """A Finding if `path` is in one of ANSWER_MODULES and the lab's own cells import none of them."""
+    module = next((m for m in ANSWER_MODULES if path and (path == m or path.startswith(m + "."))), None)
+    if module is None or module in lab_modules:
+        return None
+    return Finding(0, f"uses {module}, the course's own answers to other labs' exercises (lab 9's pieces): "
+                      "this lab's exercises are to be written, not imported", True)
 
 
 def _private(path: str) -> bool:
@@ -237,7 +252,8 @@ def outside(tree: ast.AST, aliases: dict[str, str], bound: set[str], lab_modules
                 if full not in lab_modules and alias.name != "*":
                     add(node, attribute_tier(full, alias.name) or module_tier(full, lab_modules))
         elif isinstance(node, ast.Attribute):
-            add(node, attribute_tier(_dotted(node, aliases), node.attr))
+            full = _dotted(node, aliases)
+            add(node, attribute_tier(full, node.attr) or answers_tier(full, lab_modules))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             add(node, _name(node, bound, id(node) in called))
         elif isinstance(node, ast.Call):

@@ -155,7 +155,20 @@ def record(call: GroupCall, rank: int, backend: str) -> CommRecord | None:
     except (ValueError, IndexError, TypeError):  # an operation with no formula, a peer torch refuses
         algorithm, predicted = "unknown", 0
     return CommRecord(rank, call.op, shape, "" if first is None else str(first.dtype), nbytes, size,
-                      call.peer, call.op in ("isend", "irecv"), algorithm, predicted)
+                      call.peer, call.op in ("isend", "irecv"), algorithm, predicted, **named(call.group))
+
+
+def named(group) -> dict:
+    """CommRecord's `group` (description) and `group_ranks` (global ranks) of `group` (a ProcessGroup, its
+    backend or the dispatcher's form; None: the default group); "" and () where torch does not know them."""
+    try:
+        if isinstance(group, torch.ScriptObject):
+            group = torch._C._distributed_c10d.ProcessGroup.unbox(group)
+        group = dist.group.WORLD if group is None else group
+        return {"group": str(getattr(group, "group_desc", "")),
+                "group_ranks": tuple(dist.get_process_group_ranks(group))}
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError):  # a backend: not a registered group
+        return {"group": str(getattr(group, "group_desc", "")), "group_ranks": ()}
 
 
 def _group_classes() -> list[type]:

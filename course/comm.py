@@ -64,6 +64,8 @@ class CommRecord:
     shared: bool = False  # measured together with overlapping operations
     start: float = 0.0    # seconds since the rank started its function
     end: float | None = None
+    group: str = ""       # the group's description (torch's group_desc: lab 9's grid names each by its axis)
+    group_ranks: tuple = ()  # the group's global ranks, in group order (): unknown
 
     @property
     def sent(self) -> int | float:

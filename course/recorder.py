@@ -182,7 +182,7 @@ class Recorder:
                                    kept=_call_sizes.own_chunk(name, arguments, group_rank, nbytes))
         async_op = name in ("isend", "irecv") or bool(arguments.get("async_op", False))
         return CommRecord(self.rank, name, shape, dtype, nbytes, size, peer, async_op,
-                          formula.algorithm, formula.sent)
+                          formula.algorithm, formula.sent, **_group_recording.named(group))
 
     # --- timing and bytes: a window stays open while any call is in flight --------
     def _begin(self, record: CommRecord) -> None:

@@ -1,0 +1,152 @@
+"""Covers: course.grid_costs.
+
+course.grid_costs: lab 9's GPT as lab 6's chooser sees it, the chooser's prediction for a layout of the lab, the
+lab's own bytes by formula, a run's bytes binned by axis, and the table of prediction against measurement."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import course
+from course import choosing, gpt, grid_costs, memory, recorder, timemodel
+from course.comm import CommRecord
+
+CONFIG = gpt.Config()
+SMALL = gpt.Config(vocab=96, width=32, heads=4, layers=2, sequence=16)
+FAST = timemodel.Processor("a made-up processor", 1e9, 1.0, "a test's")
+
+
+def _cluster(ranks=4):
+    return grid_costs.this_machine(ranks, link=timemodel.LOCAL_GLOO, processor=FAST)
+
+
+def test_the_parameters_counted_from_the_shapes_are_the_models():
+    for config in (CONFIG, SMALL):
+        assert grid_costs.parameter_count(config) == sum(p.numel() for p in gpt.GPT(config).parameters())
+    model = grid_costs.model_of(CONFIG, 8)
+    assert (model.layers, model.hidden, model.heads, model.sequence, model.dropout) == (4, 64, 4, 32, False)
+
+
+def test_every_rank_holds_a_stages_parameters_once():
+    sizes = {"pp": 2, "tp": 2}
+    held = [grid_costs.stage_parameters(CONFIG, sizes, stage) for stage in (0, 1)]
+    split = sum(n for stage in held for name, n, s in stage if s and name != "head.weight")
+    replicated = sum(n for stage in held for _, n, s in stage if not s)
+    assert 2 * split + replicated == grid_costs.parameter_count(CONFIG)      # two tp ranks hold a split one
+    assert [name for name, _, _ in held[1]][-1] == "head.weight"           # the tied copy, last stage only
+    assert "head.weight" not in [name for name, _, _ in grid_costs.stage_parameters(CONFIG, {"tp": 2}, 0)]
+    with pytest.raises(ValueError, match="stage 2 is not one of the 2 stages"):
+        grid_costs.stage_parameters(CONFIG, sizes, 2)
+
+
+def test_a_layout_of_the_lab_is_the_choosers_with_zero1_over_the_replicas():
+    assert grid_costs.layout_of({"dp": 2, "tp": 2}, 2) == choosing.Layout(2, 1, 2, 1, 2, 1)
+    assert grid_costs.layout_of({"cp": 2, "tp": 2}, 1) == choosing.Layout(1, 1, 2, 1, 1, 2)   # dp·cp replicas
+    assert grid_costs.layout_of({"pp": 2, "tp": 2}, 4).zero == 0                              # one replica
+    with pytest.raises(ValueError, match=r"\['ep'\] is not one of them"):
+        grid_costs.layout_of({"dp": 2, "ep": 2}, 1)
+    with pytest.raises(ValueError, match="tp"):
+        grid_costs.layout_of({"tp": 0}, 1)
+
+
+def test_the_prediction_is_the_choosers_for_the_lab_s_training():
+    guess = grid_costs.predicted(CONFIG, {"dp": 2, "tp": 2}, batch=8, micro_batches=2, cluster=_cluster())
+    held = -(-grid_costs.parameter_count(CONFIG) // 2)                    # P/tp: the chooser spreads them evenly
+    state = memory.per_rank(held, 2, "ZeRO-1", optimizer="momentum", precision="fp32")
+    assert guess.memory["parameters"] == state["parameters"] == 4 * held       # fp32
+    assert guess.memory["optimizer state"] == state["optimizer state"] == 4 * (held // 2)   # momentum, sharded
+    assert guess.sent["pp"] == guess.sent["cp"] == 0 and guess.seconds["bubble"] == 0
+
+
+def test_the_lab_and_the_chooser_agree_on_the_pipeline_and_differ_by_gloo_on_tp():
+    sizes = {"pp": 2, "tp": 2}
+    guess = grid_costs.predicted(CONFIG, sizes, batch=8, micro_batches=4, cluster=_cluster())
+    for stage in (0, 1):
+        lab = grid_costs.lab_bytes(CONFIG, sizes, batch=8, micro_batches=4, stage=stage)
+        assert lab["pp"]["boundaries"] == guess.sent["pp"] == 4 * 2 * 32 // 2 * 64 * 4   # (b, s/tp, w) a micro-batch
+        # gloo reduce-scatters by an all-reduce: 4 all-gathers + 4 all-reduces a layer against the chooser's
+        # 4 all-reduces (NCCL's reduce-scatter + all-gather): 1.5 times the bytes
+        assert lab["tp"]["blocks"] == 1.5 * guess.sent["tp"]
+        assert lab["embedding"]["tied gradient"] == 512 // 2 * 64 * 4           # an all-reduce over 2 ranks
+    middle = grid_costs.lab_bytes(CONFIG, {"pp": 4}, batch=8, micro_batches=4, stage=1)
+    assert middle["pp"]["boundaries"] == 2 * 4 * 2 * 32 * 64 * 4 and middle["embedding"]["tied gradient"] == 0
+    with pytest.raises(ValueError, match="batch of 6 must split into dp × micro-batches = 2 × 2"):
+        grid_costs.lab_bytes(CONFIG, {"dp": 2}, batch=6, micro_batches=2, stage=0)
+
+
+def test_context_parallel_bytes_are_the_all_gathers_of_k_and_v():
+    lab = grid_costs.lab_bytes(CONFIG, {"cp": 2, "tp": 2}, batch=4, micro_batches=1, stage=0)
+    kv = 4 * 16 * 32 * 4                                          # (b, s/cp, w/tp) float32
+    assert lab["cp"]["K and V"] == 4 * 2 * (kv + 2 * kv)          # layers × (K, V) × (gather + gloo's reduce-scatter)
+
+
+def _record(rank, op, nbytes, sent):
+    return CommRecord(rank, op, (nbytes // 4,), "float32", nbytes, 2, None, False, "ring", sent, measured=sent)
+
+
+def test_bytes_are_binned_by_axis_and_a_step():
+    records = [_record(0, "all_reduce", 100, 100), _record(0, "all_gather", 40, 40), _record(0, "send", 8, 8),
+               _record(0, "barrier", 0, 0)]
+    axes = {"all_reduce": "dp_cp", "all_gather": "tp", "send": "pp"}
+    sent = grid_costs.bytes_per_axis(records, lambda r: axes.get(r.op), steps=2)
+    assert sent == {"dp": 50, "tp": 20, "pp": 4, "cp": 0, "embedding": 0, "other": 0}
+    with pytest.raises(ValueError, match=r"axis_of named 'model' for a record of all_reduce \(rank 0\)"):
+        grid_costs.bytes_per_axis(records, lambda r: "model")
+
+
+def test_the_busiest_rank_and_the_largest_gap():
+    one = grid_costs.Measured({"dp": 10, "tp": 5}, 100, 0.2, [0])
+    two = grid_costs.Measured({"dp": 4, "tp": 8}, 300, 0.1, [1])
+    worst = grid_costs.busiest([one, two])
+    assert (worst.sent, worst.memory, worst.seconds, worst.ranks) == ({"dp": 10, "tp": 8}, 300, 0.2, [0, 1])
+    guess = grid_costs.predicted(CONFIG, {"dp": 2, "tp": 2}, batch=8, micro_batches=2, cluster=_cluster())
+    seen = grid_costs.Measured({"dp": guess.sent["dp"], "tp": 2 * guess.sent["tp"]}, guess.memory["total"],
+                               100 * guess.seconds["total"])
+    rows = grid_costs.table(guess, seen, formula={"dp": 1.0, "tp": 2.0})
+    assert [row["what"] for row in rows] == ["memory a rank (bytes)", "bytes a step, dp", "bytes a step, tp",
+                                             "step (seconds)"]
+    assert rows[1]["measured / predicted"] == 1 and rows[2]["lab's formula"] == 2.0
+    assert grid_costs.largest_gap(rows)["what"] == "step (seconds)"
+    with pytest.raises(ValueError, match="no row has both"):
+        grid_costs.largest_gap([{"what": "x", "measured / predicted": None}])
+    with pytest.raises(ValueError, match="at least one rank"):
+        grid_costs.busiest([])
+
+
+def test_this_machine_measures_its_processor_and_asks_for_what_it_cannot_time():
+    rate = grid_costs.matmul_rate(SMALL, rows=32, repeats=3)
+    assert rate.flops > 0 and rate.efficiency == 1 and "measured" in rate.name
+    with pytest.raises(ValueError, match="needs the model's config"):
+        grid_costs.this_machine(2, link=timemodel.LOCAL_GLOO)
+
+
+class _Grid:
+    """What measured_on_rank reads of a course.mesh.Grid: its rank and which axis a record's group is."""
+
+    def __init__(self, rank, elements):
+        self.rank, self.elements = rank, elements
+
+    def axis_of(self, record):
+        return {(self.elements,): "tp", (2 * self.elements,): "dp"}.get(tuple(record.shape))
+
+
+def _two_axes(elements):
+    """On 4 ranks: an all-reduce over each tp pair ([0, 1], [2, 3]) and one twice as large over each dp pair."""
+    rank = dist.get_rank()
+    tp = [dist.new_group(r) for r in ([0, 1], [2, 3])][rank // 2]
+    dp = [dist.new_group(r) for r in ([0, 2], [1, 3])][rank % 2]
+    log = recorder.active().log
+    start = len(log)
+    dist.all_reduce(torch.ones(elements), group=tp)
+    dist.all_reduce(torch.ones(2 * elements), group=dp)
+    return grid_costs.measured_on_rank(_Grid(rank, elements), log[start:], [0.1], 1000)
+
+
+def test_a_launched_runs_bytes_per_axis_are_its_all_reduces():
+    run = course.launch(_two_axes, 4, args=(4096,))
+    for rank, seen in enumerate(run):
+        assert seen.ranks == [rank]
+        # a ring all-reduce over 2 ranks sends the tensor once; the wire adds a few bytes of headers
+        assert seen.sent["tp"] == pytest.approx(4096 * 4, rel=0.05), f"rank {rank}: {seen.sent}"
+        assert seen.sent["dp"] == pytest.approx(2 * 4096 * 4, rel=0.05), f"rank {rank}: {seen.sent}"

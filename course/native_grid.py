@@ -1,0 +1,381 @@
+"""Lab 9's model on a grid built from PyTorch's own parts, to set beside the course's grid.
+
+    run = course.launch(native_grid.training, 4, args=(config, batches, {"dp": 2, "tp": 2}))
+    run[0]["losses"]                    # each step's loss, within NATIVE_RTOL of gpt.one_process_training's
+
+The same `gpt.GPT(config, seed)` (every rank builds it whole from the seed, then PyTorch's APIs shard it):
+`init_device_mesh` with the dimensions ("pp", "dp", "tp") (lab 9's order, tp fastest; no cp: below),
+`parallelize_module` with torchtitan's sequence-parallel plan (SequenceParallel for the layer norms,
+ColwiseParallel(input_layouts=Shard(1)) for qkv and mlp.0, RowwiseParallel(output_layouts=Shard(1)) for
+out and mlp.2, RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)) for the
+vocabulary-split embedding), the tied output layer as a DTensor matmul with the embedding's vocabulary
+shard and `loss_parallel()` for the loss, `fully_shard` over dp, and `torch.distributed.pipelining`
+(PipelineStage + Schedule1F1B) over pp. The step is `gpt.one_process_training`'s: the loss the mean over
+the step's counted tokens (gpt.IGNORE not counted), the gradient clipped to gpt.CLIP, SGD with momentum.
+
+What PyTorch's parts do not do here, and what stands in (each said where it happens below):
+- The residual stream between blocks is the local sequence shard, a plain tensor (torchtitan's
+  `use_local_output`), so that a pipeline stage sends a plain tensor.
+- The learned position embedding has no plan in torch: its weight is made a replicated DTensor
+  (`distribute_module`), its output sliced to the rank's sequence shard (`redistribute` to Shard(0)).
+- `fully_shard` averages gradients over dp; the step's loss is a global mean (its tokens counted over every
+  replica), so each rank's loss is scaled by dp before backward: the average of dp·(local sums / counted)
+  is the sum.
+- Weights tied across pipeline stages: torch.distributed.pipelining has no tied parameters (torchtitan unties
+  them). The last stage holds its own copy of the embedding's shard (as the course's grid does) and the two
+  gradients are summed with one `all_reduce` over the group of the first and last stage, by hand.
+- The gradient's norm over pipeline stages: `clip_grad_norm_` sees one stage's parameters; each stage's
+  squared norm (the tied copy skipped on the last stage) is all-reduced over pp by hand, and the gradients
+  scaled as torch would (torchtitan does the same).
+- Context parallelism: `torch.distributed.tensor.experimental.context_parallel` shards only
+  scaled_dot_product_attention's CUDA kernels (flash, efficient, cuDNN); on CPU ranks at torch 2.13 it
+  raises, so no layout here has cp (`context_parallel_on_cpu` shows the error; bench/long_sequences.py too).
+
+Used in: lab 9 (09_composition).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from course import gpt, timeline
+
+#: The axes of the mesh, outermost first (lab 9's order, without cp).
+AXES = ("pp", "dp", "tp")
+#: Loss and gradient norm against one process, relative: float32 sums in other orders, through a few dozen
+#: momentum steps at learning rate 1 (the lab's own grid meets the same bound).
+NATIVE_RTOL = 1e-4
+
+
+def check_layout(config: gpt.Config, sizes: dict, world_size: int, *, batch: int, micro_batches: int) -> dict:
+    """The sizes of every axis (absent = 1), refused with both numbers when the model or world cannot take them."""
+    unknown = set(sizes) - set(AXES)
+    if unknown:
+        raise ValueError(f"native_grid runs the axes {', '.join(AXES)}; {', '.join(sorted(unknown))} is not one "
+                         "(context parallelism does not run on CPU ranks at torch 2.13: see the module's docstring)")
+    sizes = {axis: int(sizes.get(axis, 1)) for axis in AXES}
+    product = math.prod(sizes.values())
+    if product != world_size:
+        raise ValueError(f"the layout {sizes} needs {product} ranks, the world has {world_size}")
+    for what, number, axis in (("heads", config.heads, "tp"), ("vocabulary", config.vocab, "tp"),
+                               ("sequence", config.sequence, "tp"), ("layers", config.layers, "pp")):
+        if number % sizes[axis]:
+            raise ValueError(f"{axis}={sizes[axis]} does not divide the model's {what} ({number})")
+    rows = sizes["dp"] * (micro_batches if sizes["pp"] > 1 else 1)
+    if batch % rows:
+        raise ValueError(f"a batch of {batch} does not split into dp={sizes['dp']} × {micro_batches} micro-batches")
+    return sizes
+
+
+def _dtensor(*names):
+    """DTensor's names: torch.distributed.tensor from torch 2.5, torch.distributed._tensor in 2.4."""
+    from torch.distributed import tensor as api
+    if not hasattr(api, "DTensor"):
+        from torch.distributed import _tensor as api
+    return tuple(getattr(api, name) for name in names)
+
+
+def _tp_plan(tp_mesh, model: nn.Module) -> None:
+    """torchtitan's plan, on this model: sequence parallelism between the split layers."""
+    from torch.distributed.tensor import parallel
+    Replicate, Shard, distribute_module = _dtensor("Replicate", "Shard", "distribute_module")
+    ColwiseParallel, RowwiseParallel, SequenceParallel = (parallel.ColwiseParallel, parallel.RowwiseParallel,
+                                                          parallel.SequenceParallel)
+    plan = {}
+    if getattr(model, "embedding", None) is not None:
+        plan["embedding"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    for i in model.blocks:
+        for norm in ("ln1", "ln2"):
+            plan[f"blocks.{i}.{norm}"] = SequenceParallel(use_local_output=True)
+        for column in ("qkv", "mlp.0"):
+            plan[f"blocks.{i}.{column}"] = ColwiseParallel(input_layouts=Shard(1))
+        for row in ("out", "mlp.2"):
+            plan[f"blocks.{i}.{row}"] = RowwiseParallel(output_layouts=Shard(1))
+    if getattr(model, "ln_f", None) is not None:
+        plan["ln_f"] = SequenceParallel()
+    parallel.parallelize_module(model, tp_mesh, plan)
+    if getattr(model, "position", None) is not None:
+        distribute_module(model.position, tp_mesh)          # replicated: no plan in torch for it
+    if getattr(model, "head", None) is not None:            # the last stage's copy of the embedding's shard
+        (distribute_tensor,) = _dtensor("distribute_tensor")
+        model.head.weight = nn.Parameter(distribute_tensor(model.head.weight.detach(), tp_mesh, [Shard(0)]))
+
+
+class StagePart(nn.Module):
+    """A pipeline stage's part of gpt.GPT, by the model's own names (blocks keep their global index as a
+    string key): the embeddings on the first stage, ln_f and the output layer (tied) on the last."""
+
+    def __init__(self, model: gpt.GPT, layers: range, first: bool, last: bool):
+        super().__init__()
+        self.config = model.config
+        self.embedding = model.embedding if first else None
+        self.position = model.position if first else None
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})
+        self.ln_f = model.ln_f if last else None
+        self.head = None
+        if last and not first:     # the tied copy: pipelining has no weights shared between stages
+            self.head = nn.Embedding(model.config.vocab, model.config.width)
+            self.head.weight = nn.Parameter(model.embedding.weight.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        DTensor, Replicate, Shard = _dtensor("DTensor", "Replicate", "Shard")
+        if self.embedding is not None:
+            h = self.embedding(x)              # (b, t/tp, w): the vocabulary-split lookup, reduce-scattered
+            positions = torch.arange(x.shape[-1])
+            weight = self.position.weight
+            if isinstance(weight, DTensor):
+                table = F.embedding(DTensor.from_local(positions, weight.device_mesh, [Replicate()]), weight)
+                table = table.redistribute(placements=[Shard(0)]).to_local()   # this rank's positions
+            else:
+                table = F.embedding(positions, weight)
+            x = h + table
+        for block in self.blocks.values():
+            x = block(x)
+        if self.ln_f is None:
+            return x
+        h = self.ln_f(x)
+        weight = (self.head if self.head is not None else self.embedding).weight
+        if isinstance(h, DTensor):
+            h = h.redistribute(placements=[Replicate()])      # the sequence all-gathered for the output layer
+        return h @ weight.T                                   # (b, t, vocab/tp) as a DTensor Shard(2)
+
+
+def _loss(logits, targets, counted: int, scale: float):
+    """The sum of the micro-batch's token losses over the step's counted tokens (times `scale`); the logits'
+    vocabulary shards never gathered (`loss_parallel` where they are a DTensor)."""
+    DTensor, Replicate = _dtensor("DTensor", "Replicate")
+    if isinstance(logits, DTensor):
+        targets = DTensor.from_local(targets, logits.device_mesh, [Replicate()])
+    total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=gpt.IGNORE, reduction="sum")
+    return total * (scale / counted)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor, on every rank. torch 2.13 warns (logging, on stderr) that a parameter
+    sharded over dp then tp is gathered in two all-gathers: true, and no fault of the caller's; not shown."""
+    if not hasattr(tensor, "full_tensor"):
+        return tensor.detach()
+    quiet = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return tensor.full_tensor().detach()
+    finally:
+        quiet.setLevel(level)
+
+
+def training(config: gpt.Config, batches, sizes: dict, *, micro_batches: int = 2, seed: int = 0,
+             learning_rate: float = gpt.LEARNING_RATE, momentum: float = gpt.MOMENTUM, clip: float = gpt.CLIP,
+             parameters: bool = True) -> dict:
+    """Runs on every rank: gpt.one_process_training's run on the layout `sizes` (e.g. {"dp": 2, "tp": 2}) with
+    PyTorch's parts; `micro_batches` a step where pp > 1 (Schedule1F1B's), else the rank's rows at once.
+    Returns {"losses", "norms" (each step's, the same on every rank), "seconds" (each step's, barrier to the
+    step's loss on every rank), "windows" (each step's (start, end) on course.timeline's clock, None outside
+    a launch), "parameters" (the whole model's by gpt.GPT's names, on every rank; None with parameters=False)}."""
+    from contextlib import nullcontext
+
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    batch = batches[0][0].shape[0]
+    sizes = check_layout(config, sizes, dist.get_world_size(), batch=batch, micro_batches=micro_batches)
+    grid = _Placed(config, sizes, seed, micro_batches, batch)
+    in_loss = loss_parallel if sizes["tp"] > 1 else nullcontext
+    velocities = {name: torch.zeros_like(p) for name, p in grid.part.named_parameters()}
+    found = {"losses": [], "norms": [], "seconds": [], "windows": []}
+    for inputs, targets in batches:
+        grid.counted = gpt.counted_tokens(targets)
+        dist.barrier()
+        begin, shown = time.perf_counter(), timeline.now()
+        with in_loss():
+            mine = grid.forward_backward(inputs, targets)
+        grid.sum_tied()
+        norm = grid.clip_(clip)
+        with torch.no_grad():
+            for name, p in grid.part.named_parameters():
+                gpt.sgd_step_(p, p.grad, velocities[name], learning_rate=learning_rate, momentum=momentum)
+        grid.part.zero_grad(set_to_none=True)
+        loss = _full(mine).reshape(1).clone()
+        dist.all_reduce(loss)       # the dp replicas' parts; every tp rank holds its group's; 0 off the last stage
+        found["seconds"].append(time.perf_counter() - begin)
+        found["windows"].append(None if shown is None else (shown, timeline.now()))
+        found["losses"].append(float(loss) / sizes["tp"])
+        found["norms"].append(norm)
+    found["parameters"] = grid.whole_parameters() if parameters else None
+    return found
+
+
+class _Placed:
+    """One rank's part of the model on its mesh, and what a step does with it that PyTorch leaves to its caller."""
+
+    def __init__(self, config, sizes, seed, micro_batches, batch):
+        from torch.distributed.device_mesh import init_device_mesh
+        self.sizes, self.batch, self.counted = sizes, batch, 1
+        self.mesh = init_device_mesh("cpu", tuple(sizes[a] for a in AXES), mesh_dim_names=AXES)
+        pp, dp, tp = (sizes[a] for a in AXES)
+        self.stage, self.replica = self.mesh["pp"].get_local_rank(), self.mesh["dp"].get_local_rank()
+        self.first, self.last = self.stage == 0, self.stage == pp - 1
+        per_stage = config.layers // pp
+        self.part = StagePart(gpt.GPT(config, seed), range(self.stage * per_stage, (self.stage + 1) * per_stage),
+                              self.first, self.last)
+        if tp > 1:
+            _tp_plan(self.mesh["tp"], self.part)
+        if dp > 1:
+            fully_shard = _fsdp2()
+            for block in self.part.blocks.values():
+                fully_shard(block, mesh=self.mesh["dp"])
+            fully_shard(self.part, mesh=self.mesh["dp"])
+        self.embedding_group = _embedding_group(self.mesh, pp) if pp > 1 else None
+        self.schedule = None
+        if pp > 1:
+            self.schedule = _schedule(self.part, self.mesh, self.stage, micro_batches, batch // dp, config,
+                                      lambda out, target: _loss(out, target, self.counted, dp))
+
+    def forward_backward(self, inputs, targets):
+        """This replica's rows, forward and backward; returns its part of the step's loss (0 off the last stage)."""
+        dp = self.sizes["dp"]
+        rows = slice(self.replica * self.batch // dp, (self.replica + 1) * self.batch // dp)
+        x, y = inputs[rows], targets[rows]
+        if self.schedule is None:
+            loss = _loss(self.part(x), y, self.counted, dp)
+            loss.backward()
+            return loss.detach() / dp
+        micro_losses = []
+        self.schedule.step(*((x,) if self.first else ()),
+                           **(dict(target=y, losses=micro_losses) if self.last else {}))
+        return sum(loss.detach() for loss in micro_losses) / dp if self.last else torch.zeros(())
+
+    def sum_tied(self):
+        if self.embedding_group is not None and (self.first or self.last):
+            _sum_tied(self.part.embedding.weight if self.first else self.part.head.weight, self.embedding_group)
+
+    def clip_(self, clip: float) -> float:
+        return _clip(self.part, clip, self.mesh, self.sizes["pp"], self.last and not self.first)
+
+    def whole_parameters(self) -> dict:
+        return whole_parameters(self.part, self.mesh, self.sizes["pp"])
+
+
+def _sum_tied(weight: nn.Parameter, group) -> None:
+    """The tied embedding's gradient summed over its first and last stage's copies, shard by shard: the grad
+    made to have its parameter's placements first (the lookup's grad can come back Partial on the first stage)."""
+    grad = weight.grad
+    if hasattr(grad, "to_local"):
+        (DTensor,) = _dtensor("DTensor")
+        local = grad.redistribute(placements=weight.placements).to_local().contiguous()
+        dist.all_reduce(local, group=group)
+        weight.grad = DTensor.from_local(local, weight.device_mesh, weight.placements)
+    else:
+        dist.all_reduce(grad, group=group)
+
+
+def _fsdp2():
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:                   # torch 2.4 and 2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    return fully_shard
+
+
+def _embedding_group(mesh, pp: int):
+    """The first and last stage of each pp group, a group each (every rank creates every one, in order)."""
+    ranks = mesh.mesh.reshape(pp, -1)
+    mine = None
+    for column in range(ranks.shape[1]):
+        pair = [int(ranks[0, column]), int(ranks[-1, column])]
+        group = dist.new_group(pair, group_desc="embedding")
+        if dist.get_rank() in pair:
+            mine = group
+    return mine
+
+
+def _schedule(part, mesh, p_idx, micro_batches, rows, config, loss_fn):
+    import inspect
+
+    from torch.distributed import pipelining
+    tp = mesh["tp"].size()
+    shape = (rows // micro_batches, config.sequence) if p_idx == 0 else \
+        (rows // micro_batches, config.sequence // tp, config.width)
+    example = torch.zeros(shape, dtype=torch.int64) if p_idx == 0 else torch.zeros(shape)
+    stage = pipelining.PipelineStage(part, p_idx, mesh["pp"].size(), torch.device("cpu"), input_args=example,
+                                     group=mesh["pp"].get_group())
+    unscaled = {"scale_grads": False} if "scale_grads" in inspect.signature(pipelining.Schedule1F1B).parameters else {}
+    return pipelining.Schedule1F1B(stage, micro_batches, loss_fn=loss_fn, **unscaled)
+
+
+def _clip(part, clip, mesh, pp, skip_head) -> float:
+    """The whole model's gradient norm (each parameter once), then every gradient scaled as clip_grad_norm_."""
+    squares = torch.zeros((), dtype=torch.float64)
+    grads = []
+    for name, p in part.named_parameters():
+        if p.grad is None:
+            continue
+        grads.append(p.grad)
+        if skip_head and name == "head.weight":
+            continue
+        squares += _full(p.grad).double().square().sum()
+    if pp > 1:
+        dist.all_reduce(squares, group=mesh["pp"].get_group())
+    norm = float(squares.sqrt())
+    if norm > clip:
+        for g in grads:
+            g.mul_(clip / (norm + 1e-6))
+    return norm
+
+
+def whole_parameters(part, mesh, pp) -> dict:
+    """The whole model's parameters by gpt.GPT's names, on every rank (gathered over tp, dp and pp)."""
+    mine = {}
+    for name, p in part.named_parameters():
+        if name == "head.weight":
+            continue
+        mine[name] = _full(p).clone()
+    if pp == 1:
+        return mine
+    gathered = [None] * pp
+    dist.all_gather_object(gathered, mine, group=mesh["pp"].get_group())
+    return {name: tensor for stage in gathered for name, tensor in stage.items()}
+
+
+def axis_of(record) -> str | None:
+    """The axis a recorded call (course.comm.CommRecord) ran on, from its group's name: init_device_mesh names
+    each dimension's group "mesh_<axis>", the tied embedding's groups are "embedding"; None for the default group
+    (the barriers around a step and the step's reported loss)."""
+    if record.group.startswith("mesh_"):
+        return record.group[len("mesh_"):]
+    return "embedding" if record.group == "embedding" else None
+
+
+def bytes_per_axis(records, windows) -> dict[str, float]:
+    """Bytes one rank sent a step, by axis (`axis_of`; "embedding" for the tied gradient's sum), over the calls
+    recorded inside `windows` (training's "windows"), averaged over the steps: as gloo's sockets counted them
+    where they were read (CommRecord.sent), else by the formula."""
+    if not windows or any(window is None for window in windows):
+        raise ValueError("bytes_per_axis needs the steps' windows of a launched run (training's 'windows'); "
+                         "a run outside course.launch records nothing")
+    found: dict[str, float] = {}
+    for record in records:
+        axis = axis_of(record)
+        if axis is not None and any(start <= record.start <= end for start, end in windows):
+            found[axis] = found.get(axis, 0.0) + record.sent / len(windows)
+    return found
+
+
+def context_parallel_on_cpu(sequence: int = 16) -> str | None:
+    """Runs on every rank (CPU): PyTorch's context_parallel around causal scaled_dot_product_attention, one
+    forward; None where it runs, else torch's error, in a line (what the docstring says of CPU ranks)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    q, k, v = (torch.randn(1, 2, sequence, 8) for _ in range(3))
+    try:
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    except Exception as error:    # noqa: BLE001 - what torch says is the finding
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None

@@ -42,13 +42,9 @@ from torch import nn
 from course import context, gpt, sharding
 
 
-def _size(group) -> int:
-    return 1 if group is None else dist.get_world_size(group)
-
-
 def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     """Every rank's `x`, joined along `dim` in the group's rank order."""
-    ranks = _size(group)
+    ranks = dist.get_world_size(group)
     mine = x.movedim(dim, 0).contiguous()
     every = mine.new_empty((ranks * mine.shape[0], *mine.shape[1:]))
     sharding._library("all_gather_single", "all_gather_into_tensor")(every, mine, group=group)
@@ -57,7 +53,7 @@ def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
 
 def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     """The sum over the group of `x`, this rank's block of it along `dim`."""
-    ranks = _size(group)
+    ranks = dist.get_world_size(group)
     if x.shape[dim] % ranks:
         raise ValueError(f"rank {dist.get_rank()}: cannot reduce-scatter {x.shape[dim]} elements along dim {dim} "
                          f"over {ranks} ranks: they must divide evenly")
@@ -69,7 +65,7 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
 
 def _own_block(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     """This rank's block of `x` along `dim`: what a computation every rank repeats gets back, nothing sent."""
-    return x.chunk(_size(group), dim)[dist.get_rank(group)].contiguous()
+    return x.chunk(dist.get_world_size(group), dim)[dist.get_rank(group)].contiguous()
 
 
 class _Collective(torch.autograd.Function):
@@ -88,18 +84,18 @@ class _Collective(torch.autograd.Function):
 def gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     """All-gather along `dim`, for a computation that differs by rank (a column-split layer, a cp rank's
     queries): backward reduce-scatters (sums every rank's gradient of this rank's block). Nothing sent on 1 rank."""
-    return x if _size(group) == 1 else _Collective.apply(x, group, dim, _all_gather, _reduce_scatter)
+    return x if dist.get_world_size(group) == 1 else _Collective.apply(x, group, dim, _all_gather, _reduce_scatter)
 
 
 def reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     """Sum partial results over the group, keep this rank's block along `dim`; backward all-gathers."""
-    return x if _size(group) == 1 else _Collective.apply(x, group, dim, _reduce_scatter, _all_gather)
+    return x if dist.get_world_size(group) == 1 else _Collective.apply(x, group, dim, _reduce_scatter, _all_gather)
 
 
 def gather_copies(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     """All-gather along `dim` for a computation every rank repeats alike (a loss computed whole on each tp
     rank): backward keeps this rank's block of the gradient and sends nothing (Megatron's gather_from_...)."""
-    return x if _size(group) == 1 else _Collective.apply(x, group, dim, _all_gather, _own_block)
+    return x if dist.get_world_size(group) == 1 else _Collective.apply(x, group, dim, _all_gather, _own_block)
 
 
 def gathered_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, group) -> torch.Tensor:
@@ -145,12 +141,17 @@ def split_dim(name: str) -> int | None:
 
 
 def _known(name: str) -> bool:
-    if name in ("embedding.weight", "position.weight", "head.weight", "ln_f.weight", "ln_f.bias"):
-        return True
     parts = name.split(".", 2)
-    return len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in (
-        "ln1.weight", "ln1.bias", "qkv.weight", "qkv.bias", "out.weight", "out.bias", "ln2.weight", "ln2.bias",
-        "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias")
+    if parts[0] == "blocks":
+        return len(parts) == 3 and parts[1].isdigit() and parts[2] in _block_shapes(1)
+    return name in ("embedding.weight", "position.weight", "head.weight", "ln_f.weight", "ln_f.bias")
+
+
+def _block_shapes(w: int) -> dict[str, tuple[int, ...]]:
+    """{name in a block: shape} in transformer.Block's order, for a width w."""
+    return {"ln1.weight": (w,), "ln1.bias": (w,), "qkv.weight": (3 * w, w), "qkv.bias": (3 * w,),
+            "out.weight": (w, w), "out.bias": (w,), "ln2.weight": (w,), "ln2.bias": (w,),
+            "mlp.0.weight": (4 * w, w), "mlp.0.bias": (4 * w,), "mlp.2.weight": (w, 4 * w), "mlp.2.bias": (w,)}
 
 
 def _rows(tensor: torch.Tensor, dim: int | None, part: int, parts: int) -> torch.Tensor:
@@ -231,11 +232,14 @@ class Stage(nn.Module):
                              f"{self.cp_rank} of {self.cp_size} of the sequence: give cp rank c the c-th block "
                              "of context.contiguous_positions")
         mine = positions.chunk(self.tp_size)[self.tp_rank]       # this tp rank's tokens of the chunk
+        if self.first_stage and (x.dim() != 2 or x.shape[1] != t_cp or x.is_floating_point()):
+            raise ValueError(f"rank {self.grid.rank}: the first stage takes tokens (batch, {t_cp}) for {t_cp} "
+                             f"positions, got a {x.dtype} tensor of shape {tuple(x.shape)}")
+        if not self.first_stage and (x.dim() != 3 or x.shape[1:] != (len(mine), self.config.width)):
+            raise ValueError(f"rank {self.grid.rank}: stage input of shape {tuple(x.shape)}, expected the "
+                             f"hidden shard (batch, {len(mine)}, {self.config.width}) for {t_cp} positions")
         if self.first_stage:
             x = reduce_scatter(self._embed(x), tp, 1) + self.position.weight[mine]
-        elif x.dim() != 3 or x.shape[1] != len(mine):
-            raise ValueError(f"rank {self.grid.rank}: stage input of shape {tuple(x.shape)}, expected the "
-                             f"hidden shard (batch, {len(mine)}, {self.config.width})")
         for block in self.blocks:
             x = block(x, positions, keys, tp, cp)
         if not self.last_stage:
@@ -272,13 +276,10 @@ class Stage(nn.Module):
 
 def global_shapes(config: gpt.Config) -> dict[str, tuple[int, ...]]:
     """{name: shape} of every parameter of GPT(config), in GPT.named_parameters() order."""
-    w, hidden = config.width, 4 * config.width
-    block = {"ln1.weight": (w,), "ln1.bias": (w,), "qkv.weight": (3 * w, w), "qkv.bias": (3 * w,),
-             "out.weight": (w, w), "out.bias": (w,), "ln2.weight": (w,), "ln2.bias": (w,),
-             "mlp.0.weight": (hidden, w), "mlp.0.bias": (hidden,), "mlp.2.weight": (w, hidden), "mlp.2.bias": (w,)}
+    w = config.width
     shapes = {"embedding.weight": (config.vocab, w), "position.weight": (config.sequence, w)}
     for layer in range(config.layers):
-        shapes.update({f"blocks.{layer}.{name}": shape for name, shape in block.items()})
+        shapes.update({f"blocks.{layer}.{name}": shape for name, shape in _block_shapes(w).items()})
     return shapes | {"ln_f.weight": (w,), "ln_f.bias": (w,)}
 
 

@@ -51,8 +51,18 @@ def _chained(sizes):
         x = torch.empty(len(rows), len(positions) // grid.sizes["tp"], SMALL.width)
         dist.recv(x, grid.previous_rank)
         x.requires_grad_()
+    got = {"refused": []}
+    for wrong in (positions.flip(0), positions[:1]):        # not this cp rank's contiguous chunk; tp does not divide
+        try:
+            stage(x, wrong)
+        except ValueError as error:
+            got["refused"].append(str(error))
+    if not grid.first_stage:
+        try:
+            stage(x[:, :1], positions)
+        except ValueError as error:
+            got["refused"].append(str(error))
     out = stage(x, positions)
-    got = {}
     if grid.last_stage:
         losses = gpt_stage.gathered_cross_entropy(out, targets[rows][:, positions], grid.groups["tp"])
         (losses.sum() / gpt.counted_tokens(targets)).backward()
@@ -116,6 +126,25 @@ def test_the_stages_chained_give_one_process_s_logits_and_gradients(sizes):
         if sizes.get("tp", 1) > 1:   # sequence parallelism: a replicated parameter's gradient is the rank's part
             part = got["raw"]["blocks.0.ln1.weight"]
             assert not torch.allclose(part, got["expected"]["blocks.0.ln1.weight"], rtol=1e-3, atol=1e-6), rank
+        # the unhappy paths: each refused in words, before any message is sent
+        assert len(got["refused"]) == (2 if got["layers"][0] == 0 else 3), (rank, got["refused"])
+        assert "are not contiguous chunk" in got["refused"][0] and "context.contiguous_positions" in got["refused"][0]
+        assert any(words in got["refused"][1] for words in ("do not split over tp", "not contiguous chunk",
+                                                             "takes tokens (batch, 1) for 1 positions",
+                                                             "expected the hidden shard (batch, 1, 16)"))
+        assert all(f"rank {rank}: " in message for message in got["refused"])
+        if got["layers"][0] != 0:
+            assert "expected the hidden shard (batch, " in got["refused"][2]
+        # the recorder sees each collective on its axis's group: per layer two all-gathers and two reduce-scatters
+        # over tp each way (forward and its adjoint), the embedding's and ln_f's one more; K and V's over cp
+        # (an axis that spans the world is torch's default group: DeviceMesh reuses it, and its records say so)
+        world_axis = next((axis for axis, size in sizes.items() if size == 4), None)
+        axes = [mesh.axis_of(r) or world_axis for r in run.comm if r.rank == rank and r.op.startswith("reduce_scatter")]
+        layers = len(got["layers"])
+        scattered = {axis: axes.count(axis) for axis in ("tp", "cp", None)}
+        tp_scatters = 2 * 2 * layers + (layers and got["layers"][0] == 0) + (got["layers"][-1] == SMALL.layers - 1)
+        assert scattered == {"tp": tp_scatters if sizes.get("tp", 1) > 1 else 0,
+                             "cp": layers if sizes.get("cp", 1) > 1 else 0, None: 0}, (rank, scattered)
     assert kinds == ({"split", "replicated", "tied"} if pipelined else {"split", "replicated"})
 
 

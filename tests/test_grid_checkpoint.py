@@ -1,0 +1,223 @@
+"""Covers: course.grid_checkpoint.
+
+course.grid_checkpoint: lab 9's checkpoints with torch.distributed.checkpoint, saved on one grid and loaded on
+another, through a correct `checkpoint_state` written here (exercise 6's answer is the student's): every
+parameter and velocity back bit for bit on another layout and another world size; and the classic mistakes (a
+block saved under its local layer index, a row-split weight declared Shard(0), a split one declared
+Replicate()), which DCP alone saves silently, refused by `save` with an error naming the rank and the tensor,
+as are a copy, a plain tensor, a mesh that is not the tp group, and a checkpoint of another model."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+import course
+from course import gpt, gpt_stage, grid_checkpoint, mesh
+
+SMALL = gpt.Config(vocab=32, width=16, heads=4, layers=2, sequence=8)
+SAVED_SEED, FRESH_SEED = 3, 5
+SAVED_ON = {"pp": 2, "tp": 2}
+ROW_SPLIT = ("out.weight", "mlp.2.weight")
+COLUMN_SPLIT = ("qkv.weight", "qkv.bias", "mlp.0.weight", "mlp.0.bias", "embedding.weight", "head.weight")
+
+
+def checkpoint_state(local, grid, mistake=None):
+    """Exercise 6, answered here for the tests: each local tensor as a DTensor on the tp mesh under its global
+    name; the stage's first layer counted from its blocks (no config needed). `mistake` plants one."""
+    per_stage = len({name.split(".")[1] for name in local if name.startswith("blocks.")})
+    first = 0 if mistake == "local layer index" else grid.coords["pp"] * per_stage
+    state = {}
+    for name, tensor in local.items():
+        tail = name.split(".", 2)[2] if name.startswith("blocks.") else name
+        key = f"blocks.{int(name.split('.')[1]) + first}.{tail}" if name.startswith("blocks.") else name
+        key = "embedding.weight" if key == "head.weight" else key
+        if tail in ROW_SPLIT:
+            placement = Shard(0) if mistake == "row-split as Shard(0)" else Shard(1)
+        else:
+            placement = Shard(0) if tail in COLUMN_SPLIT else Replicate()
+        if mistake == "split as Replicate()":
+            placement = Replicate()
+        value = tensor.clone() if mistake == "a copy" else tensor
+        state[key] = DTensor.from_local(value, grid.tp_mesh(), [placement], run_check=False)
+    return state
+
+
+class _Holder:
+    """What save and load use of a grid_step.Trainer: a stage, whole velocities, the steps done."""
+
+    def __init__(self, sizes, seed):
+        self.grid = mesh.Grid.from_device_mesh(sizes)
+        self.stage = gpt_stage.Stage(gpt.GPT(SMALL, seed), self.grid)
+        whole = {name: p.detach() * 10 for name, p in gpt.GPT(SMALL, seed + 100).named_parameters()}
+        self.velocities = gpt_stage.slice_of(self.stage, self.grid, whole)     # as one process's would be cut
+        self.steps_done = seed
+
+    def velocities_whole(self):
+        return {name: v.clone() for name, v in self.velocities.items()}
+
+    def load_velocities(self, whole):
+        self.velocities = {name: v.clone() for name, v in whole.items()}
+
+
+def _full_velocities(holder):
+    """The velocities gathered whole, as full_parameters gathers the parameters."""
+    saved = {name: p.detach().clone() for name, p in holder.stage.named_parameters()}
+    with torch.no_grad():
+        for name, p in holder.stage.named_parameters():
+            p.copy_(holder.velocities[name])
+        full = gpt_stage.full_parameters(holder.stage, holder.grid)
+        for name, p in holder.stage.named_parameters():
+            p.copy_(saved[name])
+    return full
+
+
+def _save(path):
+    holder = _Holder(SAVED_ON, SAVED_SEED)
+    grid_checkpoint.save(holder, holder.grid, path, checkpoint_state)
+    return {"parameters": gpt_stage.full_parameters(holder.stage, holder.grid), "velocities": _full_velocities(holder)}
+
+
+def _load(sizes, path):
+    holder = _Holder(sizes, FRESH_SEED)
+    info = grid_checkpoint.load(holder, holder.grid, path, checkpoint_state)
+    return {"parameters": gpt_stage.full_parameters(holder.stage, holder.grid), "velocities": _full_velocities(holder),
+            "info": info}
+
+
+def _save_then_load(sizes, path):
+    saved = _save(path)
+    return saved, _load(sizes, path)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """pp 2 × tp 2 saved on 4 ranks, loaded on dp 2 × tp 2 by the same ranks: what each rank gathered."""
+    path = str(tmp_path_factory.mktemp("checkpoint"))
+    return path, course.launch(_save_then_load, 4, args=({"dp": 2, "tp": 2}, path))
+
+
+def _assert_same(saved, loaded):
+    for what in ("parameters", "velocities"):
+        assert list(loaded[what]) == list(saved[what])
+        for name, tensor in saved[what].items():
+            assert torch.equal(loaded[what][name], tensor), (what, name)   # copied values: exact
+
+
+def test_a_run_saved_on_one_grid_loads_on_another_bit_for_bit(saved):
+    path, run = saved
+    fresh = dict(gpt.GPT(SMALL, FRESH_SEED).named_parameters())
+    for rank in run.ranks:
+        before, after = run[rank]
+        _assert_same(before, after)
+        assert not torch.equal(after["parameters"]["blocks.1.qkv.weight"], fresh["blocks.1.qkv.weight"])
+        assert after["info"] == {"saved_on": {"pp": 2, "dp": 1, "cp": 1, "tp": 2}, "steps_done": SAVED_SEED}
+
+
+def test_a_run_saved_on_4_ranks_loads_on_2(saved):
+    path, run = saved
+    loaded = course.launch(_load, 2, args=({"tp": 2}, path))
+    for rank in loaded.ranks:
+        _assert_same(run[0][0], loaded[rank])
+
+
+def test_replicas_are_written_once(saved):
+    path, _ = saved
+    sizes = grid_checkpoint.dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    counted = sum(math.prod(sizes[name].size) for name in gpt_stage.global_shapes(SMALL))
+    assert counted == sum(p.numel() for p in gpt.GPT(SMALL).parameters())
+    assert grid_checkpoint.saved_problems(path, SMALL) == []
+    other = gpt.Config(vocab=32, width=16, heads=4, layers=4, sequence=8)
+    assert "holds no 'blocks.2.ln1.weight'" in grid_checkpoint.saved_problems(path, other)[0]
+    wider = gpt.Config(vocab=64, width=16, heads=4, layers=2, sequence=8)
+    assert "'embedding.weight' has the shape (32, 16), the model's (64, 16)" in \
+        grid_checkpoint.saved_problems(path, wider)[0]
+
+
+def _mistakes(path):
+    """On every rank of pp 2 × tp 2: what DCP alone does with the mistaken checkpoints (saved directly), and
+    what grid_checkpoint.save says of each."""
+    holder = _Holder(SAVED_ON, SAVED_SEED)
+    local = {name: p.detach() for name, p in holder.stage.named_parameters()}
+    out = {}
+    for mistake in ("local layer index", "split as Replicate()", "row-split as Shard(0)", "a copy", "a plain tensor",
+                    "the dp mesh", "raises on rank 1"):
+        if mistake in ("local layer index", "split as Replicate()"):   # DCP alone: silent, and pieces lost
+            folder = f"{path}/{mistake.split()[0]}"
+            dcp.save(checkpoint_state(local, holder.grid, mistake), checkpoint_id=folder)
+            kept = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+            out[mistake, "saved elements"] = sum(math.prod(entry.size) for entry in kept.values())
+        if mistake == "a plain tensor":
+            answer = lambda local, grid: {k: v.to_local() for k, v in checkpoint_state(local, grid).items()}  # noqa: E731
+        elif mistake == "the dp mesh":
+            answer = _on_the_pp_mesh
+        elif mistake == "raises on rank 1":
+            answer = _raises_on_rank_1
+        else:
+            answer = lambda local, grid, mistake=mistake: checkpoint_state(local, grid, mistake)  # noqa: E731
+        try:
+            grid_checkpoint.save(holder, holder.grid, f"{path}/refused", answer)
+            out[mistake] = None
+        except (ValueError, KeyError) as error:
+            out[mistake] = f"{type(error).__name__}: {error}"
+    return out
+
+
+def _raises_on_rank_1(local, grid):
+    if grid.rank == 1:
+        raise KeyError("no such layer")
+    return checkpoint_state(local, grid)
+
+
+def _on_the_pp_mesh(local, grid):
+    """A mistake: the DTensors on a mesh of the pp group (same size as tp here), not the tp group."""
+    from torch.distributed.device_mesh import DeviceMesh
+    wrong = DeviceMesh.from_group(grid.groups["pp"], "cpu", mesh=torch.tensor(grid.ranks["pp"]))
+    return {key: DTensor.from_local(value.to_local(), wrong, value.placements, run_check=False)
+            for key, value in checkpoint_state(local, grid).items()}
+
+
+def test_the_classic_mistakes_are_refused_where_dcp_alone_saves_them_silently(tmp_path):
+    run = course.launch(_mistakes, 4, args=(str(tmp_path),))
+    whole = sum(p.numel() for p in gpt.GPT(SMALL).parameters())
+    found = run[0]
+    # DCP alone: stage 1's blocks written over stage 0's; every split tensor written as one rank's shard
+    assert found["local layer index", "saved elements"] == whole - sum(
+        math.prod(shape) for name, shape in gpt_stage.global_shapes(SMALL).items() if name.startswith("blocks.1."))
+    assert found["split as Replicate()", "saved elements"] < whole
+    raised = "ValueError: the checkpoint cannot be used:\nrank 1 (pp 0/2 dp 0/1 cp 0/1 tp 1/2): checkpoint_state " \
+             "raised KeyError on the parameters: 'no such layer'"
+    assert found.pop("raises on rank 1") == raised                          # no rank left waiting in DCP
+    assert run[1].pop("raises on rank 1") == "KeyError: 'no such layer'"   # the student's own error, traceback kept
+    for rank in run.ranks:
+        run[rank].pop("raises on rank 1", None)
+        assert run[rank] == found                                           # every rank raises the same error
+    assert ("rank 2 (pp 1/2 dp 0/1 cp 0/1 tp 0/2): the parameters' 'blocks.0.ln1.weight' is not this stage's: it "
+            "holds layers 1; a block's global name has its global layer index (the local index + 1)") in \
+        found["local layer index"]
+    assert ("rank 0 (pp 0/2 dp 0/1 cp 0/1 tp 0/2): the parameters' 'blocks.0.out.weight' has the global shape "
+            "(32, 8) (a local (16, 8) placed S(0) over 2 tensor-parallel ranks), but the model's blocks.0.out.weight "
+            "is (16, 16)") in found["row-split as Shard(0)"]
+    assert "'embedding.weight' has the global shape (16, 16) (a local (16, 16) placed R" in \
+        found["split as Replicate()"]
+    assert "holds a tensor that is not one of this stage's parameters (a copy?)" in found["a copy"]
+    assert "'embedding.weight' is a Tensor, not a DTensor" in found["a plain tensor"]
+    assert "is a DTensor over the ranks [0, 2], but this rank's tensor-parallel group is [0, 1]" in \
+        found["the dp mesh"]
+
+
+def test_loading_from_a_folder_without_a_checkpoint_says_so(tmp_path):
+    assert grid_checkpoint.saved_problems(str(tmp_path), SMALL) == [
+        f"there is no checkpoint in {tmp_path}: save one there first (grid_checkpoint.save)"]
+
+
+def test_folder_is_fresh_and_removed_after(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "old").write_text("left over")
+    with grid_checkpoint.folder("run") as path:
+        assert path == str(tmp_path / "run") and not any((tmp_path / "run").iterdir())
+    assert not (tmp_path / "run").exists()

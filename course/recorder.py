@@ -10,7 +10,7 @@ flight; its bytes (gloo's socket writes) go to the calls in it, split in
 proportion to their predictions when there are several. What a call sends, by
 its arguments, is course._call_sizes's.
 
-Used by: course._worker, course.launch, course.link_probe, course.timeline.
+Used by: course._worker, course.grid_costs, course.grid_step, course.launch, course.link_probe, course.timeline.
 """
 from __future__ import annotations
 

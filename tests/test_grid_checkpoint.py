@@ -1,11 +1,15 @@
 """Covers: course.grid_checkpoint.
 
-course.grid_checkpoint: lab 9's checkpoints with torch.distributed.checkpoint, saved on one grid and loaded on
-another, through a correct `checkpoint_state` written here (exercise 6's answer is the student's): every
-parameter and velocity back bit for bit on another layout and another world size; and the classic mistakes (a
-block saved under its local layer index, a row-split weight declared Shard(0), a split one declared
-Replicate()), which DCP alone saves silently, refused by `save` with an error naming the rank and the tensor,
-as are a copy, a plain tensor, a mesh that is not the tp group, and a checkpoint of another model."""
+course.grid_checkpoint: lab 9's checkpoints with torch.distributed.checkpoint, a grid_step.Trainer's state saved
+on one grid and loaded on another, through a correct `checkpoint_state` written here (exercise 6's answer is the
+student's; the step's four functions are test_grid_step's correct stand-ins): 2 steps on pp 2 × tp 2 saved,
+every parameter and velocity back bit for bit (copied values) on dp 2 × tp 2 (4 ranks) and on tp 2 (2 ranks),
+and 2 more steps there give the losses and norms of the run that did not stop, within course.check's float32
+tolerance (another grid sums in another order). The classic mistakes (a block saved under its local layer
+index, a row-split weight declared Shard(0), a split one declared Replicate()), which DCP alone saves silently,
+losing pieces, are refused by `save` with one error on every rank naming the rank and the tensor, as are a
+copy, a plain tensor, a mesh that is not the tp group, a checkpoint_state that raises on one rank only, a
+folder without a checkpoint and a checkpoint of another model."""
 from __future__ import annotations
 
 import math
@@ -13,13 +17,16 @@ import math
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from test_grid_step import cross_entropy, grad_norm, micro_batch_loss, reduce_gradients  # correct stand-ins
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import course
-from course import gpt, gpt_stage, grid_checkpoint, mesh
+from course import check, gpt, gpt_stage, grid_checkpoint, grid_step, mesh
 
 SMALL = gpt.Config(vocab=32, width=16, heads=4, layers=2, sequence=8)
 SAVED_SEED, FRESH_SEED = 3, 5
+SAVED_BEFORE, STEPS = 2, 4
+BATCHES = gpt.token_batches(SMALL, batch=4, steps=STEPS, seed=1)
 SAVED_ON = {"pp": 2, "tp": 2}
 ROW_SPLIT = ("out.weight", "mlp.2.weight")
 COLUMN_SPLIT = ("qkv.weight", "qkv.bias", "mlp.0.weight", "mlp.0.bias", "embedding.weight", "head.weight")
@@ -46,58 +53,56 @@ def checkpoint_state(local, grid, mistake=None):
     return state
 
 
-class _Holder:
-    """What save and load use of a grid_step.Trainer: a stage, whole velocities, the steps done."""
-
-    def __init__(self, sizes, seed):
-        self.grid = mesh.Grid.from_device_mesh(sizes)
-        self.stage = gpt_stage.Stage(gpt.GPT(SMALL, seed), self.grid)
-        whole = {name: p.detach() * 10 for name, p in gpt.GPT(SMALL, seed + 100).named_parameters()}
-        self.velocities = gpt_stage.slice_of(self.stage, self.grid, whole)     # as one process's would be cut
-        self.steps_done = seed
-
-    def velocities_whole(self):
-        return {name: v.clone() for name, v in self.velocities.items()}
-
-    def load_velocities(self, whole):
-        self.velocities = {name: v.clone() for name, v in whole.items()}
+def _trainer(sizes, seed):
+    grid = mesh.Grid.from_device_mesh(sizes)
+    return grid_step.Trainer(SMALL, grid, micro_batches=2, cross_entropy=cross_entropy,
+                             micro_batch_loss=micro_batch_loss, reduce_gradients=reduce_gradients,
+                             grad_norm=grad_norm, seed=seed), grid
 
 
-def _full_velocities(holder):
-    """The velocities gathered whole, as full_parameters gathers the parameters."""
-    saved = {name: p.detach().clone() for name, p in holder.stage.named_parameters()}
+def _whole(trainer, grid):
+    """The whole model's parameters and velocities, on every rank (the velocities gathered as the parameters
+    are, through the stage; its parameters put back after)."""
+    parameters = gpt_stage.full_parameters(trainer.stage, grid)
+    velocities = trainer.velocities_whole()
+    kept = {name: p.detach().clone() for name, p in trainer.stage.named_parameters()}
     with torch.no_grad():
-        for name, p in holder.stage.named_parameters():
-            p.copy_(holder.velocities[name])
-        full = gpt_stage.full_parameters(holder.stage, holder.grid)
-        for name, p in holder.stage.named_parameters():
-            p.copy_(saved[name])
-    return full
+        for name, p in trainer.stage.named_parameters():
+            p.copy_(velocities[name])
+        velocities = gpt_stage.full_parameters(trainer.stage, grid)
+        for name, p in trainer.stage.named_parameters():
+            p.copy_(kept[name])
+    return {"parameters": parameters, "velocities": velocities}
 
 
-def _save(path):
-    holder = _Holder(SAVED_ON, SAVED_SEED)
-    grid_checkpoint.save(holder, holder.grid, path, checkpoint_state)
-    return {"parameters": gpt_stage.full_parameters(holder.stage, holder.grid), "velocities": _full_velocities(holder)}
+def _train(trainer, batches):
+    losses, norms = zip(*(trainer.step(inputs, targets) for inputs, targets in batches))
+    return {"losses": list(losses), "norms": list(norms)}
 
 
-def _load(sizes, path):
-    holder = _Holder(sizes, FRESH_SEED)
-    info = grid_checkpoint.load(holder, holder.grid, path, checkpoint_state)
-    return {"parameters": gpt_stage.full_parameters(holder.stage, holder.grid), "velocities": _full_velocities(holder),
-            "info": info}
+def _save_resume(path, sizes):
+    """On 4 ranks: SAVED_BEFORE steps on pp 2 × tp 2, saved, then on without stopping; a fresh trainer of
+    another seed on `sizes` (the same ranks) loads the checkpoint and trains the same steps."""
+    trainer, grid = _trainer(SAVED_ON, SAVED_SEED)
+    _train(trainer, BATCHES[:SAVED_BEFORE])
+    grid_checkpoint.save(trainer, grid, path, checkpoint_state)
+    saved = _whole(trainer, grid)
+    on = _train(trainer, BATCHES[SAVED_BEFORE:])
+    return {"saved": saved, "on": on, "resumed": _resume(path, sizes)}
 
 
-def _save_then_load(sizes, path):
-    saved = _save(path)
-    return saved, _load(sizes, path)
+def _resume(path, sizes):
+    trainer, grid = _trainer(sizes, FRESH_SEED)
+    info = grid_checkpoint.load(trainer, grid, path, checkpoint_state)
+    loaded = _whole(trainer, grid)
+    return {"info": info, "loaded": loaded, "trained": _train(trainer, BATCHES[SAVED_BEFORE:])}
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """pp 2 × tp 2 saved on 4 ranks, loaded on dp 2 × tp 2 by the same ranks: what each rank gathered."""
     path = str(tmp_path_factory.mktemp("checkpoint"))
-    return path, course.launch(_save_then_load, 4, args=({"dp": 2, "tp": 2}, path))
+    return path, course.launch(_save_resume, 4, args=(path, {"dp": 2, "tp": 2}), timeout=120)
 
 
 def _assert_same(saved, loaded):
@@ -107,47 +112,43 @@ def _assert_same(saved, loaded):
             assert torch.equal(loaded[what][name], tensor), (what, name)   # copied values: exact
 
 
-def test_a_run_saved_on_one_grid_loads_on_another_bit_for_bit(saved):
+def _assert_resumed(resumed, on, rank):
+    check.assert_close(torch.tensor(resumed["losses"]), torch.tensor(on["losses"]), "losses", rank=rank)
+    check.assert_close(torch.tensor(resumed["norms"]), torch.tensor(on["norms"]), "norms", rank=rank)
+
+
+def test_a_run_saved_on_one_grid_loads_on_another_bit_for_bit_and_trains_on_as_if_it_never_stopped(saved):
     path, run = saved
     fresh = dict(gpt.GPT(SMALL, FRESH_SEED).named_parameters())
     for rank in run.ranks:
-        before, after = run[rank]
-        _assert_same(before, after)
-        assert not torch.equal(after["parameters"]["blocks.1.qkv.weight"], fresh["blocks.1.qkv.weight"])
-        assert after["info"] == {"saved_on": {"pp": 2, "dp": 1, "cp": 1, "tp": 2}, "steps_done": SAVED_SEED}
+        got = run[rank]
+        _assert_same(got["saved"], got["resumed"]["loaded"])
+        assert not torch.equal(got["resumed"]["loaded"]["parameters"]["blocks.1.qkv.weight"],
+                               fresh["blocks.1.qkv.weight"])
+        assert got["resumed"]["info"] == {"saved_on": {"pp": 2, "dp": 1, "cp": 1, "tp": 2}, "steps_done": SAVED_BEFORE}
+        _assert_resumed(got["resumed"]["trained"], got["on"], rank)
+        assert any(v.abs().sum() > 0 for v in got["saved"]["velocities"].values())
 
 
-def test_a_run_saved_on_4_ranks_loads_on_2(saved):
+def test_a_run_saved_on_4_ranks_resumes_on_2(saved):
     path, run = saved
-    loaded = course.launch(_load, 2, args=({"tp": 2}, path))
-    for rank in loaded.ranks:
-        _assert_same(run[0][0], loaded[rank])
-
-
-def test_replicas_are_written_once(saved):
-    path, _ = saved
-    sizes = grid_checkpoint.dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    counted = sum(math.prod(sizes[name].size) for name in gpt_stage.global_shapes(SMALL))
-    assert counted == sum(p.numel() for p in gpt.GPT(SMALL).parameters())
-    assert grid_checkpoint.saved_problems(path, SMALL) == []
-    other = gpt.Config(vocab=32, width=16, heads=4, layers=4, sequence=8)
-    assert "holds no 'blocks.2.ln1.weight'" in grid_checkpoint.saved_problems(path, other)[0]
-    wider = gpt.Config(vocab=64, width=16, heads=4, layers=2, sequence=8)
-    assert "'embedding.weight' has the shape (32, 16), the model's (64, 16)" in \
-        grid_checkpoint.saved_problems(path, wider)[0]
+    resumed = course.launch(_resume, 2, args=(path, {"tp": 2}), timeout=120)
+    for rank in resumed.ranks:
+        _assert_same(run[0]["saved"], resumed[rank]["loaded"])
+        _assert_resumed(resumed[rank]["trained"], run[0]["on"], rank)
 
 
 def _mistakes(path):
     """On every rank of pp 2 × tp 2: what DCP alone does with the mistaken checkpoints (saved directly), and
     what grid_checkpoint.save says of each."""
-    holder = _Holder(SAVED_ON, SAVED_SEED)
-    local = {name: p.detach() for name, p in holder.stage.named_parameters()}
+    trainer, grid = _trainer(SAVED_ON, SAVED_SEED)
+    local = {name: p.detach() for name, p in trainer.stage.named_parameters()}
     out = {}
     for mistake in ("local layer index", "split as Replicate()", "row-split as Shard(0)", "a copy", "a plain tensor",
                     "the dp mesh", "raises on rank 1"):
         if mistake in ("local layer index", "split as Replicate()"):   # DCP alone: silent, and pieces lost
             folder = f"{path}/{mistake.split()[0]}"
-            dcp.save(checkpoint_state(local, holder.grid, mistake), checkpoint_id=folder)
+            dcp.save(checkpoint_state(local, grid, mistake), checkpoint_id=folder)
             kept = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
             out[mistake, "saved elements"] = sum(math.prod(entry.size) for entry in kept.values())
         if mistake == "a plain tensor":
@@ -159,7 +160,7 @@ def _mistakes(path):
         else:
             answer = lambda local, grid, mistake=mistake: checkpoint_state(local, grid, mistake)  # noqa: E731
         try:
-            grid_checkpoint.save(holder, holder.grid, f"{path}/refused", answer)
+            grid_checkpoint.save(trainer, grid, f"{path}/refused", answer)
             out[mistake] = None
         except (ValueError, KeyError) as error:
             out[mistake] = f"{type(error).__name__}: {error}"

@@ -171,12 +171,11 @@ class _BlockPart(nn.Module):
     def __init__(self, block, tp: int, t: int):
         super().__init__()
         self.head_dim = block.head_dim
-        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
+        self.ln1, self.qkv, self.out = copy.deepcopy(block.ln1), nn.Module(), nn.Module()    # the block's order
+        self.ln2, self.mlp = copy.deepcopy(block.ln2), nn.Sequential(nn.Module(), nn.GELU(), nn.Module())
         names = {"qkv": block.qkv, "out": block.out, "mlp.0": block.mlp[0], "mlp.2": block.mlp[2]}
         part = {f"{name}.{kind}": nn.Parameter(_rows(getattr(layer, kind), _SPLIT.get(f"{name}.{kind}"), t, tp))
                 for name, layer in names.items() for kind in ("weight", "bias")}
-        self.qkv, self.out = nn.Module(), nn.Module()
-        self.mlp = nn.Sequential(nn.Module(), nn.GELU(), nn.Module())
         for name, parameter in part.items():
             module, kind = name.rsplit(".", 1)
             self.get_submodule(module).register_parameter(kind, parameter)

@@ -171,3 +171,45 @@ def test_global_shapes_and_names_are_the_model_s():
     for wrong in ("blocks.0.mlp.1.weight", "qkv.weight", "blocks.x.ln1.weight", "lm_head.weight"):
         with pytest.raises(ValueError, match="not a parameter of lab 9's GPT"):
             gpt_stage.split_dim(wrong)
+
+
+def _fake_grid(sizes, coords):
+    """What Stage's constructor reads of a grid (it sends nothing): sizes, coords, the stage's layers and ends."""
+    full = {"pp": 1, "dp": 1, "cp": 1, "tp": 1}
+    sizes, coords = full | sizes, {axis: 0 for axis in full} | coords
+    each = SMALL.layers // sizes["pp"]
+    return SimpleNamespace(sizes=sizes, coords=coords, rank=0, first_stage=coords["pp"] == 0,
+                           last_stage=coords["pp"] == sizes["pp"] - 1, describe=lambda: "a fake grid",
+                           layers=lambda config: range(coords["pp"] * each, (coords["pp"] + 1) * each))
+
+
+def test_a_stage_holds_copies_of_its_slices_named_as_megatron_names_a_stage_s():
+    model = gpt.GPT(SMALL, seed=SEED)
+    w, heads_rows = SMALL.width, 3 * SMALL.width // 2            # tp rank 1 of 2: heads 2 and 3, q k v each
+    grid = _fake_grid({"pp": 2, "tp": 2}, {"pp": 1, "tp": 1})
+    stage = gpt_stage.Stage(model, grid)
+    got = dict(stage.named_parameters())
+    assert list(got) == [f"blocks.0.{n}" for n, _ in model.blocks[1].named_parameters()] + [
+        "ln_f.weight", "ln_f.bias", "head.weight"]
+    block = model.blocks[1]
+    expected = {"blocks.0.qkv.weight": block.qkv.weight[heads_rows:], "blocks.0.qkv.bias": block.qkv.bias[heads_rows:],
+                "blocks.0.out.weight": block.out.weight[:, w // 2:], "blocks.0.out.bias": block.out.bias,
+                "blocks.0.mlp.0.weight": block.mlp[0].weight[2 * w:],
+                "blocks.0.mlp.2.weight": block.mlp[2].weight[:, 2 * w:],
+                "blocks.0.ln2.bias": block.ln2.bias, "head.weight": model.embedding.weight[SMALL.vocab // 2:]}
+    for name, value in expected.items():
+        assert torch.equal(got[name], value), name
+    assert gpt_stage.slice_of(stage, grid, dict(model.named_parameters())).keys() == got.keys()
+    model_storage = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert not model_storage & {p.untyped_storage().data_ptr() for p in stage.parameters()}     # copies, not views
+    assert stage.global_name("blocks.0.mlp.2.bias") == "blocks.1.mlp.2.bias"
+    assert stage.tied("head.weight") and not stage.tied("ln_f.weight") and stage.split_over_tp("head.weight")
+    with pytest.raises(ValueError, match=r"rank 0 \(a fake grid\) holds no parameter 'embedding.weight'"):
+        stage.tied("embedding.weight")
+    with pytest.raises(ValueError, match="no 'blocks.1.ln1.weight' in the full tensors given"):
+        gpt_stage.slice_of(stage, grid, {"embedding.weight": model.embedding.weight})
+    # one stage of one rank: the model itself, same names, same values, nothing tied
+    whole = gpt_stage.Stage(model, _fake_grid({}, {}))
+    assert [n for n, _ in whole.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), model.parameters()))
+    assert not any(whole.tied(n) for n, _ in whole.named_parameters())

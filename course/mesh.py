@@ -33,6 +33,7 @@ from course import placement
 AXES = ("pp", "dp", "cp", "tp")
 #: The groups a grid holds besides its axes (a record on one of them names it).
 EXTRA = ("dp_cp", "embedding")
+_MESSAGES = ("send", "recv", "isend", "irecv")
 
 
 def sizes_of(sizes: dict) -> dict[str, int]:
@@ -168,7 +169,7 @@ class Grid:
         """The axis a course.comm record's bytes crossed (module `axis_of`; a message on a group the grid does
         not name, such as the default group, by where its peer sits)."""
         axis = axis_of(record)
-        if axis is not None or record.peer is None or not record.group_ranks or record.op not in ("isend", "irecv"):
+        if axis is not None or record.peer is None or not record.group_ranks or record.op not in _MESSAGES:
             return axis
         here, there = self._place_of[record.rank], self._place_of[record.group_ranks[record.peer]]
         differ = [a for a in AXES if here[a] != there[a]]

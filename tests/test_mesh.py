@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import course
-from course import gpt, mesh
+from course import gpt, mesh, recorder
 
 LAYOUTS = [{"dp": 2, "tp": 2}, {"pp": 2, "tp": 2}, {"cp": 2, "tp": 2}, {"pp": 2, "dp": 2}]
 
@@ -53,12 +53,27 @@ def _describe(grid: mesh.Grid, config) -> dict:
             "tp mesh": grid.tp_mesh().mesh.tolist()}
 
 
+def _messages_on_the_default_group(grid: mesh.Grid) -> list:
+    """A message to the next stage on the default group, and how the grid names what this rank recorded:
+    the pp axis for the message, by where its peer sits; None for the default group's all-reduce."""
+    value = torch.zeros(3)
+    if grid.next_rank is not None:
+        dist.send(value, grid.next_rank)
+    else:
+        dist.recv(value, grid.previous_rank)
+    dist.all_reduce(value)
+    return [(r.op, grid.axis_of(r)) for r in recorder.active().log[-2:]]
+
+
 def _every_layout(layouts):
     config = gpt.Config(layers=4)
     out = []
     for sizes in layouts:
-        out.append({"lists": _describe(mesh.Grid.from_rank_lists(megatron_lists(sizes)), config),
-                    "device mesh": _describe(mesh.Grid.from_device_mesh(sizes), config)})
+        grid = mesh.Grid.from_rank_lists(megatron_lists(sizes))
+        out.append({"lists": _describe(grid, config), "device mesh": _describe(mesh.Grid.from_device_mesh(sizes),
+                                                                               config)})
+        if grid.sizes["pp"] > 1:
+            out[-1]["messages"] = _messages_on_the_default_group(grid)
     try:
         mesh.Grid.from_device_mesh({"dp": 3})
     except ValueError as error:
@@ -111,6 +126,11 @@ def test_every_record_names_the_axis_it_crossed(four_layouts):
         assert mesh.axis_of(r) == r.group and r.rank in r.group_ranks and len(r.group_ranks) == r.group_size
     named = {mesh.axis_of(r) for r in four_layouts.comm if r.op == "all_reduce"}
     assert {"pp", "dp", "cp", "tp", "embedding"} <= named          # the dp_cp group is dp's or cp's here
+    for rank in range(4):                               # in a rank, with its grid: a message by its peer's place
+        for index, sizes in enumerate(LAYOUTS):
+            if sizes.get("pp", 1) > 1:
+                ops = [op for op, _ in four_layouts[rank][index]["messages"]]
+                assert four_layouts[rank][index]["messages"] == [(ops[0], "pp"), ("all_reduce", None)], (rank, sizes)
     per_axis = mesh.bytes_per_axis(four_layouts.comm)
     assert per_axis["tp"] > 0 and per_axis["dp"] > 0
     assert sum(per_axis.values()) == pytest.approx(sum(r.sent for r in four_layouts.comm))

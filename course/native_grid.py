@@ -1,7 +1,12 @@
 """Lab 9's model on a grid built from PyTorch's own parts, to set beside the course's grid.
 
     run = course.launch(native_grid.training, 4, args=(config, batches, {"dp": 2, "tp": 2}))
-    run[0]["losses"]                    # each step's loss, within NATIVE_RTOL of gpt.one_process_training's
+    run[0]["losses"]                    # each step's loss, gpt.one_process_training's within course.check's
+
+Tolerance: course.check's for float32 (rtol 1e-5, atol 1e-6), as course.grid_step's. PyTorch's parts sum in
+other orders than one process (DTensor's reductions, FSDP's reduce-scatter, the norm by parts); after 8 steps
+of the full model on dp2×tp2, pp2×tp2 and pp2×dp2 the largest differences measured were 1.5e-7 relative on the
+losses, 4e-8 on the norms and 1.2e-7 absolute on the parameters (one float32 ulp near 1).
 
 The same `gpt.GPT(config, seed)` (every rank builds it whole from the seed, then PyTorch's APIs shard it):
 `init_device_mesh` with the dimensions ("pp", "dp", "tp") (lab 9's order, tp fastest; no cp: below),
@@ -29,7 +34,7 @@ What PyTorch's parts do not do here, and what stands in (each said where it happ
   scaled as torch would (torchtitan does the same).
 - Context parallelism: `torch.distributed.tensor.experimental.context_parallel` shards only
   scaled_dot_product_attention's CUDA kernels (flash, efficient, cuDNN); on CPU ranks at torch 2.13 it
-  raises, so no layout here has cp (`context_parallel_on_cpu` shows the error; bench/long_sequences.py too).
+  raises, so no layout here has cp (tests/test_native_grid.py holds that it still does).
 
 Used in: lab 9 (09_composition).
 """
@@ -44,13 +49,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from course import gpt, timeline
+from course import gpt, placement, timeline
+from course.mesh import axis_of
 
 #: The axes of the mesh, outermost first (lab 9's order, without cp).
 AXES = ("pp", "dp", "tp")
-#: Loss and gradient norm against one process, relative: float32 sums in other orders, through a few dozen
-#: momentum steps at learning rate 1 (the lab's own grid meets the same bound).
-NATIVE_RTOL = 1e-4
 
 
 def check_layout(config: gpt.Config, sizes: dict, world_size: int, *, batch: int, micro_batches: int) -> dict:
@@ -83,27 +86,20 @@ def _dtensor(*names):
 
 def _tp_plan(tp_mesh, model: nn.Module) -> None:
     """torchtitan's plan, on this model: sequence parallelism between the split layers."""
-    from torch.distributed.tensor import parallel
-    Replicate, Shard, distribute_module = _dtensor("Replicate", "Shard", "distribute_module")
-    ColwiseParallel, RowwiseParallel, SequenceParallel = (parallel.ColwiseParallel, parallel.RowwiseParallel,
-                                                          parallel.SequenceParallel)
-    plan = {}
-    if getattr(model, "embedding", None) is not None:
-        plan["embedding"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    from torch.distributed.tensor import parallel as tp
+    Replicate, Shard, distribute_module, distribute_tensor = _dtensor("Replicate", "Shard", "distribute_module",
+                                                                      "distribute_tensor")
+    plan = {"embedding": tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "ln_f": tp.SequenceParallel()}
     for i in model.blocks:
-        for norm in ("ln1", "ln2"):
-            plan[f"blocks.{i}.{norm}"] = SequenceParallel(use_local_output=True)
-        for column in ("qkv", "mlp.0"):
-            plan[f"blocks.{i}.{column}"] = ColwiseParallel(input_layouts=Shard(1))
-        for row in ("out", "mlp.2"):
-            plan[f"blocks.{i}.{row}"] = RowwiseParallel(output_layouts=Shard(1))
-    if getattr(model, "ln_f", None) is not None:
-        plan["ln_f"] = SequenceParallel()
-    parallel.parallelize_module(model, tp_mesh, plan)
-    if getattr(model, "position", None) is not None:
+        plan.update({f"blocks.{i}.{norm}": tp.SequenceParallel(use_local_output=True) for norm in ("ln1", "ln2")})
+        plan.update({f"blocks.{i}.{name}": tp.ColwiseParallel(input_layouts=Shard(1)) for name in ("qkv", "mlp.0")})
+        plan.update({f"blocks.{i}.{name}": tp.RowwiseParallel(output_layouts=Shard(1)) for name in ("out", "mlp.2")})
+    tp.parallelize_module(model, tp_mesh, {name: style for name, style in plan.items()
+                                           if getattr(model, name.split(".")[0]) is not None})
+    if model.position is not None:
         distribute_module(model.position, tp_mesh)          # replicated: no plan in torch for it
-    if getattr(model, "head", None) is not None:            # the last stage's copy of the embedding's shard
-        (distribute_tensor,) = _dtensor("distribute_tensor")
+    if model.head is not None:                              # the last stage's copy of the embedding's shard
         model.head.weight = nn.Parameter(distribute_tensor(model.head.weight.detach(), tp_mesh, [Shard(0)]))
 
 
@@ -127,7 +123,7 @@ class StagePart(nn.Module):
         DTensor, Replicate, Shard = _dtensor("DTensor", "Replicate", "Shard")
         if self.embedding is not None:
             h = self.embedding(x)              # (b, t/tp, w): the vocabulary-split lookup, reduce-scattered
-            positions = torch.arange(x.shape[-1])
+            positions = torch.arange(x.shape[-1], device=x.device)
             weight = self.position.weight
             if isinstance(weight, DTensor):
                 table = F.embedding(DTensor.from_local(positions, weight.device_mesh, [Replicate()]), weight)
@@ -174,55 +170,36 @@ def training(config: gpt.Config, batches, sizes: dict, *, micro_batches: int = 2
              learning_rate: float = gpt.LEARNING_RATE, momentum: float = gpt.MOMENTUM, clip: float = gpt.CLIP,
              parameters: bool = True) -> dict:
     """Runs on every rank: gpt.one_process_training's run on the layout `sizes` (e.g. {"dp": 2, "tp": 2}) with
-    PyTorch's parts; `micro_batches` a step where pp > 1 (Schedule1F1B's), else the rank's rows at once.
-    Returns {"losses", "norms" (each step's, the same on every rank), "seconds" (each step's, barrier to the
-    step's loss on every rank), "windows" (each step's (start, end) on course.timeline's clock, None outside
-    a launch), "parameters" (the whole model's by gpt.GPT's names, on every rank; None with parameters=False)}."""
-    from contextlib import nullcontext
-
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    batch = batches[0][0].shape[0]
-    sizes = check_layout(config, sizes, dist.get_world_size(), batch=batch, micro_batches=micro_batches)
-    grid = _Placed(config, sizes, seed, micro_batches, batch)
-    in_loss = loss_parallel if sizes["tp"] > 1 else nullcontext
-    velocities = {name: torch.zeros_like(p) for name, p in grid.part.named_parameters()}
-    found = {"losses": [], "norms": [], "seconds": [], "windows": []}
-    for inputs, targets in batches:
-        grid.counted = gpt.counted_tokens(targets)
-        dist.barrier()
-        begin, shown = time.perf_counter(), timeline.now()
-        with in_loss():
-            mine = grid.forward_backward(inputs, targets)
-        grid.sum_tied()
-        norm = grid.clip_(clip)
-        with torch.no_grad():
-            for name, p in grid.part.named_parameters():
-                gpt.sgd_step_(p, p.grad, velocities[name], learning_rate=learning_rate, momentum=momentum)
-        grid.part.zero_grad(set_to_none=True)
-        loss = _full(mine).reshape(1).clone()
-        dist.all_reduce(loss)       # the dp replicas' parts; every tp rank holds its group's; 0 off the last stage
-        found["seconds"].append(time.perf_counter() - begin)
-        found["windows"].append(None if shown is None else (shown, timeline.now()))
-        found["losses"].append(float(loss) / sizes["tp"])
-        found["norms"].append(norm)
-    found["parameters"] = grid.whole_parameters() if parameters else None
-    return found
+    PyTorch's parts, a `Trainer` stepping through `batches`. Returns {"losses", "norms" (each step's, the same
+    on every rank), "seconds", "windows" (Trainer's), "parameters" (the whole model's by gpt.GPT's names, on
+    every rank; None with parameters=False)}."""
+    trainer = Trainer(config, sizes, batch=batches[0][0].shape[0], micro_batches=micro_batches, seed=seed,
+                      learning_rate=learning_rate, momentum=momentum, clip=clip)
+    losses, norms = zip(*(trainer.step(inputs, targets) for inputs, targets in batches))
+    return {"losses": list(losses), "norms": list(norms), "seconds": trainer.seconds, "windows": trainer.windows,
+            "parameters": trainer.whole_parameters() if parameters else None}
 
 
-class _Placed:
-    """One rank's part of the model on its mesh, and what a step does with it that PyTorch leaves to its caller."""
+class Trainer:
+    """One rank's part of the model on its mesh, trained a step at a time (`step`), as course.grid_step.Trainer
+    is: its `part` (a StagePart, sharded by PyTorch), `seconds` (each step's, from a barrier to the step's loss
+    on every rank) and `windows` (each step's (start, end) on course.timeline's clock; None outside a launch)."""
 
-    def __init__(self, config, sizes, seed, micro_batches, batch):
+    def __init__(self, config: gpt.Config, sizes: dict, *, batch: int, micro_batches: int = 2, seed: int = 0,
+                 learning_rate: float = gpt.LEARNING_RATE, momentum: float = gpt.MOMENTUM, clip: float = gpt.CLIP):
         from torch.distributed.device_mesh import init_device_mesh
+        sizes = check_layout(config, sizes, dist.get_world_size(), batch=batch, micro_batches=micro_batches)
         self.sizes, self.batch, self.counted = sizes, batch, 1
-        self.mesh = init_device_mesh("cpu", tuple(sizes[a] for a in AXES), mesh_dim_names=AXES)
+        self.learning_rate, self.momentum, self.clip = learning_rate, momentum, clip
+        # DTensor gathers on its mesh's device, and gloo gathers CPU tensors only (lab 3): CUDA under NCCL alone.
+        self.device = placement.device() if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.mesh = init_device_mesh(self.device.type, tuple(sizes[a] for a in AXES), mesh_dim_names=AXES)
         pp, dp, tp = (sizes[a] for a in AXES)
         self.stage, self.replica = self.mesh["pp"].get_local_rank(), self.mesh["dp"].get_local_rank()
         self.first, self.last = self.stage == 0, self.stage == pp - 1
         per_stage = config.layers // pp
         self.part = StagePart(gpt.GPT(config, seed), range(self.stage * per_stage, (self.stage + 1) * per_stage),
-                              self.first, self.last)
+                              self.first, self.last).to(self.device)
         if tp > 1:
             _tp_plan(self.mesh["tp"], self.part)
         if dp > 1:
@@ -230,17 +207,44 @@ class _Placed:
             for block in self.part.blocks.values():
                 fully_shard(block, mesh=self.mesh["dp"])
             fully_shard(self.part, mesh=self.mesh["dp"])
+        self.velocities = {name: torch.zeros_like(p) for name, p in self.part.named_parameters()}
         self.embedding_group = _embedding_group(self.mesh, pp) if pp > 1 else None
         self.schedule = None
         if pp > 1:
             self.schedule = _schedule(self.part, self.mesh, self.stage, micro_batches, batch // dp, config,
                                       lambda out, target: _loss(out, target, self.counted, dp))
+        self.seconds: list[float] = []
+        self.windows: list = []
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
+        """One training step on the global batch (B, T); returns (loss, norm), the same on every rank."""
+        from contextlib import nullcontext
+
+        from torch.distributed.tensor.parallel import loss_parallel
+        self.counted = gpt.counted_tokens(targets)
+        dist.barrier()
+        begin, shown = time.perf_counter(), timeline.now()
+        with loss_parallel() if self.sizes["tp"] > 1 else nullcontext():
+            mine = self.forward_backward(inputs, targets)
+        if self.embedding_group is not None and (self.first or self.last):
+            _sum_tied(self.part.embedding.weight if self.first else self.part.head.weight, self.embedding_group)
+        norm = _clip(self.part, self.clip, self.mesh, self.sizes["pp"], self.last and not self.first)
+        with torch.no_grad():
+            for name, p in self.part.named_parameters():
+                gpt.sgd_step_(p, p.grad, self.velocities[name], learning_rate=self.learning_rate,
+                              momentum=self.momentum)
+        self.part.zero_grad(set_to_none=True)
+        loss = _full(mine).reshape(1).clone()
+        dist.all_reduce(loss)       # the dp replicas' parts; every tp rank holds its group's; 0 off the last stage
+        self.seconds.append(time.perf_counter() - begin)
+        self.windows.append(None if shown is None else (shown, timeline.now()))
+        return float(loss) / self.sizes["tp"], norm
 
     def forward_backward(self, inputs, targets):
         """This replica's rows, forward and backward; returns its part of the step's loss (0 off the last stage)."""
         dp = self.sizes["dp"]
         rows = slice(self.replica * self.batch // dp, (self.replica + 1) * self.batch // dp)
-        x, y = inputs[rows], targets[rows]
+        x, y = inputs[rows].to(self.device), targets[rows].to(self.device)
         if self.schedule is None:
             loss = _loss(self.part(x), y, self.counted, dp)
             loss.backward()
@@ -248,14 +252,7 @@ class _Placed:
         micro_losses = []
         self.schedule.step(*((x,) if self.first else ()),
                            **(dict(target=y, losses=micro_losses) if self.last else {}))
-        return sum(loss.detach() for loss in micro_losses) / dp if self.last else torch.zeros(())
-
-    def sum_tied(self):
-        if self.embedding_group is not None and (self.first or self.last):
-            _sum_tied(self.part.embedding.weight if self.first else self.part.head.weight, self.embedding_group)
-
-    def clip_(self, clip: float) -> float:
-        return _clip(self.part, clip, self.mesh, self.sizes["pp"], self.last and not self.first)
+        return sum(loss.detach() for loss in micro_losses) / dp if self.last else torch.zeros((), device=self.device)
 
     def whole_parameters(self) -> dict:
         return whole_parameters(self.part, self.mesh, self.sizes["pp"])
@@ -301,8 +298,8 @@ def _schedule(part, mesh, p_idx, micro_batches, rows, config, loss_fn):
     tp = mesh["tp"].size()
     shape = (rows // micro_batches, config.sequence) if p_idx == 0 else \
         (rows // micro_batches, config.sequence // tp, config.width)
-    example = torch.zeros(shape, dtype=torch.int64) if p_idx == 0 else torch.zeros(shape)
-    stage = pipelining.PipelineStage(part, p_idx, mesh["pp"].size(), torch.device("cpu"), input_args=example,
+    example = torch.zeros(shape, dtype=torch.int64 if p_idx == 0 else torch.float32, device=mesh.device_type)
+    stage = pipelining.PipelineStage(part, p_idx, mesh["pp"].size(), torch.device(mesh.device_type), input_args=example,
                                      group=mesh["pp"].get_group())
     unscaled = {"scale_grads": False} if "scale_grads" in inspect.signature(pipelining.Schedule1F1B).parameters else {}
     return pipelining.Schedule1F1B(stage, micro_batches, loss_fn=loss_fn, **unscaled)
@@ -310,7 +307,7 @@ def _schedule(part, mesh, p_idx, micro_batches, rows, config, loss_fn):
 
 def _clip(part, clip, mesh, pp, skip_head) -> float:
     """The whole model's gradient norm (each parameter once), then every gradient scaled as clip_grad_norm_."""
-    squares = torch.zeros((), dtype=torch.float64)
+    squares = torch.zeros((), dtype=torch.float64, device=mesh.device_type)
     grads = []
     for name, p in part.named_parameters():
         if p.grad is None:
@@ -342,17 +339,9 @@ def whole_parameters(part, mesh, pp) -> dict:
     return {name: tensor for stage in gathered for name, tensor in stage.items()}
 
 
-def axis_of(record) -> str | None:
-    """The axis a recorded call (course.comm.CommRecord) ran on, from its group's name: init_device_mesh names
-    each dimension's group "mesh_<axis>", the tied embedding's groups are "embedding"; None for the default group
-    (the barriers around a step and the step's reported loss)."""
-    if record.group.startswith("mesh_"):
-        return record.group[len("mesh_"):]
-    return "embedding" if record.group == "embedding" else None
-
-
 def bytes_per_axis(records, windows) -> dict[str, float]:
-    """Bytes one rank sent a step, by axis (`axis_of`; "embedding" for the tied gradient's sum), over the calls
+    """Bytes one rank sent a step, by axis (course.mesh.axis_of: init_device_mesh names its groups "mesh_<axis>";
+    "embedding" the tied gradient's sum; the default group's barriers and reported loss left out), over the calls
     recorded inside `windows` (training's "windows"), averaged over the steps: as gloo's sockets counted them
     where they were read (CommRecord.sent), else by the formula."""
     if not windows or any(window is None for window in windows):
@@ -364,18 +353,3 @@ def bytes_per_axis(records, windows) -> dict[str, float]:
         if axis is not None and any(start <= record.start <= end for start, end in windows):
             found[axis] = found.get(axis, 0.0) + record.sent / len(windows)
     return found
-
-
-def context_parallel_on_cpu(sequence: int = 16) -> str | None:
-    """Runs on every rank (CPU): PyTorch's context_parallel around causal scaled_dot_product_attention, one
-    forward; None where it runs, else torch's error, in a line (what the docstring says of CPU ranks)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    q, k, v = (torch.randn(1, 2, sequence, 8) for _ in range(3))
-    try:
-        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    except Exception as error:    # noqa: BLE001 - what torch says is the finding
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    return None

@@ -2,9 +2,9 @@
 
 Lab 9's GPT trained with PyTorch's own parts (DeviceMesh, parallelize_module's sequence-parallel plan,
 loss_parallel, fully_shard, torch.distributed.pipelining) on 4 CPU ranks: the losses, gradient norms and
-parameters equal one process's within NATIVE_RTOL, each axis's bytes found by its group's name; layouts the
-model or the world cannot take refused before any rank starts; and context_parallel still failing on CPU
-ranks, as the module's docstring says."""
+parameters equal one process's within course.check's float32 tolerance (the module's docstring says what was
+measured), each axis's bytes found by its group's name; layouts the model or the world cannot take refused
+before any rank starts; and context_parallel still failing on CPU ranks, as the module's docstring says."""
 from __future__ import annotations
 
 import pytest
@@ -27,12 +27,9 @@ def one_process():
 def same_as_one_process(run, want):
     for rank in run.ranks:
         got = run[rank]
-        check.assert_close(torch.tensor(got["losses"]), torch.tensor(want.losses), "losses", rank=rank,
-                           rtol=native_grid.NATIVE_RTOL, atol=0)
-        check.assert_close(torch.tensor(got["norms"]), torch.tensor(want.norms), "gradient norms", rank=rank,
-                           rtol=native_grid.NATIVE_RTOL, atol=0)
-        check.assert_close(got["parameters"], want.parameters, "parameters after the last step", rank=rank,
-                           rtol=native_grid.NATIVE_RTOL, atol=native_grid.NATIVE_RTOL * 1e-2)
+        check.assert_close(torch.tensor(got["losses"]), torch.tensor(want.losses), "losses", rank=rank)
+        check.assert_close(torch.tensor(got["norms"]), torch.tensor(want.norms), "gradient norms", rank=rank)
+        check.assert_close(got["parameters"], want.parameters, "parameters after the last step", rank=rank)
 
 
 def axes_sent(run, rank):
@@ -92,9 +89,26 @@ def test_bytes_are_binned_by_the_group_s_name_and_need_the_steps_windows():
         native_grid.bytes_per_axis(records, [None])
 
 
+def context_parallel_on_cpu(sequence: int = 16) -> str | None:
+    """Runs on every rank (CPU): PyTorch's context_parallel around causal scaled_dot_product_attention, one
+    forward; None where it runs, else torch's error, in a line."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    q, k, v = (torch.randn(1, 2, sequence, 8) for _ in range(3))
+    try:
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    except Exception as error:    # noqa: BLE001 - what torch says is the finding
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None
+
+
 @pytest.mark.slow
 def test_context_parallel_still_fails_on_cpu_ranks_as_the_docstring_says():
-    run = course.launch(native_grid.context_parallel_on_cpu, 2, timeout=60)
+    run = course.launch(context_parallel_on_cpu, 2, timeout=60)
     for rank in run.ranks:
         assert run[rank] is not None, "context_parallel ran on CPU ranks: add cp to native_grid and its docstring"
         assert "does not have a sharding strategy" in run[rank], run[rank]

@@ -1,9 +1,10 @@
 """Lab 9's grid, predicted and measured: what lab 6's chooser says a layout costs, beside what a run cost.
 
-    cluster = grid_costs.this_machine(ranks=4)                 # the link measured (2 ranks), the matmul timed
+    cluster = grid_costs.this_machine(4, config=CONFIG)         # the link measured (2 ranks), the matmul timed
     guess = grid_costs.predicted(CONFIG, {"dp": 2, "tp": 2}, batch=8, micro_batches=2, cluster=cluster)
-    # inside each rank, after its steps: grid_costs.measured_on_rank(grid, records, seconds, peak)
-    rows = grid_costs.table(guess, grid_costs.busiest(per_rank), formula=grid_costs.lab_bytes(...))
+    seen = grid_costs.measure_steps(trainer, batches)          # in each rank: a grid_step.Trainer's steps
+    rows = grid_costs.table(guess, grid_costs.busiest(per_rank), formula=grid_costs.totals(grid_costs.lab_bytes(
+        CONFIG, {"dp": 2, "tp": 2}, batch=8, micro_batches=2, stage=0)))
     grid_costs.largest_gap(rows)
 
 Predicted (`predicted`): course.layout_cost.evaluate, lab 6's chooser, asked about the same layout: the model
@@ -30,21 +31,24 @@ all-reduces the whole tensor and keeps its slice, twice the bytes of NCCL's):
 - cp, per layer and micro-batch: K and V (b, s/cp, w/tp each) all-gathered forward, their gradients
   reduce-scattered backward;
 - dp (the dp·cp replicas, the chooser's "dp"): the stage's gradients all-reduced once a step, then ZeRO-1's
-  updated chunks all-gathered (chunks of ceil(n/(dp·cp)) elements; `torch.tensor_split` makes the last ones
-  shorter: a few bytes off);
+  updated chunks of the stage's flattened parameters all-gathered (course.sharding pads them to one size);
 - embedding, pp > 1: the tied embedding's gradient all-reduced between the first and the last stage.
 Left out: scalars (counted tokens, the loss, the gradient norm's sums: a few bytes each).
 
-Measured (`measured_on_rank`, in a rank, after its steps): the bytes its records sent (wire bytes on gloo,
-course.comm) binned by axis with the grid (`grid.axis_of(record)`, course.mesh), the peak of its tensors'
-memory (course.live_memory, the caller's), its median step seconds; `busiest` takes each figure's largest
-over the ranks, the chooser's "busiest rank".
+Measured (`measure_steps`, in a rank, on a course.grid_step.Trainer): the bytes its records of the timed steps
+sent, binned by the group each record names (course.mesh.axis_of), a step: on the wire where gloo's are read
+(course.comm), and by each call's formula; its median step seconds, timed without memory tracking; the
+peak bytes of its tensors over one more step (course.live_memory, which counts what the chooser counts and
+also the step's temporary copies and messages). `busiest` takes each figure's largest over the ranks, the
+chooser's "busiest rank".
 
 Used in: lab 9 (09_composition).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -88,26 +92,31 @@ def layout_of(sizes: dict, micro_batches: int) -> choosing.Layout:
 
 
 def matmul_rate(config, *, rows: int = 256, repeats: int = 20) -> timemodel.Processor:
-    """This process's compute rate, measured: the median time of the model's largest matmul, (rows, w) @
-    (w, 4w), with torch's threads as they are set now. A measured rate: efficiency 1."""
+    """One rank's compute rate, measured: the median time of the model's largest matmul, (rows, w) @ (w, 4w),
+    on one thread, as course.launch runs each rank. A measured rate: efficiency 1."""
     import torch
     a, b = torch.randn(rows, config.width), torch.randn(config.width, 4 * config.width)
-    times = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - started)
-    flop = 2 * rows * config.width * 4 * config.width
-    rate = flop / statistics.median(times[1:])
-    return timemodel.Processor(f"this machine, one process, {torch.get_num_threads()} thread(s) (measured)", rate,
-                               1.0, f"course.grid_costs.matmul_rate: median of {repeats} matmuls ({rows}, "
-                               f"{config.width}) @ ({config.width}, {4 * config.width}), {rate / 1e9:.1f} GFLOP/s")
+    threads, times = torch.get_num_threads(), []
+    torch.set_num_threads(1)
+    try:
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+    rate = 2 * rows * config.width * 4 * config.width / statistics.median(times[1:])
+    return timemodel.Processor("this machine, one thread (measured)", rate, 1.0,
+                               f"course.grid_costs.matmul_rate: median of {repeats} matmuls ({rows}, {config.width}) "
+                               f"@ ({config.width}, {4 * config.width}) on one thread, {rate / 1e9:.1f} GFLOP/s")
 
 
-def this_machine(ranks: int, *, link: timemodel.Link | None = None,
-                 processor: timemodel.Processor | None = None, config=None) -> presets.Cluster:
+def this_machine(ranks: int, *, link: timemodel.Link | None = None, processor: timemodel.Processor | None = None,
+                 config=None, cores: int | None = None) -> presets.Cluster:
     """This machine as the chooser's Cluster: `ranks` CPU ranks on one node, the link measured by
-    course.link_probe (2 ranks, about a second) unless given, the processor `matmul_rate` unless given."""
+    course.link_probe (2 ranks, about a second) unless given, the processor `matmul_rate` unless given. With
+    more ranks than `cores` (this process's CPUs by default), each rank gets cores/ranks of its rate (assumed:
+    the ranks share the cores evenly)."""
     transfer.check_ranks(ranks)
     if link is None:
         from course import link_probe
@@ -116,6 +125,11 @@ def this_machine(ranks: int, *, link: timemodel.Link | None = None,
         if config is None:
             raise ValueError("this_machine needs the model's config to time its matmul, or a processor")
         processor = matmul_rate(config)
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if ranks > cores:
+        processor = dataclasses.replace(processor, flops=processor.flops * cores / ranks,
+                                        name=f"{processor.name}, {ranks} ranks sharing {cores} cores")
     return presets.Cluster(f"this machine: {ranks} CPU ranks, gloo", ranks, processor, None, presets.LOCAL_MEMORY,
                            link, link)
 
@@ -184,7 +198,8 @@ def lab_bytes(config, sizes: dict, *, batch: int, micro_batches: int, stage: int
     out["cp"]["K and V"] = m * layers * 2 * (gather(cp * kv, cp) + reduce_scatter(cp * kv, cp))
     replicas = dp * cp
     out["dp"]["gradients"] = sum(all_reduce(n * FLOAT, replicas) for _, n, _ in held)
-    out["dp"]["ZeRO-1 gather"] = sum(gather(replicas * math.ceil(n / replicas) * FLOAT, replicas) for _, n, _ in held)
+    flat = sum(n for _, n, _ in held)                               # ZeRO-1 cuts the stage's flat parameters
+    out["dp"]["ZeRO-1 gather"] = gather(replicas * math.ceil(flat / replicas) * FLOAT, replicas)
     tied = config.vocab // tp * w * FLOAT
     out["embedding"]["tied gradient"] = all_reduce(tied, 2) if pp > 1 and (first or last) else 0
     return out
@@ -197,17 +212,24 @@ def totals(parts: dict[str, dict[str, float]]) -> dict[str, float]:
 
 @dataclass
 class Measured:
-    """One rank's (or the busiest rank's) figures: bytes sent a step by axis, peak tensor memory, step seconds."""
+    """One rank's (or the busiest rank's) figures: bytes sent a step by axis (on the wire where gloo's are
+    read, `formula`: the same calls by course.transfer's formula), peak tensor bytes, median step seconds."""
     sent: dict[str, float]
     memory: float
     seconds: float
     ranks: list[int] = field(default_factory=list)
+    formula: dict[str, float] = field(default_factory=dict)
 
 
-def bytes_per_axis(records, axis_of, *, steps: int = 1) -> dict[str, float]:
-    """The bytes the records sent (`record.sent`: wire bytes where measured), a step, by `axis_of(record)`;
-    a record no axis claims goes to "other"; "dp_cp" is the chooser's "dp"."""
+def bytes_per_axis(records, axis_of=None, *, steps: int = 1, formula: bool = False) -> dict[str, float]:
+    """The bytes the records sent a step (`record.sent`: wire bytes where measured; with `formula`,
+    `record.predicted`, each call's bytes by course.transfer's formula), by `axis_of(record)` (course.mesh's
+    by default: the group each record names); a record no axis claims goes to "other"; "dp_cp" is the
+    chooser's "dp" (the replicas' reduction)."""
     transfer.check_ranks(steps, "steps", counting="steps")
+    if axis_of is None:
+        from course import mesh
+        axis_of = mesh.axis_of
     out = dict.fromkeys((*AXES, "embedding", "other"), 0.0)
     for record in records:
         axis = axis_of(record) or "other"
@@ -215,19 +237,49 @@ def bytes_per_axis(records, axis_of, *, steps: int = 1) -> dict[str, float]:
         if axis not in out:
             raise ValueError(f"axis_of named {axis!r} for a record of {record.op} (rank {record.rank}); "
                              f"name one of {list(out)} or None")
-        out[axis] += record.sent / steps
+        out[axis] += (record.predicted if formula else record.sent) / steps
     return out
 
 
-def measured_on_rank(grid, records, seconds, peak: float, *, steps: int | None = None,
-                     axis_of=None) -> Measured:
-    """In a rank: its bytes a step by axis (its records of `steps` steps, binned by `grid.axis_of` unless
-    `axis_of` is given), its peak tensor memory (bytes), the median of its steps' `seconds`."""
-    seconds = list(seconds)
-    if not seconds:
-        raise ValueError("measured_on_rank needs the seconds of at least one step")
-    sent = bytes_per_axis(records, axis_of or grid.axis_of, steps=steps or len(seconds))
-    return Measured(sent, float(peak), statistics.median(seconds), [grid.rank])
+def measure_steps(trainer, batches) -> Measured:
+    """In a rank: `trainer` (a course.grid_step.Trainer) trains on `batches`, one step each. Every step but
+    the last is timed (the median of its seconds; the first pays for warming up where there are three or
+    more) and its records binned by axis (bytes a step); the last runs under course.live_memory, which
+    slows every op, for the peak bytes of tensors (the stage, its gradients and velocities tracked)."""
+    from course import live_memory, recorder
+
+    batches = list(batches)
+    if len(batches) < 2:
+        raise ValueError(f"measure_steps needs at least 2 batches (steps timed, then one for the memory), "
+                         f"got {len(batches)}")
+    active = recorder.active()
+    if active is None:
+        raise ValueError("measure_steps reads the records of course.launch: run it inside a launched function")
+    start = len(active.log)
+    for inputs, targets in batches[:-1]:
+        trainer.step(inputs, targets)
+    records = active.log[start:]
+    timed = trainer.seconds[-(len(batches) - 1):]
+    timed = timed[1:] if len(timed) > 2 else timed
+    with live_memory.LiveMemory(next(trainer.stage.parameters()).device) as memory:
+        memory.track(trainer.stage, list(trainer.velocities.values()))
+        trainer.step(*batches[-1])
+    axis_of, steps = grid_axis_of(trainer.grid), len(batches) - 1
+    return Measured(bytes_per_axis(records, axis_of, steps=steps), float(memory.peak), statistics.median(timed),
+                    [trainer.grid.rank], bytes_per_axis(records, axis_of, steps=steps, formula=True))
+
+
+def grid_axis_of(grid):
+    """`grid.axis_of`, and a record on the default group named by the grid's one axis that spans the world
+    (torch's DeviceMesh reuses the default group for it)."""
+    whole = [axis for axis in GRID_AXES if grid.world_size > 1 and grid.sizes[axis] == grid.world_size]
+
+    def axis_of(record):
+        axis = grid.axis_of(record)
+        if axis is None and whole and record.group_size == grid.world_size and record.op not in ("isend", "irecv"):
+            return whole[0]
+        return axis
+    return axis_of
 
 
 def busiest(per_rank: list[Measured]) -> Measured:
@@ -235,9 +287,11 @@ def busiest(per_rank: list[Measured]) -> Measured:
     if not per_rank:
         raise ValueError("busiest needs the figures of at least one rank")
     axes = {axis for m in per_rank for axis in m.sent}
+    formula_axes = {axis for m in per_rank for axis in m.formula}
     return Measured({axis: max(m.sent.get(axis, 0.0) for m in per_rank) for axis in sorted(axes)},
                     max(m.memory for m in per_rank), max(m.seconds for m in per_rank),
-                    sorted(r for m in per_rank for r in m.ranks))
+                    sorted(r for m in per_rank for r in m.ranks),
+                    {axis: max(m.formula.get(axis, 0.0) for m in per_rank) for axis in sorted(formula_axes)})
 
 
 def table(guess: layout_cost.Option, seen: Measured, *, formula: dict[str, float] | None = None) -> list[dict]:

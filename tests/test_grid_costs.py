@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import course
-from course import choosing, gpt, grid_costs, memory, recorder, timemodel
+from course import choosing, gpt, grid_costs, memory, mesh, recorder, timemodel
 from course.comm import CommRecord
 
 CONFIG = gpt.Config()
@@ -119,34 +119,134 @@ def test_this_machine_measures_its_processor_and_asks_for_what_it_cannot_time():
     assert rate.flops > 0 and rate.efficiency == 1 and "measured" in rate.name
     with pytest.raises(ValueError, match="needs the model's config"):
         grid_costs.this_machine(2, link=timemodel.LOCAL_GLOO)
+    shared = grid_costs.this_machine(4, link=timemodel.LOCAL_GLOO, processor=FAST, cores=2)
+    assert shared.processor.flops == FAST.flops / 2 and shared.gpus_per_node == 4      # 4 ranks on 2 cores
+    assert grid_costs.this_machine(2, link=timemodel.LOCAL_GLOO, processor=FAST, cores=2).processor == FAST
 
 
 class _Grid:
-    """What measured_on_rank reads of a course.mesh.Grid: its rank and which axis a record's group is."""
-
-    def __init__(self, rank, elements):
-        self.rank, self.elements = rank, elements
+    """What grid_axis_of reads of a course.mesh.Grid: a grid of tp = 4 on 4 ranks names no group of its own."""
+    world_size, sizes = 4, {"pp": 1, "dp": 1, "cp": 1, "tp": 4}
 
     def axis_of(self, record):
-        return {(self.elements,): "tp", (2 * self.elements,): "dp"}.get(tuple(record.shape))
+        return None
 
 
-def _two_axes(elements):
-    """On 4 ranks: an all-reduce over each tp pair ([0, 1], [2, 3]) and one twice as large over each dp pair."""
-    rank = dist.get_rank()
-    tp = [dist.new_group(r) for r in ([0, 1], [2, 3])][rank // 2]
-    dp = [dist.new_group(r) for r in ([0, 2], [1, 3])][rank % 2]
+def test_a_record_on_the_default_group_is_the_axis_that_spans_the_world():
+    axis_of = grid_costs.grid_axis_of(_Grid())
+    assert axis_of(CommRecord(0, "all_gather", (4,), "float32", 16, 4, None, False, "ring", 48)) == "tp"
+    assert axis_of(CommRecord(0, "isend", (4,), "float32", 16, 4, 1, True, "p2p", 16)) is None
+
+
+# --- a real run of lab 9's step (course.grid_step) with correct stand-ins for the students' four answers ---
+TINY = gpt.Config(vocab=64, width=16, heads=4, layers=4, sequence=8)
+
+
+class _VocabCrossEntropy(torch.autograd.Function):
+    """Vocabulary-parallel cross-entropy: the max, the sum of exponentials and the target's logit
+    all-reduced over the tp group, (b, t) each; backward softmax − one-hot on the shard, no message."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, group):
+        rows, start = logits.shape[-1], dist.get_rank(group) * logits.shape[-1]
+        largest = logits.detach().amax(-1)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits.detach() - largest[..., None]
+        exps = shifted.exp()
+        total = exps.sum(-1)
+        dist.all_reduce(total, group=group)
+        mine = (targets >= start) & (targets < start + rows)
+        local = (targets - start).clamp(0, rows - 1)
+        picked = shifted.gather(-1, local[..., None])[..., 0] * mine
+        dist.all_reduce(picked, group=group)
+        counted = targets != gpt.IGNORE
+        ctx.save_for_backward(exps / total[..., None], local, mine & counted, counted)
+        return (total.log() - picked) * counted
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local, mine, counted = ctx.saved_tensors
+        out = softmax.scatter_add(-1, local[..., None], -mine[..., None].to(softmax.dtype))
+        return out * (grad * counted)[..., None], None, None
+
+
+def _cross_entropy(logits, targets, group):
+    return _VocabCrossEntropy.apply(logits, targets, group)
+
+
+def _micro_batch_loss(token_losses, targets, step_targets, grid):
+    counted = torch.tensor(float(gpt.counted_tokens(step_targets)))
+    dist.all_reduce(counted, group=grid.groups["dp_cp"])
+    return token_losses.sum() / counted
+
+
+def _reduce_gradients(stage, grid):
+    for name, p in stage.named_parameters():
+        if not stage.split_over_tp(name):
+            dist.all_reduce(p.grad, group=grid.groups["tp"])
+        dist.all_reduce(p.grad, group=grid.groups["dp_cp"])
+        if stage.tied(name):
+            dist.all_reduce(p.grad, group=grid.groups["embedding"])
+
+
+def _grad_norm(stage, grid):
+    squares = torch.zeros((), dtype=torch.float64)
+    for name, p in stage.named_parameters():
+        if (stage.split_over_tp(name) or grid.coords["tp"] == 0) and not (stage.tied(name) and not stage.first_stage):
+            squares += p.grad.double().square().sum()
+    dist.all_reduce(squares, group=grid.groups["tp"])
+    dist.all_reduce(squares, group=grid.groups["pp"])
+    return float(squares.sqrt())
+
+
+def _twice_over_the_replicas(stage, grid):
+    """A classic mistake: the gradients reduced twice over dp·cp (the loss stays right, the bytes do not)."""
+    _reduce_gradients(stage, grid)
+    for p in stage.parameters():
+        dist.all_reduce(p.grad, group=grid.groups["dp_cp"])
+
+
+def _lab_step(sizes, batches, micro_batches, reduce_gradients):
+    """On every rank of `sizes`: one step's records (tensors, not scalars) by axis and formula, then
+    measure_steps on the rest of the batches."""
+    from course import grid_step
+    grid = mesh.Grid.from_device_mesh(sizes)
+    trainer = grid_step.Trainer(TINY, grid, micro_batches=micro_batches, cross_entropy=_cross_entropy,
+                                micro_batch_loss=_micro_batch_loss, reduce_gradients=reduce_gradients,
+                                grad_norm=_grad_norm)
     log = recorder.active().log
     start = len(log)
-    dist.all_reduce(torch.ones(elements), group=tp)
-    dist.all_reduce(torch.ones(2 * elements), group=dp)
-    return grid_costs.measured_on_rank(_Grid(rank, elements), log[start:], [0.1], 1000)
+    trainer.step(*batches[0])
+    tensors = [r for r in log[start:] if r.nbytes > 16]              # lab_bytes leaves the scalars out
+    return (grid.coords["pp"], grid_costs.bytes_per_axis(tensors, formula=True),
+            grid_costs.measure_steps(trainer, batches[1:]) if len(batches) > 2 else None)
 
 
-def test_a_launched_runs_bytes_per_axis_are_its_all_reduces():
-    run = course.launch(_two_axes, 4, args=(4096,))
-    for rank, seen in enumerate(run):
-        assert seen.ranks == [rank]
-        # a ring all-reduce over 2 ranks sends the tensor once; the wire adds a few bytes of headers
-        assert seen.sent["tp"] == pytest.approx(4096 * 4, rel=0.05), f"rank {rank}: {seen.sent}"
-        assert seen.sent["dp"] == pytest.approx(2 * 4096 * 4, rel=0.05), f"rank {rank}: {seen.sent}"
+@pytest.mark.parametrize("sizes", [{"pp": 2, "tp": 2}, {"dp": 2, "cp": 2}])
+def test_a_grid_steps_bytes_are_the_labs_formula(sizes):
+    batch, micro_batches = 4, 2
+    batches = gpt.token_batches(TINY, batch=batch, steps=3, seed=1)
+    run = course.launch(_lab_step, 4, args=(sizes, batches, micro_batches, _reduce_gradients))
+    for rank, (stage, counted, seen) in enumerate(run):
+        expected = grid_costs.totals(grid_costs.lab_bytes(TINY, sizes, batch=batch, micro_batches=micro_batches,
+                                                          stage=stage))
+        for axis in (*grid_costs.AXES, "embedding"):
+            assert counted[axis] == pytest.approx(expected[axis], rel=1e-12), (
+                f"rank {rank} ({sizes}), axis {axis}: the step's records sent {counted[axis]} bytes by their "
+                f"formulas, lab_bytes says {expected[axis]}")
+        assert counted["other"] == 0
+        for axis, formula in seen.formula.items():     # the wire adds gloo's 48 bytes a message: tiny tensors here
+            assert formula <= seen.sent[axis] <= 2 * formula + 1024, f"rank {rank}, {axis}: {seen}"
+        assert seen.memory > 4 * grid_costs.parameter_count(TINY) / 4 and seen.seconds > 0
+    worst = grid_costs.busiest([seen for _, _, seen in run])
+    assert worst.ranks == [0, 1, 2, 3]
+
+
+def test_a_reduction_done_twice_sends_more_than_the_formula():
+    sizes, batch = {"dp": 2, "tp": 2}, 4
+    batches = gpt.token_batches(TINY, batch=batch, steps=2, seed=2)
+    run = course.launch(_lab_step, 4, args=(sizes, batches, 1, _twice_over_the_replicas))
+    parts = grid_costs.lab_bytes(TINY, sizes, batch=batch, micro_batches=1, stage=0)
+    for _, counted, _ in run:
+        assert counted["dp"] == pytest.approx(grid_costs.totals(parts)["dp"] + parts["dp"]["gradients"], rel=1e-12)
+        assert counted["tp"] == pytest.approx(grid_costs.totals(parts)["tp"], rel=1e-12)

@@ -92,8 +92,7 @@ def step_gradients(stage, grid, inputs, targets, *, micro_batches: int, cross_en
                 x = x.to(device).requires_grad_()
             out = stage(x, positions)
             if grid.last_stage:
-                out = micro_batch_loss(cross_entropy(out, target_parts[i], grid.groups["tp"]), target_parts[i],
-                                       step_targets, grid)
+                out = _checked_loss(grid, i, cross_entropy, micro_batch_loss, out, target_parts[i], step_targets)
                 loss += out.detach().double().cpu()
             else:
                 sends.append(dist.isend(_to_send(out), grid.next_rank, group=group))
@@ -116,6 +115,23 @@ def step_gradients(stage, grid, inputs, targets, *, micro_batches: int, cross_en
         if pp > 1:
             dist.broadcast(loss, grid.ranks["pp"][-1], group=group)
     return float(loss)
+
+
+def _checked_loss(grid, i, cross_entropy, micro_batch_loss, logits, targets, step_targets) -> torch.Tensor:
+    """Micro-batch i's loss from the students' two functions, refused in words where it cannot be backpropagated."""
+    token_losses = cross_entropy(logits, targets, grid.groups["tp"])
+    where = f"rank {grid.rank} ({grid.describe()}), micro-batch {i}"
+    if not isinstance(token_losses, torch.Tensor) or tuple(token_losses.shape) != tuple(targets.shape):
+        got = tuple(token_losses.shape) if isinstance(token_losses, torch.Tensor) else type(token_losses).__name__
+        raise ValueError(f"{where}: cross_entropy returned {got}, expected one loss per token, the targets' shape "
+                         f"{tuple(targets.shape)}")
+    loss = micro_batch_loss(token_losses, targets, step_targets, grid)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
+        got = f"shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}" if isinstance(loss, torch.Tensor) \
+            else type(loss).__name__
+        raise ValueError(f"{where}: micro_batch_loss returned {got}; it must return one number, a tensor of "
+                         f"shape () computed from token_losses (not detached), for backward")
+    return loss
 
 
 def _to_send(tensor: torch.Tensor) -> torch.Tensor:

@@ -100,6 +100,12 @@ def _train(sizes, batches, micro_batches, variants, full_grads=None):
             grid_step.local_batch(inputs[:6], targets[:6], grid, micro_batches)
         except ValueError as error:
             out["refused"] = str(error)
+        try:                               # a loss per sequence, not one number: every rank stops at once
+            grid_step.step_gradients(stage, grid, inputs, targets, micro_batches=micro_batches,
+                                     cross_entropy=cross_entropy, micro_batch_loss=lambda losses, *_: losses.sum(-1),
+                                     reduce_gradients=reduce_gradients)
+        except ValueError as error:
+            out["not one number"] = str(error)
     return out
 
 
@@ -176,6 +182,15 @@ def test_the_norm_counted_once_per_replica_diverges(data_and_tensor, one_process
 def test_a_batch_that_dp_times_micro_batches_does_not_divide_is_refused(data_and_tensor):
     results, _ = data_and_tensor
     assert "a batch of 6 sequences does not split into dp × micro_batches = 2 × 2 = 4" in results[0]["refused"]
+
+
+def test_a_micro_batch_loss_that_is_not_one_number_is_refused_naming_rank_and_shape(data_and_tensor):
+    results, _ = data_and_tensor
+    for rank in results.ranks:
+        message = results[rank]["not one number"]
+        assert message.startswith(f"rank {rank} (pp 0/1 dp {rank // 2}/2 cp 0/1 tp {rank % 2}/2), micro-batch 0: "
+                                  "micro_batch_loss returned shape (2,), requires_grad=True; it must return one "
+                                  "number"), message
 
 
 def test_records_name_the_axis_each_byte_crossed(data_and_tensor, pipeline_and_tensor):

@@ -59,7 +59,7 @@ tp, sequence parallelism has split the sequence over the tp ranks: Megatron-LM r
 Time: each all-to-all (ep − 1) messages and its bytes over the link its group spans (tp·cp·ep ranks).
 Left out: the router, uneven routing (the busiest expert's rank sets the pace) and capacity limits.
 
-Used by: course.choosing.
+Used by: course.choosing, course.grid_costs.
 """
 from __future__ import annotations
 

@@ -14,7 +14,9 @@ it), and `embedding`, the first and last stage of this rank's pipeline (the tied
 where pp is 1 or this rank is on a middle stage).
 
 Every rank must build its grid with the same lists, in the same order: creating a process group is a
-collective of the whole world. Each group is created with its axis as its description (torch's group_desc),
+collective of the whole world. Each group is created with its axis as its description (torch's group_desc; a
+DeviceMesh's are "mesh_<axis>", and where one axis spans the whole world, the grid makes that axis a group of its
+own rather than use torch's default group, which DeviceMesh reuses),
 so that course.recorder's records name it (`CommRecord.group`): `axis_of` reads it back; summing
 `record.sent` by `axis_of(record)` over `results.comm` gives the bytes a rank sent along each axis.
 
@@ -113,7 +115,10 @@ class Grid:
         made = {}
         for axis in AXES:
             line = tuple(int(r) for r in _line(table, me, axis))
-            made[axis] = {line: device_mesh.get_group(axis)}
+            group = device_mesh.get_group(axis)
+            if len(line) == world > 1:      # torch reuses the default group for an axis of the whole world
+                group = _new_group(line, axis)
+            made[axis] = {line: group}
         return cls._finish(made, place_of, sizes, device_mesh=device_mesh)
 
     @classmethod
@@ -124,10 +129,10 @@ class Grid:
         mine = {axis: next(g for g in made[axis] if rank in g) for axis in AXES}
         groups = {axis: made[axis][mine[axis]] for axis in AXES}
         ranks = {axis: list(mine[axis]) for axis in AXES}
-        # dp_cp: the same pp and tp place; one axis's own group where the other is 1
-        if sizes["cp"] == 1 or sizes["dp"] == 1:
-            axis = "dp" if sizes["cp"] == 1 else "cp"
-            groups["dp_cp"], ranks["dp_cp"] = groups[axis], list(ranks[axis])
+        # dp_cp: the same pp and tp place; a group of its own, so that its records say "dp_cp" even where its
+        # ranks are the dp (or cp) group's
+        if sizes["cp"] * sizes["dp"] == 1:
+            groups["dp_cp"], ranks["dp_cp"] = groups["dp"], list(ranks["dp"])
         else:
             for p in range(sizes["pp"]):
                 for t in range(sizes["tp"]):

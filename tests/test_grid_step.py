@@ -195,7 +195,7 @@ def test_a_micro_batch_loss_that_is_not_one_number_is_refused_naming_rank_and_sh
 
 def test_records_name_the_axis_each_byte_crossed(data_and_tensor, pipeline_and_tensor):
     per_axis = mesh.bytes_per_axis(data_and_tensor[0].comm)
-    assert per_axis.get("tp", 0) > 0 and per_axis.get("dp", 0) > 0 and per_axis.get("pp", 0) == 0
+    assert per_axis.get("tp", 0) > 0 and per_axis.get("dp_cp", 0) > 0 and per_axis.get("pp", 0) == 0
     piped = pipeline_and_tensor.comm
     sends = [r for r in piped if r.op in ("isend", "irecv")]
     assert sends and {mesh.axis_of(r) for r in sends} == {"pp"}

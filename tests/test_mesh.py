@@ -15,7 +15,7 @@ import torch.distributed as dist
 import course
 from course import gpt, mesh, recorder
 
-LAYOUTS = [{"dp": 2, "tp": 2}, {"pp": 2, "tp": 2}, {"cp": 2, "tp": 2}, {"pp": 2, "dp": 2}]
+LAYOUTS = [{"dp": 2, "tp": 2}, {"pp": 2, "tp": 2}, {"cp": 2, "tp": 2}, {"pp": 2, "dp": 2}, {"tp": 4}]
 
 
 def megatron_lists(sizes: dict) -> dict:
@@ -124,8 +124,10 @@ def test_every_record_names_the_axis_it_crossed(four_layouts):
     assert records, "the grid's all-reduces were not recorded with their group"
     for r in records:
         assert mesh.axis_of(r) == r.group and r.rank in r.group_ranks and len(r.group_ranks) == r.group_size
+    whole_world = [r for r in four_layouts.comm if r.op == "all_reduce" and r.group_size == 4 and r.shape == (1,)]
+    assert whole_world and {mesh.axis_of(r) for r in whole_world} == {"tp"}   # tp=4: not torch's default group
     named = {mesh.axis_of(r) for r in four_layouts.comm if r.op == "all_reduce"}
-    assert {"pp", "dp", "cp", "tp", "embedding"} <= named          # the dp_cp group is dp's or cp's here
+    assert {"pp", "dp", "cp", "tp", "embedding", "dp_cp"} <= named
     for rank in range(4):                               # in a rank, with its grid: a message by its peer's place
         for index, sizes in enumerate(LAYOUTS):
             if sizes.get("pp", 1) > 1:

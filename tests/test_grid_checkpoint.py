@@ -81,14 +81,16 @@ def _train(trainer, batches):
 
 
 def _save_resume(path, sizes):
-    """On 4 ranks: SAVED_BEFORE steps on pp 2 × tp 2, saved, then on without stopping; a fresh trainer of
-    another seed on `sizes` (the same ranks) loads the checkpoint and trains the same steps."""
+    """On 4 ranks: SAVED_BEFORE steps on pp 2 × tp 2, saved (the mistaken saves tried too), then on without
+    stopping; a fresh trainer of another seed on `sizes` (the same ranks) loads the checkpoint and trains the
+    same steps."""
     trainer, grid = _trainer(SAVED_ON, SAVED_SEED)
     _train(trainer, BATCHES[:SAVED_BEFORE])
-    grid_checkpoint.save(trainer, grid, path, checkpoint_state)
+    grid_checkpoint.save(trainer, grid, f"{path}/run", checkpoint_state)
     saved = _whole(trainer, grid)
+    mistakes = _mistakes(trainer, grid, path)
     on = _train(trainer, BATCHES[SAVED_BEFORE:])
-    return {"saved": saved, "on": on, "resumed": _resume(path, sizes)}
+    return {"saved": saved, "on": on, "resumed": _resume(f"{path}/run", sizes), "mistakes": mistakes}
 
 
 def _resume(path, sizes):
@@ -100,9 +102,9 @@ def _resume(path, sizes):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """pp 2 × tp 2 saved on 4 ranks, loaded on dp 2 × tp 2 by the same ranks: what each rank gathered."""
-    path = str(tmp_path_factory.mktemp("checkpoint"))
-    return path, course.launch(_save_resume, 4, args=(path, {"dp": 2, "tp": 2}), timeout=120)
+    """The checkpoint's folder, and what each of 4 ranks found (pp 2 × tp 2 saved, dp 2 × tp 2 loaded)."""
+    path = str(tmp_path_factory.mktemp("checkpoints"))
+    return f"{path}/run", course.launch(_save_resume, 4, args=(path, {"dp": 2, "tp": 2}), timeout=120)
 
 
 def _assert_same(saved, loaded):
@@ -138,10 +140,9 @@ def test_a_run_saved_on_4_ranks_resumes_on_2(saved):
         _assert_resumed(resumed[rank]["trained"], run[0]["on"], rank)
 
 
-def _mistakes(path):
+def _mistakes(trainer, grid, path):
     """On every rank of pp 2 × tp 2: what DCP alone does with the mistaken checkpoints (saved directly), and
-    what grid_checkpoint.save says of each."""
-    trainer, grid = _trainer(SAVED_ON, SAVED_SEED)
+    what grid_checkpoint.save says of each (refused before DCP: the trainer is left as it was)."""
     local = {name: p.detach() for name, p in trainer.stage.named_parameters()}
     out = {}
     for mistake in ("local layer index", "split as Replicate()", "row-split as Shard(0)", "a copy", "a plain tensor",
@@ -181,8 +182,9 @@ def _on_the_pp_mesh(local, grid):
             for key, value in checkpoint_state(local, grid).items()}
 
 
-def test_the_classic_mistakes_are_refused_where_dcp_alone_saves_them_silently(tmp_path):
-    run = course.launch(_mistakes, 4, args=(str(tmp_path),))
+def test_the_classic_mistakes_are_refused_where_dcp_alone_saves_them_silently(saved):
+    _, run = saved
+    run = {rank: dict(run[rank]["mistakes"]) for rank in run.ranks}
     whole = sum(p.numel() for p in gpt.GPT(SMALL).parameters())
     found = run[0]
     # DCP alone: stage 1's blocks written over stage 0's; every split tensor written as one rank's shard
@@ -193,7 +195,7 @@ def test_the_classic_mistakes_are_refused_where_dcp_alone_saves_them_silently(tm
              "raised KeyError on the parameters: 'no such layer'"
     assert found.pop("raises on rank 1") == raised                          # no rank left waiting in DCP
     assert run[1].pop("raises on rank 1") == "KeyError: 'no such layer'"   # the student's own error, traceback kept
-    for rank in run.ranks:
+    for rank in run:
         run[rank].pop("raises on rank 1", None)
         assert run[rank] == found                                           # every rank raises the same error
     assert ("rank 2 (pp 1/2 dp 0/1 cp 0/1 tp 0/2): the parameters' 'blocks.0.ln1.weight' is not this stage's: it "

@@ -185,7 +185,7 @@ class Grid:
         if self._tp_mesh is None:
             from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-            if self._device_mesh is not None:
+            if self._device_mesh is not None and self._device_mesh.get_group("tp") is self.groups["tp"]:
                 self._tp_mesh = self._device_mesh["tp"]
             elif hasattr(DeviceMesh, "from_group"):
                 self._tp_mesh = DeviceMesh.from_group(self.groups["tp"], placement.device().type,

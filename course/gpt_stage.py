@@ -135,16 +135,12 @@ def global_name(local: str, first_layer: int) -> str:
 def split_dim(name: str) -> int | None:
     """The dimension along which tp ranks hold different parts of the parameter `name` (local or global),
     or None where every tp rank holds it whole. As laid out, whatever the tp size (1 included)."""
-    if not _known(name):
-        raise ValueError(f"{name!r} is not a parameter of lab 9's GPT or of a stage of it")
-    return _SPLIT.get(name.split(".", 2)[2] if name.startswith("blocks.") else name)
-
-
-def _known(name: str) -> bool:
     parts = name.split(".", 2)
-    if parts[0] == "blocks":
-        return len(parts) == 3 and parts[1].isdigit() and parts[2] in _block_shapes(1)
-    return name in ("embedding.weight", "position.weight", "head.weight", "ln_f.weight", "ln_f.bias")
+    if parts[0] == "blocks" and len(parts) == 3 and parts[1].isdigit() and parts[2] in _block_shapes(1):
+        return _SPLIT.get(parts[2])
+    if name in ("embedding.weight", "position.weight", "head.weight", "ln_f.weight", "ln_f.bias"):
+        return _SPLIT.get(name)
+    raise ValueError(f"{name!r} is not a parameter of lab 9's GPT or of a stage of it")
 
 
 def _block_shapes(w: int) -> dict[str, tuple[int, ...]]:

@@ -35,12 +35,12 @@ all-reduces the whole tensor and keeps its slice, twice the bytes of NCCL's):
 - embedding, pp > 1: the tied embedding's gradient all-reduced between the first and the last stage.
 Left out: scalars (counted tokens, the loss, the gradient norm's sums: a few bytes each).
 
-Measured (`measure_steps`, in a rank, on a course.grid_step.Trainer): the bytes its records of the timed steps
-sent, binned by the group each record names (course.mesh.axis_of), a step: on the wire where gloo's are read
-(course.comm), and by each call's formula; its median step seconds, timed without memory tracking; the
-peak bytes of its tensors over one more step (course.live_memory, which counts what the chooser counts and
-also the step's temporary copies and messages). `busiest` takes each figure's largest over the ranks, the
-chooser's "busiest rank".
+Measured (`measure_steps`, in a rank, on a course.grid_step.Trainer): the bytes its records of the timed
+steps sent, binned by the group each record names (the grid's `axis_of`, course.mesh), a step: on the wire
+where gloo's are read (course.comm), and by each call's formula; its median step seconds, timed without
+memory tracking; the peak bytes of its tensors over one more step (course.live_memory: what the chooser
+counts, and also the step's temporary copies and messages). `busiest` takes each figure's largest over the
+ranks, the chooser's "busiest rank".
 
 Used in: lab 9 (09_composition).
 """
@@ -210,6 +210,13 @@ def totals(parts: dict[str, dict[str, float]]) -> dict[str, float]:
     return {axis: sum(by_part.values()) for axis, by_part in parts.items()}
 
 
+def busiest_lab_bytes(config, sizes: dict, *, batch: int, micro_batches: int) -> dict[str, float]:
+    """The lab's formula for the busiest rank, as `busiest` measures it: each axis's largest over the stages."""
+    stages = [totals(lab_bytes(config, sizes, batch=batch, micro_batches=micro_batches, stage=stage))
+              for stage in range(_sizes(sizes)["pp"])]
+    return {axis: max(stage[axis] for stage in stages) for axis in stages[0]}
+
+
 @dataclass
 class Measured:
     """One rank's (or the busiest rank's) figures: bytes sent a step by axis (on the wire where gloo's are
@@ -264,22 +271,9 @@ def measure_steps(trainer, batches) -> Measured:
     with live_memory.LiveMemory(next(trainer.stage.parameters()).device) as memory:
         memory.track(trainer.stage, list(trainer.velocities.values()))
         trainer.step(*batches[-1])
-    axis_of, steps = grid_axis_of(trainer.grid), len(batches) - 1
+    axis_of, steps = trainer.grid.axis_of, len(batches) - 1
     return Measured(bytes_per_axis(records, axis_of, steps=steps), float(memory.peak), statistics.median(timed),
                     [trainer.grid.rank], bytes_per_axis(records, axis_of, steps=steps, formula=True))
-
-
-def grid_axis_of(grid):
-    """`grid.axis_of`, and a record on the default group named by the grid's one axis that spans the world
-    (torch's DeviceMesh reuses the default group for it)."""
-    whole = [axis for axis in GRID_AXES if grid.world_size > 1 and grid.sizes[axis] == grid.world_size]
-
-    def axis_of(record):
-        axis = grid.axis_of(record)
-        if axis is None and whole and record.group_size == grid.world_size and record.op not in ("isend", "irecv"):
-            return whole[0]
-        return axis
-    return axis_of
 
 
 def busiest(per_rank: list[Measured]) -> Measured:

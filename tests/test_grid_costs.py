@@ -69,6 +69,11 @@ def test_the_lab_and_the_chooser_agree_on_the_pipeline_and_differ_by_gloo_on_tp(
         # 4 all-reduces (NCCL's reduce-scatter + all-gather): 1.5 times the bytes
         assert lab["tp"]["blocks"] == 1.5 * guess.sent["tp"]
         assert lab["embedding"]["tied gradient"] == 512 // 2 * 64 * 4           # an all-reduce over 2 ranks
+    first, last = (grid_costs.totals(grid_costs.lab_bytes(CONFIG, sizes, batch=8, micro_batches=4, stage=stage))
+                   for stage in (0, 1))
+    assert first["tp"] > last["tp"]         # the position embedding's gradient, more than ln_f's and the loss's
+    assert grid_costs.busiest_lab_bytes(CONFIG, sizes, batch=8, micro_batches=4) == {
+        axis: max(first[axis], last[axis]) for axis in first}
     middle = grid_costs.lab_bytes(CONFIG, {"pp": 4}, batch=8, micro_batches=4, stage=1)
     assert middle["pp"]["boundaries"] == 2 * 4 * 2 * 32 * 64 * 4 and middle["embedding"]["tied gradient"] == 0
     with pytest.raises(ValueError, match="batch of 6 must split into dp × micro-batches = 2 × 2"):
@@ -122,20 +127,6 @@ def test_this_machine_measures_its_processor_and_asks_for_what_it_cannot_time():
     shared = grid_costs.this_machine(4, link=timemodel.LOCAL_GLOO, processor=FAST, cores=2)
     assert shared.processor.flops == FAST.flops / 2 and shared.gpus_per_node == 4      # 4 ranks on 2 cores
     assert grid_costs.this_machine(2, link=timemodel.LOCAL_GLOO, processor=FAST, cores=2).processor == FAST
-
-
-class _Grid:
-    """What grid_axis_of reads of a course.mesh.Grid: a grid of tp = 4 on 4 ranks names no group of its own."""
-    world_size, sizes = 4, {"pp": 1, "dp": 1, "cp": 1, "tp": 4}
-
-    def axis_of(self, record):
-        return None
-
-
-def test_a_record_on_the_default_group_is_the_axis_that_spans_the_world():
-    axis_of = grid_costs.grid_axis_of(_Grid())
-    assert axis_of(CommRecord(0, "all_gather", (4,), "float32", 16, 4, None, False, "ring", 48)) == "tp"
-    assert axis_of(CommRecord(0, "isend", (4,), "float32", 16, 4, 1, True, "p2p", 16)) is None
 
 
 # --- a real run of lab 9's step (course.grid_step) with correct stand-ins for the students' four answers ---

@@ -40,6 +40,7 @@ ARGUMENTS = {
     "long_sequences.py": ["--rounds", "3"],
     "experts.py": ["--rounds", "3"],
     "expert_overlap.py": ["--rounds", "7"],
+    "composition.py": ["--rounds", "3"],
     "labs.py": ["--ranks", "4"],
     "grading.py": ["--rounds", "1"],
 }

@@ -339,11 +339,14 @@ def whole_parameters(part, mesh, pp) -> dict:
     return {name: tensor for stage in gathered for name, tensor in stage.items()}
 
 
-def bytes_per_axis(records, windows) -> dict[str, float]:
+def bytes_per_axis(records, windows, *, formula: bool = False) -> dict[str, float]:
     """Bytes one rank sent a step, by axis (course.mesh.axis_of: init_device_mesh names its groups "mesh_<axis>";
     "embedding" the tied gradient's sum; the default group's barriers and reported loss left out), over the calls
     recorded inside `windows` (training's "windows"), averaged over the steps: as gloo's sockets counted them
-    where they were read (CommRecord.sent), else by the formula."""
+    where they were read (CommRecord.sent), else, and with `formula`, by each call's formula. Sockets' bytes
+    are shared among the calls in flight together: DTensor's and pipelining's overlap, so per axis the formula
+    is the sharper count, the sockets' sum the total's check. An axis as large as the world runs on torch's
+    default group (DeviceMesh reuses it): its calls are left out with the barriers."""
     if not windows or any(window is None for window in windows):
         raise ValueError("bytes_per_axis needs the steps' windows of a launched run (training's 'windows'); "
                          "a run outside course.launch records nothing")
@@ -351,5 +354,5 @@ def bytes_per_axis(records, windows) -> dict[str, float]:
     for record in records:
         axis = axis_of(record)
         if axis is not None and any(start <= record.start <= end for start, end in windows):
-            found[axis] = found.get(axis, 0.0) + record.sent / len(windows)
+            found[axis] = found.get(axis, 0.0) + (record.predicted if formula else record.sent) / len(windows)
     return found

@@ -24,6 +24,7 @@ Used in: lab 9 (09_composition).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -134,22 +135,18 @@ class Grid:
         if sizes["cp"] * sizes["dp"] == 1:
             groups["dp_cp"], ranks["dp_cp"] = groups["dp"], list(ranks["dp"])
         else:
-            for p in range(sizes["pp"]):
-                for t in range(sizes["tp"]):
-                    line = [by_place[(p, d, c, t)] for d in range(sizes["dp"]) for c in range(sizes["cp"])]
-                    group = _new_group(line, "dp_cp")
-                    if rank in line:
-                        groups["dp_cp"], ranks["dp_cp"] = group, line
+            for p, t in itertools.product(range(sizes["pp"]), range(sizes["tp"])):
+                line = [by_place[(p, d, c, t)] for d, c in itertools.product(range(sizes["dp"]), range(sizes["cp"]))]
+                group = _new_group(line, "dp_cp")
+                if rank in line:
+                    groups["dp_cp"], ranks["dp_cp"] = group, line
         # embedding: the first and last stage of each pipeline
         groups["embedding"], ranks["embedding"] = None, None
-        if sizes["pp"] > 1:
-            for d in range(sizes["dp"]):
-                for c in range(sizes["cp"]):
-                    for t in range(sizes["tp"]):
-                        ends = [by_place[(0, d, c, t)], by_place[(sizes["pp"] - 1, d, c, t)]]
-                        group = _new_group(ends, "embedding")
-                        if rank in ends:
-                            groups["embedding"], ranks["embedding"] = group, ends
+        for d, c, t in itertools.product(*(range(sizes[a]) for a in ("dp", "cp", "tp"))) if sizes["pp"] > 1 else ():
+            ends = [by_place[(0, d, c, t)], by_place[(sizes["pp"] - 1, d, c, t)]]
+            group = _new_group(ends, "embedding")
+            if rank in ends:
+                groups["embedding"], ranks["embedding"] = group, ends
         return cls(groups, ranks, place_of, device_mesh)
 
     # --- what a rank asks -----------------------------------------------------------------------------
@@ -216,12 +213,14 @@ def _layout(sizes: dict) -> str:
 
 
 def _new_group(ranks, axis: str):
-    return dist.new_group(list(ranks), group_desc=axis)
+    try:
+        return dist.new_group(list(ranks), group_desc=axis)
+    except TypeError:      # a torch without group_desc: the group works, its records name no axis
+        return dist.new_group(list(ranks))
 
 
 def _indices(sizes: dict):
-    return [(p, d, c, t) for p in range(sizes["pp"]) for d in range(sizes["dp"])
-            for c in range(sizes["cp"]) for t in range(sizes["tp"])]
+    return list(itertools.product(*(range(sizes[a]) for a in AXES)))
 
 
 def _line(table: torch.Tensor, place: dict, axis: str) -> torch.Tensor:
@@ -300,10 +299,7 @@ def _check_lines(lists: dict, place_of: dict) -> None:
     for r, place in place_of.items():
         key = tuple(place[a] for a in AXES)
         if key in seen:
-            raise ValueError(f"ranks {seen[key]} and {r} have the same place ({_where(place)}): the groups of "
+            where = " ".join(f"{axis} {place[axis]}" for axis in AXES)
+            raise ValueError(f"ranks {seen[key]} and {r} have the same place ({where}): the groups of "
                              f"different axes must cross in one rank each")
         seen[key] = r
-
-
-def _where(place: dict) -> str:
-    return " ".join(f"{axis} {place[axis]}" for axis in AXES)

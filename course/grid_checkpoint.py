@@ -56,14 +56,30 @@ AXES = ("pp", "dp", "cp", "tp")
 
 @contextlib.contextmanager
 def folder(name: str = "lab9_checkpoint"):
-    """A fresh folder `name` under the working directory (the notebook's) for a checkpoint, removed after."""
+    """A fresh folder `name` in the working directory (the notebook's) for a checkpoint, removed after; one left
+    by an earlier run is removed first, a folder holding anything but a checkpoint's files is refused."""
+    if not isinstance(name, str) or name in ("", ".", "..") or os.sep in name or (os.altsep or os.sep) in name:
+        raise ValueError(f"a checkpoint's folder is a plain folder name in the working directory, got {name!r}")
     path = os.path.abspath(name)
-    shutil.rmtree(path, ignore_errors=True)
+    if os.path.exists(path):
+        others = [f for f in sorted(os.listdir(path)) if not _checkpoint_file(os.path.join(path, f))]
+        if others or not os.path.isdir(path):
+            raise ValueError(f"{path} holds other things than a checkpoint ({', '.join(others) or 'a file'}): "
+                             f"choose another folder name, or move them away")
+        shutil.rmtree(path)
     os.makedirs(path)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _checkpoint_file(path: str) -> bool:
+    """Whether `path` is a file DCP's file system writer makes (a checkpoint may be a folder of checkpoints)."""
+    name = os.path.basename(path)
+    if os.path.isdir(path):
+        return all(_checkpoint_file(os.path.join(path, f)) for f in os.listdir(path))
+    return name == ".metadata" or name.endswith(".distcp")
 
 
 def problems(state, local: dict, stage, grid, what: str = "parameters") -> list[str]:
@@ -84,12 +100,14 @@ def problems(state, local: dict, stage, grid, what: str = "parameters") -> list[
                          f"DTensor.from_local(tensor, grid.tp_mesh(), [placement])")
             continue
         if key not in shapes:
-            found.append(f"{said} is no parameter of the model; its names are embedding.weight, position.weight, "
-                         f"blocks.<layer>.…, ln_f.weight, ln_f.bias")
+            found.append(f"{said} is no parameter of the model; its names are embedding.weight (the last stage's "
+                         f"head.weight too: one matrix), position.weight, blocks.<layer>.…, ln_f.weight, ln_f.bias")
             continue
         if key not in expected:
-            found.append(f"{said} is not this stage's: it holds layers {_span(stage.layer_range)}; a block's "
-                         f"global name has its global layer index (the local index + {stage.first_layer})")
+            why = (f"a block's global name has its global layer index (the local index + {stage.first_layer})"
+                   if key.startswith("blocks.") else "the first stage holds the embeddings, the last ln_f and the "
+                   "output layer")
+            found.append(f"{said} is not this stage's: it holds layers {_span(stage.layer_range)}; {why}")
             continue
         ranks = [int(r) for r in value.device_mesh.mesh.flatten()]
         if ranks != list(grid.ranks["tp"]):

@@ -217,10 +217,21 @@ def test_loading_from_a_folder_without_a_checkpoint_says_so(tmp_path):
         f"there is no checkpoint in {tmp_path}: save one there first (grid_checkpoint.save)"]
 
 
-def test_folder_is_fresh_and_removed_after(tmp_path, monkeypatch):
+def test_folder_is_fresh_and_removed_after_and_refuses_to_remove_anything_else(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "old").write_text("left over")
+    (tmp_path / "run" / "older").mkdir(parents=True)
+    (tmp_path / "run" / ".metadata").write_text("an earlier run's")
+    (tmp_path / "run" / "older" / "__0_0.distcp").write_text("an earlier run's")
     with grid_checkpoint.folder("run") as path:
         assert path == str(tmp_path / "run") and not any((tmp_path / "run").iterdir())
     assert not (tmp_path / "run").exists()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("a student's")
+    with pytest.raises(ValueError, match=r"notes holds other things than a checkpoint \(mine.txt\)"):
+        with grid_checkpoint.folder("notes"):
+            pass
+    assert (tmp_path / "notes" / "mine.txt").exists()
+    for name in (".", "..", "a/b", ""):
+        with pytest.raises(ValueError, match="a plain folder name"):
+            with grid_checkpoint.folder(name):
+                pass

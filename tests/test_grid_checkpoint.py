@@ -18,7 +18,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from test_grid_step import cross_entropy, grad_norm, micro_batch_loss, reduce_gradients  # correct stand-ins
-from torch.distributed.tensor import DTensor, Replicate, Shard
+
+try:
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+except ImportError:  # torch 2.4
+    from torch.distributed._tensor import DTensor, Replicate, Shard
 
 import course
 from course import check, gpt, gpt_stage, grid_checkpoint, grid_step, mesh

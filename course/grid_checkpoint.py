@@ -10,12 +10,16 @@ replicas of what other ranks hold too (data, context, and tensor for the replica
 tensor under a global name as a DTensor: the local slice, the mesh it is split over (the rank's tensor-parallel
 group) and its placement (Shard(dim) or Replicate()) say which part of the whole tensor this rank holds. From
 those, DCP writes every piece once (replicas are deduplicated across the world) and, on load, reads for each
-rank the part its own DTensors ask for, whatever grid wrote it: a 2 × 2 × 2 run resumes on 4 × 1 × 1.
+rank the part its own DTensors ask for, whatever grid wrote it: a run saved on dp 2 × tp 2 × pp 2 (8 ranks)
+resumes on dp 4 × tp 2, or on tp 2 alone (2 ranks).
 
 `checkpoint_state(local, grid)` is the student's (lab 9's exercise 6): {local name: tensor} to {global name:
 DTensor}. `save` calls it for the stage's parameters and again for the optimizer's velocities (saved under
-"momentum/<global name>"); `load` calls it on the new grid's stage, and DCP copies the saved values into the
-DTensors' local tensors in place (so they must be the stage's own tensors, not copies).
+"momentum/<global name>"), beside the steps done ("steps_done") and the sizes of the grid that saved it
+("grid/sizes"); `load` calls it on the new grid's stage, and DCP copies the saved values into the DTensors'
+local tensors in place (so they must be the stage's own tensors, not copies). A checkpoint is a folder
+(DCP's ".metadata" and one "__<rank>_0.distcp" a saving rank); `folder` makes one in the notebook's working
+directory (under grading, the jail's /home/student/<lab>) and removes it after.
 
 DCP does not notice the classic mistakes (found on torch 2.13, gloo): a stage's layers saved under their local
 index (blocks.0 on every stage) collide and DCP keeps one stage's, silently; a split tensor declared Replicate()

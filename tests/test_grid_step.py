@@ -80,6 +80,8 @@ VARIANTS = {
 
 
 def _train(sizes, batches, micro_batches, variants, full_grads=None):
+    """Runs on every rank: each variant's training on the grid `sizes`; with `full_grads` (one process's
+    gradients of the first batch), one step's gradients and two refusals too."""
     grid = mesh.Grid.from_device_mesh(sizes)
     out = {}
     for variant in variants:
@@ -121,6 +123,11 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
+def _layouts(cases):
+    """Runs on every rank: `_train` on each case, one grid after another in one launch (a launch costs seconds)."""
+    return [_train(*case) for case in cases]
+
+
 def _one_step_gradients():
     model = gpt.GPT(CONFIG, 0)
     inputs, targets = BATCHES[0]
@@ -138,15 +145,14 @@ def one_process():
 
 def _assert_equal_to_one_process(results, one_process, variant="correct"):
     first = results[0][variant]
-    for rank in results.ranks:
-        got = results[rank][variant]
-        where = f"rank {rank}"
+    for rank, got in enumerate(results):
+        got = got[variant]
         check.assert_close(torch.tensor(got["losses"]), torch.tensor(one_process.losses), "losses", rank=rank)
         check.assert_close(torch.tensor(got["norms"]), torch.tensor(one_process.norms), "norms", rank=rank)
         check.assert_close(got["parameters"], one_process.parameters, "parameters", rank=rank)
         for name, tensor in got["parameters"].items():   # gathered copies: the same bits on every rank
-            assert torch.equal(tensor, first["parameters"][name]), (where, name)
-        assert len(got["seconds"]) == STEPS and all(s > 0 for s in got["seconds"]), where
+            assert torch.equal(tensor, first["parameters"][name]), (rank, name)
+        assert len(got["seconds"]) == STEPS and all(s > 0 for s in got["seconds"]), rank
 
 
 def _diverges(got, one_process):
@@ -155,76 +161,72 @@ def _diverges(got, one_process):
         check.assert_close(got["parameters"], one_process.parameters, "parameters")
 
 
+#: The 4-rank cases, one launch: (layout, micro-batches, variants, with the step's gradients and refusals).
+FOUR_RANKS = {
+    "dp2-tp2": ({"dp": 2, "tp": 2}, 2, ["correct", "norm once per replica"], True),
+    "pp2-tp2": ({"pp": 2, "tp": 2}, 2, ["correct", "tied gradient not summed"], False),
+    "cp2-tp2": ({"cp": 2, "tp": 2}, 2, ["correct"], False),
+    "pp4-fewer-micro-batches-than-warm-up": ({"pp": 4}, 2, ["correct"], False),   # stage 0 warms up 3 > 2
+}
+
+
 @pytest.fixture(scope="module")
-def data_and_tensor():
+def four_ranks():
     loss, grads = _one_step_gradients()
-    results = course.launch(_train, 4, args=({"dp": 2, "tp": 2}, BATCHES, 2,
-                                             ["correct", "norm once per replica"], grads), timeout=240)
-    return results, loss
+    cases = [(sizes, BATCHES, mb, variants, grads if with_grads else None)
+             for sizes, mb, variants, with_grads in FOUR_RANKS.values()]
+    results = course.launch(_layouts, 4, args=(cases,), timeout=300)
+    by_case = {name: [results[r][i] for r in results.ranks] for i, name in enumerate(FOUR_RANKS)}
+    return by_case, results.comm, loss
 
 
-def test_dp2_tp2_equals_one_process_and_its_gradients_are_one_process_s_sliced(data_and_tensor, one_process):
-    results, loss = data_and_tensor
-    _assert_equal_to_one_process(results, one_process)
-    for rank in results.ranks:
-        assert results[rank]["step loss"] == pytest.approx(loss, rel=1e-5)
-        for name, (got, expected) in results[rank]["gradients"].items():
-            check.assert_close(got, expected, f"the gradient of {name}", rank=rank)
+@pytest.mark.parametrize("case", list(FOUR_RANKS))
+def test_each_layout_on_4_ranks_equals_one_process(four_ranks, one_process, case):
+    _assert_equal_to_one_process(four_ranks[0][case], one_process)
 
 
-def test_the_norm_counted_once_per_replica_diverges(data_and_tensor, one_process):
-    results, _ = data_and_tensor
-    broken = results[0]["norm once per replica"]
+def test_dp2_tp2_s_gradients_are_one_process_s_sliced(four_ranks):
+    by_case, _, loss = four_ranks
+    for rank, got in enumerate(by_case["dp2-tp2"]):
+        assert got["step loss"] == pytest.approx(loss, rel=1e-5)
+        for name, (gradient, expected) in got["gradients"].items():
+            check.assert_close(gradient, expected, f"the gradient of {name}", rank=rank)
+
+
+def test_the_norm_counted_once_per_replica_diverges(four_ranks, one_process):
+    broken = four_ranks[0]["dp2-tp2"][0]["norm once per replica"]
     assert broken["norms"][0] == pytest.approx(one_process.norms[0] * math.sqrt(2), rel=1e-5)   # dp = 2 copies
     _diverges(broken, one_process)
 
 
-def test_a_batch_that_dp_times_micro_batches_does_not_divide_is_refused(data_and_tensor):
-    results, _ = data_and_tensor
-    assert "a batch of 6 sequences does not split into dp × micro_batches = 2 × 2 = 4" in results[0]["refused"]
+def test_the_tied_gradient_not_summed_diverges(four_ranks, one_process):
+    broken = four_ranks[0]["pp2-tp2"][0]["tied gradient not summed"]
+    assert broken["losses"][0] == pytest.approx(one_process.losses[0], rel=1e-5)   # same start, wrong update
+    _diverges(broken, one_process)
 
 
-def test_a_micro_batch_loss_that_is_not_one_number_is_refused_naming_rank_and_shape(data_and_tensor):
-    results, _ = data_and_tensor
-    for rank in results.ranks:
-        message = results[rank]["not one number"]
+def test_a_batch_that_dp_times_micro_batches_does_not_divide_is_refused(four_ranks):
+    assert "a batch of 6 sequences does not split into dp × micro_batches = 2 × 2 = 4" in \
+        four_ranks[0]["dp2-tp2"][0]["refused"]
+
+
+def test_a_micro_batch_loss_that_is_not_one_number_is_refused_naming_rank_and_shape(four_ranks):
+    for rank, got in enumerate(four_ranks[0]["dp2-tp2"]):
+        message = got["not one number"]
         assert message.startswith(f"rank {rank} (pp 0/1 dp {rank // 2}/2 cp 0/1 tp {rank % 2}/2), micro-batch 0: "
                                   "micro_batch_loss returned shape (2,), requires_grad=True; it must return one "
                                   "number"), message
 
 
-def test_records_name_the_axis_each_byte_crossed(data_and_tensor, pipeline_and_tensor):
-    per_axis = mesh.bytes_per_axis(data_and_tensor[0].comm)
-    assert per_axis.get("tp", 0) > 0 and per_axis.get("dp_cp", 0) > 0 and per_axis.get("pp", 0) == 0
-    piped = pipeline_and_tensor.comm
-    sends = [r for r in piped if r.op in ("isend", "irecv")]
-    assert sends and {mesh.axis_of(r) for r in sends} == {"pp"}
-    assert mesh.bytes_per_axis(piped).get("embedding", 0) > 0
-
-
-@pytest.fixture(scope="module")
-def pipeline_and_tensor():
-    return course.launch(_train, 4, args=({"pp": 2, "tp": 2}, BATCHES, 2, ["correct", "tied gradient not summed"]),
-                         timeout=240)
-
-
-def test_pp2_tp2_equals_one_process(pipeline_and_tensor, one_process):
-    _assert_equal_to_one_process(pipeline_and_tensor, one_process)
-
-
-def test_the_tied_gradient_not_summed_diverges(pipeline_and_tensor, one_process):
-    broken = pipeline_and_tensor[0]["tied gradient not summed"]
-    assert broken["losses"][0] == pytest.approx(one_process.losses[0], rel=1e-5)   # same start, wrong update
-    _diverges(broken, one_process)
-
-
-@pytest.mark.parametrize("sizes, micro_batches", [({"cp": 2, "tp": 2}, 2), ({"pp": 4}, 2)],
-                         ids=["cp2-tp2", "pp4-fewer-micro-batches-than-warm-up"])
-def test_more_layouts_equal_one_process(sizes, micro_batches, one_process):
-    results = course.launch(_train, 4, args=(sizes, BATCHES, micro_batches, ["correct"]), timeout=240)
-    _assert_equal_to_one_process(results, one_process)
+def test_every_byte_the_step_sends_is_on_a_named_axis(four_ranks):
+    records = four_ranks[1]
+    unnamed = [r for r in records if mesh.axis_of(r) is None]
+    assert not unnamed, f"{len(unnamed)} records on no axis of the grid, the first {unnamed[0]}"
+    per_axis = mesh.bytes_per_axis(records)
+    assert all(per_axis.get(axis, 0) > 0 for axis in ("pp", "cp", "tp", "dp_cp", "embedding")), per_axis
+    assert {mesh.axis_of(r) for r in records if r.op in ("isend", "irecv")} == {"pp"}
 
 
 def test_dp2_tp2_pp2_on_8_ranks_equals_one_process(one_process):
     results = course.launch(_train, 8, args=({"dp": 2, "tp": 2, "pp": 2}, BATCHES, 2, ["correct"]), timeout=300)
-    _assert_equal_to_one_process(results, one_process)
+    _assert_equal_to_one_process([results[r] for r in results.ranks], one_process)

@@ -179,7 +179,7 @@ class Trainer:
         if not math.isfinite(norm):
             raise ValueError(f"rank {self.grid.rank} ({self.grid.describe()}): the gradient norm is {norm} at "
                              f"step {self.steps_done}: a loss or a gradient is not a number")
-        self._update(min(1.0, self.clip / (norm + 1e-6)) if norm > self.clip else 1.0)
+        self._update(self.clip / (norm + 1e-6) if norm > self.clip else 1.0)      # as gpt.clip_ scales
         self.steps_done += 1
         _synchronize()
         self.seconds.append(time.perf_counter() - start)

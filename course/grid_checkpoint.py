@@ -198,14 +198,16 @@ def _checked(checkpoint_state, parameters: dict, velocities: dict, stage, grid) 
     every rank of the world listing what is wrong on each."""
     found, state, raised = [], {}, None
     for what, local, prefix in (("parameters", parameters, ""), ("velocities", velocities, MOMENTUM)):
+        doing = "checkpoint_state raised"
         try:
             answer = checkpoint_state(local, grid)
+            doing = "checking checkpoint_state's answer raised"
+            mine = problems(answer, local, stage, grid, what)
         except Exception as error:  # the other ranks must not wait for this one inside DCP
             raised = error
-            found.append(f"rank {grid.rank} ({grid.describe()}): checkpoint_state raised {type(error).__name__} "
-                         f"on the {what}: {error}")
+            found.append(f"rank {grid.rank} ({grid.describe()}): {doing} {type(error).__name__} on the {what}: "
+                         f"{error}")
             break
-        mine = problems(answer, local, stage, grid, what)
         found += mine
         if not mine:
             state.update({prefix + key: value for key, value in answer.items()})

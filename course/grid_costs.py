@@ -2,9 +2,9 @@
 
     cluster = grid_costs.this_machine(4, config=CONFIG)         # the link measured (2 ranks), the matmul timed
     guess = grid_costs.predicted(CONFIG, {"dp": 2, "tp": 2}, batch=8, micro_batches=2, cluster=cluster)
-    seen = grid_costs.measure_steps(trainer, batches)          # in each rank: a grid_step.Trainer's steps
-    rows = grid_costs.table(guess, grid_costs.busiest(per_rank), formula=grid_costs.totals(grid_costs.lab_bytes(
-        CONFIG, {"dp": 2, "tp": 2}, batch=8, micro_batches=2, stage=0)))
+    seen = grid_costs.measure_steps(trainer, batches)           # in each rank, on a grid_step.Trainer
+    rows = grid_costs.table(guess, grid_costs.busiest(every_ranks_seen), formula=grid_costs.busiest_lab_bytes(
+        CONFIG, {"dp": 2, "tp": 2}, batch=8, micro_batches=2))  # in the notebook's process
     grid_costs.largest_gap(rows)
 
 Predicted (`predicted`): course.layout_cost.evaluate, lab 6's chooser, asked about the same layout: the model
@@ -307,8 +307,10 @@ def table(guess: layout_cost.Option, seen: Measured, *, formula: dict[str, float
 
 
 def largest_gap(rows: list[dict]) -> dict:
-    """The row whose measurement is furthest from its prediction, by factor (either way)."""
-    rated = [row for row in rows if row["measured / predicted"]]
+    """The row whose measurement is furthest from its prediction, by factor (either way; nothing measured
+    where something was predicted is the furthest)."""
+    rated = [row for row in rows if row["measured / predicted"] is not None]
     if not rated:
         raise ValueError("no row has both a prediction and a measurement to compare")
-    return max(rated, key=lambda row: abs(math.log(row["measured / predicted"])))
+    return max(rated, key=lambda row: abs(math.log(row["measured / predicted"])) if row["measured / predicted"] > 0
+               else math.inf)

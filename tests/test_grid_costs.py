@@ -113,6 +113,8 @@ def test_the_busiest_rank_and_the_largest_gap():
                                              "step (seconds)"]
     assert rows[1]["measured / predicted"] == 1 and rows[2]["lab's formula"] == 2.0
     assert grid_costs.largest_gap(rows)["what"] == "step (seconds)"
+    nothing = grid_costs.Measured({**seen.sent, "dp": 0.0}, seen.memory, seen.seconds)    # dp's bytes never seen
+    assert grid_costs.largest_gap(grid_costs.table(guess, nothing))["what"] == "bytes a step, dp"
     with pytest.raises(ValueError, match="no row has both"):
         grid_costs.largest_gap([{"what": "x", "measured / predicted": None}])
     with pytest.raises(ValueError, match="at least one rank"):

@@ -8,6 +8,8 @@
     torchrun --nproc-per-node=4 -m course_tools run 06_pipeline_parallel --schedule gpipe --micro-batches 4
     torchrun --nproc-per-node=4 -m course_tools run 07_long_sequences --sequence 4096
     torchrun --nproc-per-node=4 -m course_tools run 08_experts --experts 8
+    torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d \\
+             --rdzv-endpoint=HOST:29500 -m course_tools run 09_composition --layout pp=2,dp=2,tp=2
 
 It belongs with the instructor's tools, not in `course/`: it runs the answers.
 The training is the solution notebook's own function (loaded with

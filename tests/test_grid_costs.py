@@ -59,6 +59,15 @@ def test_the_prediction_is_the_choosers_for_the_lab_s_training():
     assert guess.sent["pp"] == guess.sent["cp"] == 0 and guess.seconds["bubble"] == 0
 
 
+def test_what_cannot_be_predicted_or_measured_is_refused_in_words():
+    with pytest.raises(ValueError, match=r"heads \(4,\) do not split over 8 tp ranks"):
+        grid_costs.predicted(CONFIG, {"tp": 8}, batch=8, micro_batches=1, cluster=_cluster(8))
+    with pytest.raises(ValueError, match="needs at least 2 batches"):
+        grid_costs.measure_steps(None, gpt.token_batches(SMALL, batch=2, steps=1))
+    with pytest.raises(ValueError, match="inside a launched function"):
+        grid_costs.measure_steps(None, gpt.token_batches(SMALL, batch=2, steps=2))
+
+
 def test_the_lab_and_the_chooser_agree_on_the_pipeline_and_differ_by_gloo_on_tp():
     sizes = {"pp": 2, "tp": 2}
     guess = grid_costs.predicted(CONFIG, sizes, batch=8, micro_batches=4, cluster=_cluster())

@@ -280,30 +280,24 @@ def busiest(per_rank: list[Measured]) -> Measured:
     """The chooser's busiest rank: each figure's largest over the ranks (not always one rank's)."""
     if not per_rank:
         raise ValueError("busiest needs the figures of at least one rank")
-    axes = {axis for m in per_rank for axis in m.sent}
-    formula_axes = {axis for m in per_rank for axis in m.formula}
-    return Measured({axis: max(m.sent.get(axis, 0.0) for m in per_rank) for axis in sorted(axes)},
-                    max(m.memory for m in per_rank), max(m.seconds for m in per_rank),
-                    sorted(r for m in per_rank for r in m.ranks),
-                    {axis: max(m.formula.get(axis, 0.0) for m in per_rank) for axis in sorted(formula_axes)})
+
+    def largest(kind):
+        return {axis: max(getattr(m, kind).get(axis, 0.0) for m in per_rank)
+                for axis in sorted({axis for m in per_rank for axis in getattr(m, kind)})}
+    return Measured(largest("sent"), max(m.memory for m in per_rank), max(m.seconds for m in per_rank),
+                    sorted(r for m in per_rank for r in m.ranks), largest("formula"))
 
 
 def table(guess: layout_cost.Option, seen: Measured, *, formula: dict[str, float] | None = None) -> list[dict]:
     """Rows of (what, predicted, measured, measured / predicted[, the lab's formula]): memory a rank, bytes a
     rank by axis, step seconds. The ratio is None where the chooser predicts nothing."""
+    lab = formula or {}
     rows = [("memory a rank (bytes)", guess.memory["total"], seen.memory, None)]
-    for axis in (*AXES, "embedding"):
-        if guess.sent.get(axis) or seen.sent.get(axis) or (formula or {}).get(axis):
-            rows.append((f"bytes a step, {axis}", guess.sent.get(axis, 0.0), seen.sent.get(axis, 0.0),
-                         (formula or {}).get(axis)))
+    rows += [(f"bytes a step, {axis}", guess.sent.get(axis, 0.0), seen.sent.get(axis, 0.0), lab.get(axis))
+             for axis in (*AXES, "embedding") if guess.sent.get(axis) or seen.sent.get(axis) or lab.get(axis)]
     rows.append(("step (seconds)", guess.seconds["total"], seen.seconds, None))
-    out = []
-    for what, p, m, f in rows:
-        row = {"what": what, "predicted": p, "measured": m, "measured / predicted": m / p if p else None}
-        if formula is not None:
-            row["lab's formula"] = f
-        out.append(row)
-    return out
+    return [{"what": what, "predicted": p, "measured": m, "measured / predicted": m / p if p else None,
+             **({"lab's formula": f} if formula is not None else {})} for what, p, m, f in rows]
 
 
 def largest_gap(rows: list[dict]) -> dict:

@@ -306,19 +306,36 @@ def _schedule(part, mesh, p_idx, micro_batches, rows, config, loss_fn):
 
 
 def _clip(part, clip, mesh, pp, skip_head) -> float:
-    """The whole model's gradient norm (each parameter once), then every gradient scaled as clip_grad_norm_."""
-    squares = torch.zeros((), dtype=torch.float64, device=mesh.device_type)
+    """The whole model's gradient norm (each parameter once), then every gradient scaled as clip_grad_norm_
+    scales it. Each gradient is first made to have its parameter's placements (a Partial one, as the layer
+    norms' under sequence parallelism, summed); then each rank's squares, grouped by the mesh dimensions their
+    parameters are sharded over, are summed over those only (replicated ones counted once), and over pp."""
+    (DTensor,) = _dtensor("DTensor")
+    squares: dict = {}
     grads = []
     for name, p in part.named_parameters():
         if p.grad is None:
             continue
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+            p.grad = p.grad.redistribute(placements=p.placements)
         grads.append(p.grad)
-        if skip_head and name == "head.weight":
+        if skip_head and name == "head.weight":         # the tied copy: counted on the first stage
             continue
-        squares += _full(p.grad).double().square().sum()
+        key, local = (None, ()), p.grad
+        if isinstance(p.grad, DTensor):
+            # every dimension the parameter is cut along (Shard, or FSDP's _StridedShard over a tp cut, which
+            # is_shard() does not name at torch 2.13): not Replicate
+            key = (p.device_mesh, tuple(i for i, placement in enumerate(p.placements) if not placement.is_replicate()))
+            local = p.grad.to_local()
+        squares[key] = squares.get(key, 0.0) + local.double().square().sum()
+    total = torch.zeros((), dtype=torch.float64, device=mesh.device_type)
+    for (device_mesh, dims), part_squares in squares.items():
+        for dim in dims:
+            dist.all_reduce(part_squares, group=device_mesh.get_group(dim))
+        total += part_squares
     if pp > 1:
-        dist.all_reduce(squares, group=mesh["pp"].get_group())
-    norm = float(squares.sqrt())
+        dist.all_reduce(total, group=mesh["pp"].get_group())
+    norm = float(total.sqrt())
     if norm > clip:
         for g in grads:
             g.mul_(clip / (norm + 1e-6))

@@ -12,8 +12,9 @@ is lab 9's GPT (`model_of`: its parameters counted from its shapes, no dropout),
 fp32 buffer a parameter), 1F1B over the micro-batches, nothing recomputed, sequence parallelism on, and ZeRO-1
 over the dp·cp replicas (`layout_of`), as the lab trains. The cluster is this machine (`this_machine`): every
 rank on one node, so every group uses one link, measured by course.link_probe (a ping-pong of 2 ranks, alpha
-and beta); the compute rate measured by timing the model's largest matmul in this process (`matmul_rate`,
-efficiency 1: a measured rate, not a peak); the memory a quarter of this machine's (presets.LOCAL_MEMORY,
+and beta); the compute rate measured by timing the model's largest matmul on the ranks' device, on one
+thread as each CPU rank runs (`matmul_rate`, efficiency 1: a measured rate, not a peak), shared evenly where
+ranks outnumber the cores or GPUs (assumed); the memory a quarter of this machine's (presets.LOCAL_MEMORY,
 assumed). The chooser models cp as ring attention (K and V passed around the ring); the lab all-gathers K and
 V instead (lab 7's simple form): `lab_bytes` says what that sends.
 
@@ -91,47 +92,54 @@ def layout_of(sizes: dict, micro_batches: int) -> choosing.Layout:
                            m=layout_cost.whole(micro_batches, "micro_batches"), cp=s["cp"])
 
 
-def matmul_rate(config, *, rows: int = 256, repeats: int = 20) -> timemodel.Processor:
+def matmul_rate(config, *, rows: int = 256, repeats: int = 20, device: str = "cpu") -> timemodel.Processor:
     """One rank's compute rate, measured: the median time of the model's largest matmul, (rows, w) @ (w, 4w),
-    on one thread, as course.launch runs each rank. A measured rate: efficiency 1."""
+    on `device`, on one thread as course.launch runs each CPU rank. A measured rate: efficiency 1."""
     import torch
-    a, b = torch.randn(rows, config.width), torch.randn(config.width, 4 * config.width)
+    a, b = (torch.randn(shape, device=device) for shape in ((rows, config.width), (config.width, 4 * config.width)))
     threads, times = torch.get_num_threads(), []
+    wait = torch.cuda.synchronize if a.is_cuda else (lambda: None)
     torch.set_num_threads(1)
     try:
         for _ in range(repeats + 1):
+            wait()
             started = time.perf_counter()
             a @ b
+            wait()
             times.append(time.perf_counter() - started)
     finally:
         torch.set_num_threads(threads)
     rate = 2 * rows * config.width * 4 * config.width / statistics.median(times[1:])
-    return timemodel.Processor("this machine, one thread (measured)", rate, 1.0,
+    where = "one thread" if device == "cpu" else device
+    return timemodel.Processor(f"this machine, {where} (measured)", rate, 1.0,
                                f"course.grid_costs.matmul_rate: median of {repeats} matmuls ({rows}, {config.width}) "
-                               f"@ ({config.width}, {4 * config.width}) on one thread, {rate / 1e9:.1f} GFLOP/s")
+                               f"@ ({config.width}, {4 * config.width}) on {where}, {rate / 1e9:.1f} GFLOP/s")
 
 
 def this_machine(ranks: int, *, link: timemodel.Link | None = None, processor: timemodel.Processor | None = None,
                  config=None, cores: int | None = None) -> presets.Cluster:
-    """This machine as the chooser's Cluster: `ranks` CPU ranks on one node, the link measured by
-    course.link_probe (2 ranks, about a second) unless given, the processor `matmul_rate` unless given. With
-    more ranks than `cores` (this process's CPUs by default), each rank gets cores/ranks of its rate (assumed:
-    the ranks share the cores evenly)."""
+    """This machine as the chooser's Cluster: `ranks` ranks on one node, placed as course.launch places them;
+    the link measured by course.link_probe (2 ranks, about a second) unless given, the processor `matmul_rate`
+    on the ranks' device unless given. Ranks that outnumber the CPU `cores` (this process's CPUs by default),
+    or the GPUs they share, each get their share of its rate (assumed: shared evenly). Memory: a quarter of
+    this machine's (presets.LOCAL_MEMORY), whatever the device: the table compares it, nothing is refused."""
+    from course import placement
     transfer.check_ranks(ranks)
+    devices = placement.choose(ranks).devices
     if link is None:
         from course import link_probe
         link = link_probe.measure()
     if processor is None:
         if config is None:
             raise ValueError("this_machine needs the model's config to time its matmul, or a processor")
-        processor = matmul_rate(config)
+        processor = matmul_rate(config, device=devices[0])
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if ranks > cores:
-        processor = dataclasses.replace(processor, flops=processor.flops * cores / ranks,
-                                        name=f"{processor.name}, {ranks} ranks sharing {cores} cores")
-    return presets.Cluster(f"this machine: {ranks} CPU ranks, gloo", ranks, processor, None, presets.LOCAL_MEMORY,
-                           link, link)
+    units, what = (cores, "cores") if devices[0] == "cpu" else (len(set(devices)), "GPUs")
+    if ranks > units:
+        processor = dataclasses.replace(processor, flops=processor.flops * units / ranks,
+                                        name=f"{processor.name}, {ranks} ranks sharing {units} {what}")
+    return presets.Cluster(f"this machine: {ranks} ranks", ranks, processor, None, presets.LOCAL_MEMORY, link, link)
 
 
 def predicted(config, sizes: dict, *, batch: int, micro_batches: int, cluster: presets.Cluster) -> layout_cost.Option:

@@ -142,12 +142,14 @@ def main(argv=None):
     eight = os.cpu_count() >= 8
     layouts = list(settings["layouts"]) + (list(settings["eight"]) if eight else [])
     placement = course.placement.choose(4)
+    load = os.getloadavg()[0]
     figures = {"quick": args.quick, "rounds": args.rounds, "cores": os.cpu_count(), "backend": placement.backend,
                "config": dataclasses.asdict(settings["config"]),
                "batch": settings["batch"],
                "skipped": [] if eight else [{"layout": dict(sizes), "why": f"8 ranks on {os.cpu_count()} cores"}
                                             for sizes in settings["eight"]],
                "layouts": [layout_row(settings, sizes, args.rounds, answers) for sizes in layouts]}
+    figures["load"] = [load, os.getloadavg()[0]]        # the machine's 1-minute load average, before and after
     emit(args.json, title="Lab 9's grid against PyTorch's own parts", markdown=markdown(figures),
          headline=headline(figures), figures=figures)
 
@@ -170,7 +172,8 @@ def headline(figures) -> list[dict]:
 def markdown(figures) -> str:
     c = figures["config"]
     quick = "; **--quick**: a small model, not figures" if figures["quick"] else ""
-    lines = [f"{figures['backend']}, {figures['cores']} cores{quick}. gpt.GPT of vocabulary {c['vocab']}, width "
+    lines = [f"{figures['backend']}, {figures['cores']} cores, load average {figures['load'][0]:.1f} before and "
+             f"{figures['load'][1]:.1f} after{quick}. gpt.GPT of vocabulary {c['vocab']}, width "
              f"{c['width']}, {c['heads']} heads, {c['layers']} layers, {c['sequence']} tokens, batch "
              f"{figures['batch']}. Medians and ranges over {count(figures['rounds'], 'round')}, a round one step of "
              "each grid after a barrier, their order swapped round by round, the slowest rank's time; course "
@@ -200,11 +203,12 @@ def markdown(figures) -> str:
     for skipped in figures["skipped"]:
         lines.append(f"\nNot run: {layout_text(skipped['layout'])} ({skipped['why']}: one core a rank, or the "
                      "times measure the machine's sharing).")
-    lines += ["", "What differs by construction: the lab's grid reduces gradients with all-reduces over dp and "
-              "updates ZeRO-1 chunks (one all-gather), PyTorch's with fully_shard (ZeRO-3: the parameters "
-              "all-gathered in forward and again in backward, the gradients reduce-scattered); PyTorch's tensor "
-              "parallelism all-gathers the sequence for the output layer and reduces its loss with loss_parallel, "
-              "and its layer norms' and position embedding's gradients are reduced by DTensor."]
+    lines += ["", "What differs by construction: on dp, the lab's grid all-reduces the gradients and all-gathers "
+              "its ZeRO-1 chunks once; fully_shard (ZeRO-3) all-gathers the parameters in forward and again in "
+              "backward and reduce-scatters the gradients, which gloo, having no reduce-scatter, runs as an "
+              "all-reduce. With pp and dp, fully_shard has cut the tied embedding's gradient over dp, so its sum "
+              "over the first and last stage carries a 1/dp slice where the lab's grid sums it whole. On tp and "
+              "pp both send what sequence parallelism and 1F1B send."]
     return "\n".join(lines)
 
 

@@ -38,7 +38,8 @@ Left out: scalars (counted tokens, the loss, the gradient norm's sums: a few byt
 
 Measured (`measure_steps`, in a rank, on a course.grid_step.Trainer): the bytes its records of the timed
 steps sent, binned by the group each record names (the grid's `axis_of`, course.mesh), a step: on the wire
-where gloo's are read (course.comm), and by each call's formula; its median step seconds, timed without
+where gloo's are read (course.comm), and by each call's formula, and how many calls (each pays the link's
+alpha at least once); its median step seconds, timed without
 memory tracking; the peak bytes of its tensors over one more step (course.live_memory: what the chooser
 counts, and also the step's temporary copies and messages). `busiest` takes each figure's largest over the
 ranks, the chooser's "busiest rank".
@@ -234,13 +235,15 @@ class Measured:
     seconds: float
     ranks: list[int] = field(default_factory=list)
     formula: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, float] = field(default_factory=dict)    # collectives and messages a step, by axis
 
 
-def bytes_per_axis(records, axis_of=None, *, steps: int = 1, formula: bool = False) -> dict[str, float]:
+def bytes_per_axis(records, axis_of=None, *, steps: int = 1, formula: bool = False,
+                   calls: bool = False) -> dict[str, float]:
     """The bytes the records sent a step (`record.sent`: wire bytes where measured; with `formula`,
     `record.predicted`, each call's bytes by course.transfer's formula), by `axis_of(record)` (course.mesh's
     by default: the group each record names); a record no axis claims goes to "other"; "dp_cp" is the
-    chooser's "dp" (the replicas' reduction)."""
+    chooser's "dp" (the replicas' reduction). With `calls`, the calls a step instead of their bytes."""
     transfer.check_ranks(steps, "steps", counting="steps")
     if axis_of is None:
         from course import mesh
@@ -252,7 +255,7 @@ def bytes_per_axis(records, axis_of=None, *, steps: int = 1, formula: bool = Fal
         if axis not in out:
             raise ValueError(f"axis_of named {axis!r} for a record of {record.op} (rank {record.rank}); "
                              f"name one of {list(out)} or None")
-        out[axis] += (record.predicted if formula else record.sent) / steps
+        out[axis] += (1 if calls else record.predicted if formula else record.sent) / steps
     return out
 
 
@@ -281,7 +284,8 @@ def measure_steps(trainer, batches) -> Measured:
         trainer.step(*batches[-1])
     axis_of, steps = trainer.grid.axis_of, len(batches) - 1
     return Measured(bytes_per_axis(records, axis_of, steps=steps), float(memory.peak), statistics.median(timed),
-                    [trainer.grid.rank], bytes_per_axis(records, axis_of, steps=steps, formula=True))
+                    [trainer.grid.rank], bytes_per_axis(records, axis_of, steps=steps, formula=True),
+                    bytes_per_axis(records, axis_of, steps=steps, calls=True))
 
 
 def busiest(per_rank: list[Measured]) -> Measured:
@@ -293,7 +297,7 @@ def busiest(per_rank: list[Measured]) -> Measured:
         return {axis: max(getattr(m, kind).get(axis, 0.0) for m in per_rank)
                 for axis in sorted({axis for m in per_rank for axis in getattr(m, kind)})}
     return Measured(largest("sent"), max(m.memory for m in per_rank), max(m.seconds for m in per_rank),
-                    sorted(r for m in per_rank for r in m.ranks), largest("formula"))
+                    sorted(r for m in per_rank for r in m.ranks), largest("formula"), largest("calls"))
 
 
 def table(guess: layout_cost.Option, seen: Measured, *, formula: dict[str, float] | None = None) -> list[dict]:

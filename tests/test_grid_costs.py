@@ -105,6 +105,7 @@ def test_bytes_are_binned_by_axis_and_a_step():
     axes = {"all_reduce": "dp_cp", "all_gather": "tp", "send": "pp"}
     sent = grid_costs.bytes_per_axis(records, lambda r: axes.get(r.op), steps=2)
     assert sent == {"dp": 50, "tp": 20, "pp": 4, "cp": 0, "embedding": 0, "other": 0}
+    assert grid_costs.bytes_per_axis(records, lambda r: axes.get(r.op), calls=True)["other"] == 1   # the barrier
     with pytest.raises(ValueError, match=r"axis_of named 'model' for a record of all_reduce \(rank 0\)"):
         grid_costs.bytes_per_axis(records, lambda r: "model")
 
@@ -251,5 +252,6 @@ def test_a_grid_steps_bytes_are_the_labs_formula_and_a_reduction_done_twice_is_n
         for axis, formula in seen.formula.items():     # the wire adds gloo's 48 bytes a message: tiny tensors here
             assert formula <= seen.sent[axis] <= 2 * formula + 1024, f"rank {rank}, {axis}: {seen}"
         assert seen.memory >= 3 * 4 * held and seen.seconds > 0   # parameters, gradients, velocities: float32
+        assert all(seen.calls[axis] >= 1 for axis, sent in seen.formula.items() if sent)
     worst = grid_costs.busiest([seen for *_, seen in run])
     assert worst.ranks == [0, 1, 2, 3]

@@ -29,9 +29,13 @@ What PyTorch's parts do not do here, and what stands in (each said where it happ
 - Weights tied across pipeline stages: torch.distributed.pipelining has no tied parameters (torchtitan unties
   them). The last stage holds its own copy of the embedding's shard (as the course's grid does) and the two
   gradients are summed with one `all_reduce` over the group of the first and last stage, by hand.
-- The gradient's norm over pipeline stages: `clip_grad_norm_` sees one stage's parameters; each stage's
-  squared norm (the tied copy skipped on the last stage) is all-reduced over pp by hand, and the gradients
-  scaled as torch would (torchtitan does the same).
+- The gradient's norm: `clip_grad_norm_` sees one stage's parameters, so it is taken by hand, as its
+  DTensor norms take it: each rank's squares summed over the mesh dimensions its parameter is cut along
+  (replicated ones counted once), then over pp (the tied copy skipped on the last stage, as torchtitan
+  skips nothing only because it unties); the gradients scaled as torch scales them.
+- Everything else composes on CPU ranks at torch 2.13: pp × dp × tp = 2 × 2 × 2 on 8 ranks (fully_shard on
+  the (dp, tp) sub-mesh of parameters parallelize_module already split, inside pipeline stages) trains as one
+  process within the tolerance above (bench/composition.py runs it where the machine has 8 cores).
 - Context parallelism: `torch.distributed.tensor.experimental.context_parallel` shards only
   scaled_dot_product_attention's CUDA kernels (flash, efficient, cuDNN); on CPU ranks at torch 2.13 it
   raises, so no layout here has cp (tests/test_native_grid.py holds that it still does).
@@ -49,27 +53,22 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from course import gpt, placement, timeline
-from course.mesh import axis_of
+from course import gpt, gpt_stage, mesh, placement, timeline
 
 #: The axes of the mesh, outermost first (lab 9's order, without cp).
 AXES = ("pp", "dp", "tp")
 
 
 def check_layout(config: gpt.Config, sizes: dict, world_size: int, *, batch: int, micro_batches: int) -> dict:
-    """The sizes of every axis (absent = 1), refused with both numbers when the model or world cannot take them."""
-    unknown = set(sizes) - set(AXES)
-    if unknown:
-        raise ValueError(f"native_grid runs the axes {', '.join(AXES)}; {', '.join(sorted(unknown))} is not one "
-                         "(context parallelism does not run on CPU ranks at torch 2.13: see the module's docstring)")
-    sizes = {axis: int(sizes.get(axis, 1)) for axis in AXES}
-    product = math.prod(sizes.values())
-    if product != world_size:
-        raise ValueError(f"the layout {sizes} needs {product} ranks, the world has {world_size}")
-    for what, number, axis in (("heads", config.heads, "tp"), ("vocabulary", config.vocab, "tp"),
-                               ("sequence", config.sequence, "tp"), ("layers", config.layers, "pp")):
-        if number % sizes[axis]:
-            raise ValueError(f"{axis}={sizes[axis]} does not divide the model's {what} ({number})")
+    """The sizes of every axis (absent = 1), refused with both numbers when the model or world cannot take them
+    (the model's refusals are course.gpt_stage's, the course's grid's)."""
+    if "cp" in sizes:
+        raise ValueError("native_grid runs the axes pp, dp and tp: context parallelism does not run on CPU ranks "
+                         "at torch 2.13 (see the module's docstring)")
+    sizes = {axis: size for axis, size in mesh.sizes_of(sizes).items() if axis in AXES}
+    if math.prod(sizes.values()) != world_size:
+        raise ValueError(f"the layout {sizes} needs {math.prod(sizes.values())} ranks, the world has {world_size}")
+    gpt_stage.check_layout(config, sizes)
     rows = sizes["dp"] * (micro_batches if sizes["pp"] > 1 else 1)
     if batch % rows:
         raise ValueError(f"a batch of {batch} does not split into dp={sizes['dp']} × {micro_batches} micro-batches")
@@ -279,9 +278,9 @@ def _fsdp2():
     return fully_shard
 
 
-def _embedding_group(mesh, pp: int):
+def _embedding_group(device_mesh, pp: int):
     """The first and last stage of each pp group, a group each (every rank creates every one, in order)."""
-    ranks = mesh.mesh.reshape(pp, -1)
+    ranks = device_mesh.mesh.reshape(pp, -1)
     mine = None
     for column in range(ranks.shape[1]):
         pair = [int(ranks[0, column]), int(ranks[-1, column])]
@@ -291,21 +290,22 @@ def _embedding_group(mesh, pp: int):
     return mine
 
 
-def _schedule(part, mesh, p_idx, micro_batches, rows, config, loss_fn):
+def _schedule(part, device_mesh, p_idx, micro_batches, rows, config, loss_fn):
     import inspect
 
     from torch.distributed import pipelining
-    tp = mesh["tp"].size()
+    tp = device_mesh["tp"].size()
     shape = (rows // micro_batches, config.sequence) if p_idx == 0 else \
         (rows // micro_batches, config.sequence // tp, config.width)
-    example = torch.zeros(shape, dtype=torch.int64 if p_idx == 0 else torch.float32, device=mesh.device_type)
-    stage = pipelining.PipelineStage(part, p_idx, mesh["pp"].size(), torch.device(mesh.device_type), input_args=example,
-                                     group=mesh["pp"].get_group())
+    device = torch.device(device_mesh.device_type)
+    example = torch.zeros(shape, dtype=torch.int64 if p_idx == 0 else torch.float32, device=device)
+    stage = pipelining.PipelineStage(part, p_idx, device_mesh["pp"].size(), device, input_args=example,
+                                     group=device_mesh["pp"].get_group())
     unscaled = {"scale_grads": False} if "scale_grads" in inspect.signature(pipelining.Schedule1F1B).parameters else {}
     return pipelining.Schedule1F1B(stage, micro_batches, loss_fn=loss_fn, **unscaled)
 
 
-def _clip(part, clip, mesh, pp, skip_head) -> float:
+def _clip(part, clip, device_mesh, pp, skip_head) -> float:
     """The whole model's gradient norm (each parameter once), then every gradient scaled as clip_grad_norm_
     scales it. Each gradient is first made to have its parameter's placements (a Partial one, as the layer
     norms' under sequence parallelism, summed); then each rank's squares, grouped by the mesh dimensions their
@@ -328,13 +328,13 @@ def _clip(part, clip, mesh, pp, skip_head) -> float:
             key = (p.device_mesh, tuple(i for i, placement in enumerate(p.placements) if not placement.is_replicate()))
             local = p.grad.to_local()
         squares[key] = squares.get(key, 0.0) + local.double().square().sum()
-    total = torch.zeros((), dtype=torch.float64, device=mesh.device_type)
-    for (device_mesh, dims), part_squares in squares.items():
+    total = torch.zeros((), dtype=torch.float64, device=device_mesh.device_type)
+    for (cut_mesh, dims), part_squares in squares.items():
         for dim in dims:
-            dist.all_reduce(part_squares, group=device_mesh.get_group(dim))
+            dist.all_reduce(part_squares, group=cut_mesh.get_group(dim))
         total += part_squares
     if pp > 1:
-        dist.all_reduce(total, group=mesh["pp"].get_group())
+        dist.all_reduce(total, group=device_mesh["pp"].get_group())
     norm = float(total.sqrt())
     if norm > clip:
         for g in grads:
@@ -342,7 +342,7 @@ def _clip(part, clip, mesh, pp, skip_head) -> float:
     return norm
 
 
-def whole_parameters(part, mesh, pp) -> dict:
+def whole_parameters(part, device_mesh, pp) -> dict:
     """The whole model's parameters by gpt.GPT's names, on every rank (gathered over tp, dp and pp)."""
     mine = {}
     for name, p in part.named_parameters():
@@ -352,7 +352,7 @@ def whole_parameters(part, mesh, pp) -> dict:
     if pp == 1:
         return mine
     gathered = [None] * pp
-    dist.all_gather_object(gathered, mine, group=mesh["pp"].get_group())
+    dist.all_gather_object(gathered, mine, group=device_mesh["pp"].get_group())
     return {name: tensor for stage in gathered for name, tensor in stage.items()}
 
 
@@ -369,7 +369,7 @@ def bytes_per_axis(records, windows, *, formula: bool = False) -> dict[str, floa
                          "a run outside course.launch records nothing")
     found: dict[str, float] = {}
     for record in records:
-        axis = axis_of(record)
+        axis = mesh.axis_of(record)
         if axis is not None and any(start <= record.start <= end for start, end in windows):
             found[axis] = found.get(axis, 0.0) + (record.predicted if formula else record.sent) / len(windows)
     return found

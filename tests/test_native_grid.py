@@ -68,8 +68,9 @@ def test_layouts_the_model_or_the_world_cannot_take_are_refused_naming_both_numb
         return str(error.value)
 
     assert "needs 8 ranks, the world has 4" in refused({"dp": 2, "tp": 2, "pp": 2}, 4)
-    assert "tp=4 does not divide the model's heads (2)" in refused({"tp": 4}, 4)
-    assert "pp=4 does not divide the model's layers (2)" in refused({"pp": 4}, 4)
+    assert "the model's 2 heads do not split evenly over tp = 4" in refused({"tp": 4}, 4)
+    assert "the model's 2 layers do not split evenly over pp = 4" in refused({"pp": 4}, 4)
+    assert "unknown axis 'ep'" in refused({"ep": 2}, 2)
     assert "context parallelism does not run on CPU ranks" in refused({"cp": 2}, 2)
     assert "a batch of 6 does not split into dp=2 × 2 micro-batches" in refused({"dp": 2, "pp": 2}, 4, batch=6)
     assert native_grid.check_layout(SMALL, {"dp": 2, "tp": 2}, 4, batch=8, micro_batches=2) == \

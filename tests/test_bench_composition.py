@@ -1,7 +1,7 @@
 """Covers: bench.composition.
 
 bench/composition.py measures what it says, at --quick's size: lab 9's grid (the solution notebook's answers)
-and PyTorch's parts trained side by side on two layouts of 4 ranks, both with one process's losses, the times
+and PyTorch's parts trained side by side on a layout of 4 ranks (pp2×tp2), both with one process's losses, the times
 the medians and ratios of the same rounds, the bytes each axis carried by the formula beside what the sockets
 wrote; and it refuses to run without the lab's answers. Structure and invariants only, never speed."""
 from __future__ import annotations

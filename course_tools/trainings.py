@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -232,6 +233,61 @@ def _experts_arguments(lab, options, world_size):
     return (functools.partial(lab.digits_model, experts), inputs, targets), dict(learning_rate=options.lr)
 
 
+# --- lab 9: composition --------------------------------------------------------------------
+
+#: The notebook's layouts by number of ranks, when --layout is not given.
+DEFAULT_LAYOUTS = {1: {}, 2: {"tp": 2}, 4: {"dp": 2, "tp": 2}, 8: {"pp": 2, "dp": 2, "tp": 2}}
+
+
+def layout(text: str) -> dict:
+    """'pp=2,dp=2,tp=2' -> {"pp": 2, "dp": 2, "tp": 2}, for --layout."""
+    from course import mesh
+
+    sizes = {}
+    for part in text.replace(" ", "").split(","):
+        axis, _, size = part.partition("=")
+        if axis not in mesh.AXES or not size.isdigit() or int(size) < 1 or axis in sizes:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a layout: write AXIS=SIZE pairs, each axis once, among {', '.join(mesh.AXES)}, "
+                "such as pp=2,dp=2,tp=2")
+        sizes[axis] = int(size)
+    return sizes
+
+
+def _composition_options(parser):
+    defaults = "; ".join(f"{n} rank{'s' * (n > 1)} {','.join(f'{a}={k}' for a, k in d.items()) or 'alone'}"
+                         for n, d in DEFAULT_LAYOUTS.items())
+    parser.add_argument("--layout", type=layout, default=None, metavar="AXIS=SIZE,...",
+                        help="the grid, such as pp=2,dp=2,tp=2 (its sizes' product is the number of ranks; "
+                             f"default: {defaults})")
+    parser.add_argument("--micro-batches", type=positive(int), default=None,
+                        help="micro-batches a step, run by 1F1B where pp > 1 (default: the notebook's MICRO_BATCHES)")
+
+
+def _composition_arguments(lab, options, world_size):
+    from course import gpt_stage
+
+    if options.layout is None and world_size not in DEFAULT_LAYOUTS:
+        raise UsageError(f"no default layout for {world_size} ranks: pass --layout, such as "
+                         f"dp={world_size}, whose sizes multiply to {world_size}")
+    sizes = DEFAULT_LAYOUTS[world_size] if options.layout is None else options.layout
+    if math.prod(sizes.values()) != world_size:
+        raise UsageError(f"the layout {options.layout} makes a grid of {math.prod(sizes.values())} ranks, but "
+                         f"{world_size} are running: pass a --layout whose sizes multiply to {world_size}")
+    try:
+        gpt_stage.check_layout(lab.CONFIG, sizes)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    micro_batches = options.micro_batches or lab.MICRO_BATCHES
+    replicas = sizes.get("dp", 1) * micro_batches
+    if options.batch_size % replicas:
+        raise UsageError(f"a batch of {options.batch_size} sequences does not split into dp {sizes.get('dp', 1)} × "
+                         f"{micro_batches} micro-batches: use a --batch-size that is a multiple of {replicas}")
+    options.layout = sizes          # what ran, in the saved options
+    batches = lab.training_batches(steps=options.steps, batch=options.batch_size)
+    return (sizes, batches), dict(micro_batches=micro_batches, learning_rate=options.lr)
+
+
 LABS = {
     "02_data_parallel": Lab("data_parallel_training", "data parallel MLP on digits: the weights on "
                             "every rank, the batch split", _data_parallel_options,
@@ -255,5 +311,8 @@ LABS = {
     "08_experts": Lab("expert_parallel_training", "a digits model with a block of experts, the experts split over "
                       "the ranks (expert parallelism), its other layers data parallel", _experts_options,
                       _experts_arguments, lambda r: (r["parameters"], r["losses"])),
+    "09_composition": Lab("grid_training", "lab 9's GPT on a grid of data, tensor (with sequence), pipeline and "
+                          "context ranks, from the lab's answers", _composition_options, _composition_arguments,
+                          lambda r: (r["parameters"], r["losses"])),
 }
 

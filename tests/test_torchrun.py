@@ -31,6 +31,7 @@ pytestmark = pytest.mark.torchrun
 
 STEPS = 3          # few steps, the notebooks' sizes otherwise: seconds on a 2-core machine
 PIPELINE = "06_pipeline_parallel"   # rank r holds stage r's parameters; the last rank has the losses
+COMPOSITION = "09_composition"      # every rank returns the whole model, gathered from its grid
 TIMEOUT = 240      # seconds for one torchrun run, start to end
 LOOPBACK = {"GLOO_SOCKET_IFNAME": _rank_process.loopback_interface() or "lo"}  # gloo stays on 127.0.0.1
 
@@ -125,6 +126,18 @@ def _experts_run(nb, ranks, grid):
     return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
 
 
+def _composition_run(nb, ranks, layout):
+    """The notebook's grid_training on `layout` (a dict of sizes), or, given none, the layout
+    course_tools gives `ranks` ranks by default; gpt.one_process_training on 1 (its parameters in GPT's order)."""
+    batches = nb.training_batches(steps=STEPS)
+    if ranks == 1:
+        alone = nb.gpt.one_process_training(nb.CONFIG, batches, seed=nb.SEED)
+        return {0: (list(alone.parameters.values()), alone.losses)}
+    sizes = layout if isinstance(layout, dict) else trainings.DEFAULT_LAYOUTS[ranks]
+    run = course.launch(nb.grid_training, ranks, args=(sizes, batches))
+    return {rank: (run[rank]["parameters"], run[rank]["losses"]) for rank in run.ranks}
+
+
 # lab -> (the solution function its notebook trains with, the notebook's run)
 NOTEBOOK_RUNS = {
     "02_data_parallel": ("data_parallel_training", _data_parallel_run),
@@ -134,6 +147,7 @@ NOTEBOOK_RUNS = {
     PIPELINE: ("pipeline_training", _pipeline_run),
     "07_long_sequences": ("long_sequence_training", _long_sequence_run),
     "08_experts": ("expert_parallel_training", _experts_run),
+    COMPOSITION: ("grid_training", _composition_run),
 }
 
 
@@ -209,9 +223,9 @@ def one_node(*script_args):
                      "--master-port", str(_free_port())], script_args)
 
 
-def two_nodes(*script_args):
-    """Two torchrun processes, one rank each, as two nodes: a c10d rendezvous on localhost."""
-    return torchrun(["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+def two_nodes(*script_args, per_node=1):
+    """Two torchrun processes, `per_node` ranks each, as two nodes: a c10d rendezvous on localhost."""
+    return torchrun(["--nnodes", "2", "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d",
                      "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", uuid.uuid4().hex,
                      "--local-addr", "127.0.0.1"], script_args, nodes=2)
 
@@ -262,7 +276,8 @@ def test_on_one_node_the_script_ends_as_the_notebook_does(lab, tmp_path):
 # Two nodes change what the script does (the rendezvous; rank 0's node alone writes), which any lab
 # shows, but not what a lab's ranks do where they all meet in collectives over the whole world, as
 # one node shows. They do in lab 4, whose grid puts its replicas on different nodes, and in lab 6,
-# whose stages send point to point, from one node to the other.
+# whose stages send point to point, from one node to the other; lab 9's grid has a test of its own below
+# (8 ranks, 4 a node: its pipeline axis, outermost, crosses between the nodes).
 ACROSS_NODES = [lab for lab in LABS if lab in ("04_hybrid", PIPELINE)]
 
 
@@ -275,6 +290,25 @@ def test_on_two_nodes_the_script_ends_as_the_notebook_does(lab, tmp_path):
     assert_ran(outputs, lab)
     assert sum(f"wrote {out}" in printed for _, printed, _ in outputs) == 1  # by rank 0's node only
     assert_matches_notebook(torch.load(out, weights_only=True), lab, Grid(2, 1))
+
+
+def test_lab_9_s_three_axes_run_on_8_ranks_over_2_nodes_as_the_notebook_does(tmp_path):
+    out, layout = tmp_path / "result.pt", {"pp": 2, "dp": 2, "tp": 2}
+    outputs = two_nodes(COMPOSITION, "--steps", str(STEPS), "--out", str(out), "--layout", "pp=2,dp=2,tp=2",
+                        per_node=4)
+    for code, text, err in outputs:
+        assert code == 0, f"torchrun exited with {code}:\n{text[-2000:]}\n{err[-3000:]}"
+    printed = "".join(text for _, text, _ in outputs)
+    for rank in range(8):
+        assert re.search(rf"\[rank {rank}/8\] \S+ \S+ \(gloo\): loss [\d.]+ -> [\d.]+ in {STEPS} steps", printed)
+    assert sum(f"wrote {out}" in printed for _, printed, _ in outputs) == 1  # by rank 0's node only
+    saved = torch.load(out, weights_only=True)
+    assert saved["world_size"] == 8 and saved["options"]["layout"] == layout
+    expected, (one_process, alone_losses) = notebook_run(COMPOSITION, 8, layout), notebook_run(COMPOSITION, 1)[0]
+    for rank, report in saved["ranks"].items():
+        check.assert_close(report["params"], expected[rank][0], "lab 9 parameters after 3 steps", rank=rank)
+        check.assert_close(report["params"], one_process, "lab 9 parameters against one process", rank=rank)
+        check.assert_close(torch.tensor(report["losses"]), torch.tensor(alone_losses), "lab 9 losses", rank=rank)
 
 
 def test_under_torchrun_options_that_cannot_run_end_every_rank_with_the_message(tmp_path):
@@ -386,6 +420,12 @@ def test_without_torchrun_a_pipeline_of_4_stages_sends_to_its_neighbours_and_end
     (["07_long_sequences", "--ranks", "4", "--sequence", "6"],
      "a sequence of 6 tokens cannot be cut into the 8 pieces a zig-zag split of 4 ranks needs"),
     (["08_experts", "--ranks", "5"], "4 experts leave some of the 5 ranks none to hold: start at most 4 ranks"),
+    ([COMPOSITION, "--ranks", "3"], "no default layout for 3 ranks: pass --layout, such as dp=3"),
+    ([COMPOSITION, "--ranks", "4", "--layout", "dp=2,tp=4"], "makes a grid of 8 ranks, but 4 are running"),
+    ([COMPOSITION, "--ranks", "3", "--layout", "tp=3"], "4 heads do not split evenly over tp = 3"),
+    ([COMPOSITION, "--ranks", "2", "--layout", "ep=2"], "'ep=2' is not a layout: write AXIS=SIZE pairs"),
+    ([COMPOSITION, "--ranks", "4", "--layout", "dp=4", "--batch-size", "12"],
+     "a batch of 12 sequences does not split into dp 4 × 2 micro-batches"),
     (["08_experts", "--ranks", "2", "--experts", "1"], "each token goes to 2 experts: use --experts 2 or more"),
 ])
 def test_what_cannot_run_is_refused_with_what_to_do(argv, message, capsys, monkeypatch):

@@ -348,7 +348,7 @@ def whole_parameters(part, device_mesh, pp) -> dict:
     for name, p in part.named_parameters():
         if name == "head.weight":
             continue
-        mine[name] = _full(p).clone()
+        mine[name] = _full(p).cpu().clone()       # to the notebook, and through gather_object, on the CPU
     if pp == 1:
         return mine
     gathered = [None] * pp

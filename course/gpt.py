@@ -9,7 +9,7 @@ The model is GPT-2's, shrunk: a token embedding and a learned position embedding
 pre-norm transformer block (`course.transformer.Block`: qkv laid out head by head, the MLP 4 × width), a
 final layer norm, and an output layer tied to the token embedding (logits = h · Eᵀ, one matrix used twice,
 as GPT-2 and Megatron-LM tie them). Its vocabulary is large enough that the embedding and the output layer
-are a real part of the model: 512 × 64 = 32,768 weights beside 4 × 49,728 in the blocks, and the
+are a real part of the model: 512 × 64 = 32,768 weights beside 4 × 49,984 in the blocks, and the
 (tokens × 512) logits are the largest activation of the step.
 
 The data is a made-up language: each token is followed by one of a few successors (a fixed random table,

@@ -20,7 +20,7 @@ own rather than use torch's default group, which DeviceMesh reuses),
 so that course.recorder's records name it (`CommRecord.group`): `axis_of` reads it back; summing
 `record.sent` by `axis_of(record)` over `results.comm` gives the bytes a rank sent along each axis.
 
-Used in: lab 9 (09_composition).
+Used in: lab 9 (09_composition), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

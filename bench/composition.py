@@ -8,7 +8,9 @@ the same seed on the same batches, in one launch per layout: one warm-up step ea
 (bytes each rank sent, binned by axis from the group each call ran on: course.mesh.axis_of; as gloo's sockets
 counted them), then rounds unrecorded, a round one step of each after a barrier, their order swapped round
 by round; each round's time is the slowest rank's. Every step's loss of both is checked against
-gpt.one_process_training on the same batches (course.check's float32 tolerance).
+gpt.one_process_training on the same batches (course.check's float32 tolerance). Beside them, lab 6's chooser's
+prediction for each layout (course.grid_costs.predicted, this machine as its cluster with its link measured
+now by course.link_probe, or --quick the stored local gloo link) and the lab's own formula for its bytes.
 
     python bench/composition.py [--rounds 5] [--quick] [--json bench/results/composition.json]
 
@@ -28,7 +30,7 @@ from _results import count, emit, headline_row
 from _rounds import compare, ratio_text
 
 import course
-from course import check, comm, gpt, grid_step, mesh, native_grid, timeline
+from course import check, comm, gpt, grid_costs, grid_step, link_probe, mesh, native_grid, timeline, timemodel
 
 #: The lab's answers the course's grid runs on.
 ANSWERS = ("grid_groups", "vocab_parallel_cross_entropy", "micro_batch_loss", "reduce_gradients", "global_grad_norm")
@@ -98,7 +100,7 @@ def layout_text(sizes: dict) -> str:
     return "×".join(f"{axis}{sizes[axis]}" for axis in ("dp", "tp", "pp") if sizes.get(axis, 1) > 1)
 
 
-def layout_row(settings: dict, sizes: dict, rounds: int, answers: dict) -> dict:
+def layout_row(settings: dict, sizes: dict, rounds: int, answers: dict, link) -> dict:
     config, batch = settings["config"], settings["batch"]
     ranks = int(torch.tensor(list(sizes.values())).prod())
     native_grid.check_layout(config, sizes, ranks, batch=batch, micro_batches=settings["micro_batches"])
@@ -120,9 +122,14 @@ def layout_row(settings: dict, sizes: dict, rounds: int, answers: dict) -> dict:
                 sent[name][axis] = max(sent[name].get(axis, 0.0), nbytes)
             sockets[name] = max(sockets[name], run[rank][name]["written"] or 0)
     rounds_of = {rank: {name: run[rank][name]["seconds"] for name in CONTENDERS} for rank in run.ranks}
+    options = dict(batch=batch, micro_batches=settings["micro_batches"])
+    guess = grid_costs.predicted(config, sizes, cluster=grid_costs.this_machine(ranks, link=link, config=config),
+                                 **options)
     return {"layout": dict(sizes), "ranks": ranks, "micro_batches": settings["micro_batches"],
-            "time": compare(_Results(rounds_of), *CONTENDERS), "bytes": sent,
-            "sockets": sockets}
+            "time": compare(_Results(rounds_of), *CONTENDERS), "bytes": sent, "sockets": sockets,
+            "predicted": {"sent": {axis: nbytes for axis, nbytes in guess.sent.items() if axis != "total"},
+                          "seconds": guess.seconds["total"]},
+            "lab_formula": grid_costs.busiest_lab_bytes(config, sizes, **options)}
 
 
 class _Results(dict):
@@ -139,6 +146,8 @@ def main(argv=None):
                            "on 4 ranks, 1 round: for tests")
     settings = args.sizes
     answers = lab_answers()
+    # The chooser's link: measured now (course.link_probe, about a second), or --quick the stored local gloo one.
+    link = timemodel.LOCAL_GLOO if args.quick else link_probe.measure()
     eight = os.cpu_count() >= 8
     layouts = list(settings["layouts"]) + (list(settings["eight"]) if eight else [])
     placement = course.placement.choose(4)
@@ -148,7 +157,8 @@ def main(argv=None):
                "batch": settings["batch"],
                "skipped": [] if eight else [{"layout": dict(sizes), "why": f"8 ranks on {os.cpu_count()} cores"}
                                             for sizes in settings["eight"]],
-               "layouts": [layout_row(settings, sizes, args.rounds, answers) for sizes in layouts]}
+               "link": {"name": link.name, "alpha": link.alpha, "beta": link.beta},
+               "layouts": [layout_row(settings, sizes, args.rounds, answers, link) for sizes in layouts]}
     figures["load"] = [load, os.getloadavg()[0]]        # the machine's 1-minute load average, before and after
     emit(args.json, title="Lab 9's grid against PyTorch's own parts", markdown=markdown(figures),
          headline=headline(figures), figures=figures)
@@ -203,6 +213,22 @@ def markdown(figures) -> str:
     for skipped in figures["skipped"]:
         lines.append(f"\nNot run: {layout_text(skipped['layout'])} ({skipped['why']}: one core a rank, or the "
                      "times measure the machine's sharing).")
+    lines += ["", f"Lab 6's chooser (`course.grid_costs.predicted`: formulas, on this machine as a cluster: its link "
+              f"\"{figures['link']['name']}\", one rank's matmul rate measured) against what was measured, the busiest "
+              "rank's; the lab's formula is what its code sends by formula where the chooser models something else "
+              "(`grid_costs.busiest_lab_bytes`):", "",
+              f"| layout | what | chooser | {CONTENDERS[0]} | lab's formula | {CONTENDERS[1]} |",
+              "|---|---|---|---|---|---|"]
+    for row in figures["layouts"]:
+        name, guess = layout_text(row["layout"]), row["predicted"]
+        for axis in ("dp", "tp", "pp", "embedding"):
+            mine, theirs = (row["bytes"][c].get(axis, 0.0) for c in CONTENDERS)
+            if guess["sent"].get(axis) or mine or theirs:
+                lines.append(f"| {name} | bytes a step, {axis} | {guess['sent'].get(axis, 0.0):,.0f} | {mine:,.0f} | "
+                             f"{row['lab_formula'].get(axis, 0.0):,.0f} | {theirs:,.0f} |")
+        t = row["time"]
+        lines.append(f"| {name} | step | {guess['seconds'] * 1e3:.1f} ms | {t['ours_ms']:.1f} ms | - | "
+                     f"{t['theirs_ms']:.1f} ms |")
     lines += ["", "What differs by construction: on dp, the lab's grid all-reduces the gradients and all-gathers "
               "its ZeRO-1 chunks once; fully_shard (ZeRO-3) all-gathers the parameters in forward and again in "
               "backward and reduce-scatters the gradients, which gloo, having no reduce-scatter, runs as an "

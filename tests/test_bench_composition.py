@@ -1,9 +1,10 @@
 """Covers: bench.composition.
 
-bench/composition.py measures what it says, at --quick's size: lab 9's grid (the solution notebook's answers)
-and PyTorch's parts trained side by side on a layout of 4 ranks (pp2×tp2), both with one process's losses, the times
-the medians and ratios of the same rounds, the bytes each axis carried by the formula beside what the sockets
-wrote; and it refuses to run without the lab's answers. Structure and invariants only, never speed."""
+bench/composition.py measures what it says, at --quick's size: lab 9's grid (the solution notebook's
+answers) and PyTorch's parts trained side by side on a layout of 4 ranks (pp2×tp2), both with one process's
+losses, the times the medians and ratios of the same rounds, the bytes each axis carried by the formula beside
+what the sockets wrote, and lab 6's chooser's predictions beside them; and it refuses to run without the lab's
+answers. Structure and invariants only, never speed."""
 from __future__ import annotations
 
 import json
@@ -41,7 +42,13 @@ def test_both_grids_are_timed_side_by_side_with_each_axis_s_bytes(report):
         if row["layout"].get("pp", 1) > 1:
             for axis in ("embedding", "pp"):
                 assert row["bytes"][composition.CONTENDERS[0]][axis] == row["bytes"][composition.CONTENDERS[1]][axis]
+        # lab 6's chooser beside them, and the lab's own formula, which the lab's grid's records meet (but for
+        # its answers' few scalar reductions: the loss's token count)
+        assert row["predicted"]["seconds"] > 0 and row["predicted"]["sent"]["tp"] > 0
+        for axis, nbytes in row["lab_formula"].items():
+            assert abs(row["bytes"][composition.CONTENDERS[0]].get(axis, 0.0) - nbytes) <= 0.01 * nbytes + 64, axis
     assert "| layout | ranks | lab 9's grid | PyTorch's parts |" in report["markdown"]
+    assert "| layout | what | chooser | lab 9's grid | lab's formula | PyTorch's parts |" in report["markdown"]
     assert [line["figure"] for line in report["headline"]] == [
         f"lab 9's grid / PyTorch's parts, step, {composition.layout_text(sizes)} on 4 ranks"
         for sizes in composition.QUICK["layouts"]]

@@ -24,7 +24,7 @@ from course import grading
 from grader.common.labs import graded_cells, read_notebook
 from helpers import REPO, needs_jail, round_trips
 from helpers.lab1_class import HONEST, TEST_TIMEOUT_S
-from helpers.submissions import solved
+from helpers.submissions import solved, without_demonstrations
 
 LAB = "01_single_gpu"
 POINTS = graded_cells(read_notebook(REPO / "solutions" / LAB / f"{LAB}.ipynb"))
@@ -260,9 +260,15 @@ def broadcast_parameters(model):
 """
 
 
+def _attacking_lab_2(answers: dict[str, str]):
+    """Lab 2 solved but for `answers`, less its demonstrations (without_demonstrations): each attack below is in
+    its own cells and caught in test cells, and a lab 2 without its demonstrations is graded in about half the
+    time. The honest student keeps them all, so the released cells are graded, and pass the scan, in this class."""
+    return without_demonstrations(solved(LAB_2, answers=answers))
+
+
 def _forges_lab_2():
-    nb = solved(LAB_2, answers={"broadcast_parameters": BROADCAST_INTO_COPIES,
-                                "ring_all_reduce": RING_BY_HAND})
+    nb = _attacking_lab_2({"broadcast_parameters": BROADCAST_INTO_COPIES, "ring_all_reduce": RING_BY_HAND})
     setup = next(i for i, c in enumerate(nb.cells) if "REFERENCE = course.grading.Reference" in c.source)
     nb.cells.insert(setup + 1, new_code_cell(FORWARD_RANK_0_ONLY))
     return nb
@@ -344,7 +350,7 @@ def test_an_all_reduce_by_a_library_collective_loses_its_exercises(round_trip_cl
 
 
 round_trips.enrol(test_an_all_reduce_by_a_library_collective_loses_its_exercises, LAB_2,
-                  {student: (lambda answers=answers: solved(LAB_2, answers=answers))
+                  {student: (lambda answers=answers: _attacking_lab_2(answers))
                    for student, answers in LIBRARY_ALL_REDUCES.items()})
 
 
@@ -396,7 +402,7 @@ def test_a_check_rewritten_through_a_frame_withholds_the_points_after_it(round_t
 
 
 round_trips.enrol(test_a_check_rewritten_through_a_frame_withholds_the_points_after_it, LAB_2,
-                  {THROUGH_A_FRAME_STUDENT: lambda: solved(LAB_2, answers={"broadcast_parameters": THROUGH_A_FRAME}),
+                  {THROUGH_A_FRAME_STUDENT: lambda: _attacking_lab_2({"broadcast_parameters": THROUGH_A_FRAME}),
                    HONEST_2: lambda: solved(LAB_2)})
 
 
@@ -491,5 +497,5 @@ def test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire(r
 
 
 round_trips.enrol(test_a_gather_behind_a_rings_forged_records_loses_the_exercise_to_the_wire, LAB_2,
-                  {student: (lambda answer=answer: solved(LAB_2, answers={"ring_all_reduce": answer}))
+                  {student: (lambda answer=answer: _attacking_lab_2({"ring_all_reduce": answer}))
                    for student, answer in WIRE_CHEATS.items()})

@@ -110,6 +110,16 @@ def graded_only(nb, lab: str):
     return nb
 
 
+def without_demonstrations(nb):
+    """A submission less its lab's demonstrations: the cells nbgrader neither grades nor locks, after
+    the setup cell; its own cells, answers and test cells as they are (graded_only, for a submission).
+    For a student of a class whose attack is in its own cells and is caught in test cells, which need no
+    demonstration (the fairness tests run every lab so): graded in a fraction of a whole lab's time."""
+    first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells = [c for i, c in enumerate(nb.cells) if i == first_code or grade_id(c)]
+    return nb
+
+
 def judge_values_folder(session: int) -> Path:
     """Where the judge's values of the test session `session` (helpers.session_pid) are kept."""
     return Path(tempfile.gettempdir()) / f"course-judge-values-{session}"

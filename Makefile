@@ -41,6 +41,7 @@ $(INSTALL_STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q $(TORCH_PIN)
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	$(VENV)/bin/python -m pip install -q -e '.[spmd]'
 	sh grader/jail-tools.sh
 	touch $@
 

@@ -80,6 +80,20 @@ class _Collective(torch.autograd.Function):
     def backward(ctx, grad):
         return ctx.backward(grad, ctx.group, ctx.dim), None, None, None, None
 
+    @staticmethod
+    def spmd_typecheck(*, x, group, dim, forward, backward):
+        """Its local SPMD type, for spmd_types' checker (course.spmd_check), by what it does each way."""
+        from spmd_types import I, R, S, V, rules
+
+        pair = (forward.__name__, backward.__name__)
+        if pair == ("_all_gather", "_reduce_scatter"):      # gather: a split region's input
+            return rules.all_gather(x, group, src=S(dim), dst=R)
+        if pair == ("_reduce_scatter", "_all_gather"):      # reduce_scatter: the partial sums out of it
+            return rules.reduce_scatter(x, group, src=V, dst=S(dim))
+        if pair == ("_all_gather", "_own_block"):           # gather_copies: a computation repeated alike
+            return rules.all_gather(x, group, src=S(dim), dst=I)
+        raise TypeError(f"no local SPMD type for a collective doing {pair}")
+
 
 def gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     """All-gather along `dim`, for a computation that differs by rank (a column-split layer, a cp rank's

@@ -21,7 +21,7 @@ from nbformat.v4 import new_code_cell
 
 from grader.common.labs import graded_cells
 from helpers import REPO, needs_jail, round_trips
-from helpers.submissions import solved
+from helpers.submissions import solved, without_demonstrations
 
 pytestmark = pytest.mark.grading
 
@@ -47,7 +47,9 @@ def elements_sent(direction, batch, inputs, outputs, world_size):
 
 
 def _stub() -> nbformat.NotebookNode:
-    nb = solved(LAB, answers={"elements_sent": STUB})
+    """The stub and the transformer in lab 3, less its demonstrations (without_demonstrations): the judge's
+    check is in a test cell. Lab 3's round trip grades a whole notebook in the same class."""
+    nb = without_demonstrations(solved(LAB, answers={"elements_sent": STUB}))
     setup = next(i for i, c in enumerate(nb.cells) if "REFERENCE = course.grading.Reference" in c.source)
     nb.cells.insert(setup + 1, new_code_cell(NO_ASSERTS))
     return nb

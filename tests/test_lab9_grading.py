@@ -172,8 +172,8 @@ MISTAKES = {
 # >>> helper G2: exercises 3, 5 and 6 (global_grad_norm, micro_batch_loss/reduce_gradients, checkpoint_state):
 # add their DIFFERENT answers, MISTAKES and RULES entries below, in this block.
 # Exercises 3, 5 and 6 answered in other correct ways: the replicated squares divided by tp, then every square
-# summed over tp and pp in turn, the tied copy skipped by its name; the count as a float, the gradients reduced in
-# one flat buffer per kind of parameter (Megatron's buckets); the names by a regular expression, the stage's
+# summed over tp and pp in turn, the tied copy skipped by its name; the count as a float, the gradients reduced
+# one parameter at a time (the reference buckets them); the names by a regular expression, the stage's
 # blocks counted as a set, the placements by pattern.
 DIFFERENT.update({
     "global_grad_norm": '''
@@ -196,18 +196,16 @@ def micro_batch_loss(token_losses, targets, step_targets, grid):
 
 
 def reduce_gradients(stage, grid):
-    buckets = {}
     for name, p in stage.named_parameters():
-        buckets.setdefault((not stage.split_over_tp(name), stage.tied(name)), []).append(p.grad)
-    for (replicated, tied), grads in sorted(buckets.items()):
-        flat = torch.cat([g.reshape(-1) for g in grads]).cpu()
-        dist.all_reduce(flat, group=grid.groups["dp_cp"])
-        if replicated:
-            dist.all_reduce(flat, group=grid.groups["tp"])
-        if tied:
-            dist.all_reduce(flat, group=grid.groups["embedding"])
-        for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
-            g.copy_(piece.view_as(g))
+        groups = [grid.groups["dp_cp"]]
+        if not stage.split_over_tp(name):
+            groups.append(grid.groups["tp"])
+        if stage.tied(name):
+            groups.append(grid.groups["embedding"])
+        total = p.grad.cpu()
+        for group in groups:
+            dist.all_reduce(total, group=group)
+        p.grad.copy_(total)
 ''',
     "checkpoint_state": '''
 def checkpoint_state(local, grid):
@@ -260,18 +258,19 @@ MISTAKES.update({
         {"reduce_gradients": [('    dist.all_reduce(counted, group=grid.groups["dp_cp"])', "")]},
         "test_reduce_gradients"),
     "the gradients averaged over dp·cp, not summed": (
-        {"reduce_gradients": [("        gradient.copy_(total)",
-                               "        gradient.copy_(total / dist.get_world_size(grid.groups[\"dp_cp\"]))")]},
+        {"reduce_gradients": [("            dist.all_reduce(total, group=grid.groups[axis])",
+                               "            dist.all_reduce(total, group=grid.groups[axis])\n"
+                               "            if axis == \"dp_cp\":\n"
+                               "                total /= dist.get_world_size(grid.groups[axis])")]},
         "test_reduce_gradients"),
     "the replicated gradients not summed over tp": (
-        {"reduce_gradients": [('            groups.append(grid.groups["tp"])', "            pass")]},
+        {"reduce_gradients": [('            axes += ("tp",)', "            pass")]},
         "test_reduce_gradients"),
     "the tied gradient not summed over the embedding group": (
-        {"reduce_gradients": [('            groups.append(grid.groups["embedding"])', "            pass")]},
+        {"reduce_gradients": [('            axes += ("embedding",)', "            pass")]},
         "test_reduce_gradients"),
     "the gradients summed over dp·cp, then over dp again": (
-        {"reduce_gradients": [('        groups = [grid.groups["dp_cp"]]',
-                               '        groups = [grid.groups["dp_cp"], grid.groups["dp"]]')]},
+        {"reduce_gradients": [('        axes = ("dp_cp",)', '        axes = ("dp_cp", "dp")')]},
         "test_reduce_gradients"),
     # Exercise 6: global names, placements, the tensors themselves.
     "the blocks saved under their local index": (

@@ -6,8 +6,9 @@
 probe needs its own process group timeout, its own environment read before the group exists
 (TORCH_DISTRIBUTED_DEBUG, TORCH_FR_BUFFER_SIZE) and ranks that may hang or fail, which course.launch would
 report as a failed launch. Each rank sets the environment it is given, makes its group on a FileStore in the
-probe's folder with a PG_TIMEOUT_S timeout, runs the probe and writes what it returned (or the error it
-raised) as JSON; the launcher waits for every rank to exit, up to its own timeout, then kills and reaps the rest.
+probe's folder with the probe's timeout (PG_TIMEOUT_S where a rank is to wait in vain), runs the probe and writes
+what it returned (or the error it raised) as JSON; the launcher waits for every rank to exit, up to its own
+timeout, then kills and reaps the rest.
 """
 from __future__ import annotations
 
@@ -26,20 +27,24 @@ import torch.distributed as dist
 
 #: Seconds a collective may wait before gloo gives up (the process group's timeout in every probe).
 PG_TIMEOUT_S = 2.0
+#: The process group's timeout where every rank makes every call: room for a rank slowed by a loaded machine.
+UNHURRIED_S = 30.0
 #: Seconds a rank that skipped a call waits for the others to be done with it.
 WAIT_S = 20.0
 
 
-def start(fn, world_size: int, *, args=(), env=None, timeout_s: float = 30.0) -> dict:
+def start(fn, world_size: int, *, args=(), env=None, pg_timeout_s: float = PG_TIMEOUT_S,
+          timeout_s: float = 60.0) -> dict:
     """fn(rank, world_size, store, folder, *args) on world_size gloo ranks, each with `env` set before its process
-    group exists ("{folder}" in a value: the probe's folder). Returns {"ranks": {rank: the dict it returned,
-    {"raised": text}, or None where it wrote nothing}, "exit_codes": {rank: its exit code, -9 where killed after
-    timeout_s}, "stderr": {rank: the end of what it wrote to stdout and stderr}, "folder": the probe's folder, a
-    temporary one the caller removes}."""
+    group (of timeout pg_timeout_s) exists ("{folder}" in a value: the probe's folder). Returns {"ranks": {rank:
+    the dict it returned, {"raised": text}, or None where it wrote nothing}, "exit_codes": {rank: its exit code,
+    -9 where killed after timeout_s}, "stderr": {rank: the end of what it wrote to stdout and stderr}, "folder":
+    the probe's folder, a temporary one the caller removes}."""
     folder = Path(tempfile.mkdtemp(prefix="debug_tools_"))
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "torch.distributed"])    # no effect where one already runs
-    ranks = [context.Process(target=_rank, args=(fn, rank, world_size, str(folder), dict(env or {}), tuple(args)),
+    ranks = [context.Process(target=_rank, args=(fn, rank, world_size, str(folder), dict(env or {}), tuple(args),
+                                                        pg_timeout_s),
                              daemon=True) for rank in range(world_size)]
     for process in ranks:
         process.start()
@@ -60,7 +65,7 @@ def start(fn, world_size: int, *, args=(), env=None, timeout_s: float = 30.0) ->
             "folder": folder}
 
 
-def _rank(fn, rank, world_size, folder, env, args):
+def _rank(fn, rank, world_size, folder, env, args, pg_timeout_s):
     log = os.open(os.path.join(folder, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     for stream in (1, 2):                      # gloo's own aborts and torch's C++ logs, kept with the rank
         os.dup2(log, stream)
@@ -70,7 +75,7 @@ def _rank(fn, rank, world_size, folder, env, args):
     store = dist.FileStore(os.path.join(folder, "store"), world_size)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size, store=store,
-                                timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+                                timeout=datetime.timedelta(seconds=pg_timeout_s))
         value = fn(rank, world_size, store, Path(folder), *args)
     except Exception as error:                 # noqa: BLE001 - the error is the finding
         value = {"raised": error_text(error), "traceback": traceback.format_exc(limit=3)}
@@ -94,10 +99,14 @@ def attempt(call) -> dict:
         return {"raised": error_text(error)}
 
 
+#: The Flight Recorder's dumps, the one for every backend first (torch._C._distributed_c10d's names).
+FR_DUMPS = ("_dump_fr_trace", "_dump_nccl_trace")
+
+
 def fr_dump() -> dict:
-    """This process's Flight Recorder buffer, as torch hands it over (pickled), or why not."""
+    """This process's Flight Recorder buffer, as torch hands it over (pickled); api None where torch has no dump."""
     c10d = torch._C._distributed_c10d
-    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+    for name in FR_DUMPS:
         if hasattr(c10d, name):
             return {"api": name, "trace": pickle.loads(getattr(c10d, name)())}
     return {"api": None, "trace": None}

@@ -2,9 +2,10 @@
 
     python bench/debug_tools.py [--json bench/results/debug_tools.json]
 
-Every probe starts 2 gloo ranks (4 for monitored_barrier, so that it has two absent ranks to name) with a 2 s
-process group timeout (bench/_debug_ranks.py: the ranks, and why not course.launch), and reads what they
-returned, their exit codes and their logs; nothing is hard-coded: each verdict below is decided from that.
+Every probe starts 2 gloo ranks (4 for monitored_barrier, so that it has two absent ranks to name), with a 2 s
+process group timeout where a rank is to wait in vain, 30 s elsewhere (bench/_debug_ranks.py: the ranks, and why
+not course.launch), and reads what they returned, their exit codes and their logs; nothing is hard-coded: each
+verdict below is decided from that.
 - The Flight Recorder: four collectives and a send/recv, then each rank's buffer (`_dump_fr_trace`, pickled and
   JSON), then an all_reduce on a group from new_group and the groups' config the buffer holds; the buffer on by
   default, and off by TORCH_FR_BUFFER_SIZE=0 or its older name
@@ -60,11 +61,11 @@ def _run(fn, world_size, **kwargs) -> dict:
 
 
 def flight_recorder() -> list[dict]:
-    default = _run(ranks.fr_records, 2)
+    default = _run(ranks.fr_records, 2, pg_timeout_s=ranks.UNHURRIED_S)
     found = default["ranks"][0] or {}
     if found.get("api") is None:
-        return [{"tool": "Flight Recorder", "verdict": NOT, "evidence": f"torch {torch.__version__} has no "
-                 "_dump_fr_trace nor _dump_nccl_trace in torch._C._distributed_c10d", "figures": default}]
+        return [{"tool": "Flight Recorder", "verdict": NOT, "figures": default,
+                 "evidence": f"torch {torch.__version__} has none of {', '.join(ranks.FR_DUMPS)}"}]
     names = [e["profiling_name"] for e in found["entries"]]
     states = {e["state"] for e in found["entries"]}
     p2p = [e for r in default["ranks"].values() for e in (r or {}).get("entries", []) if e["is_p2p"]]
@@ -89,7 +90,7 @@ def flight_recorder() -> list[dict]:
                              f"{found['pg_config']}, after: {grouped['pg_config']}"})
     off = {}
     for variable in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        run = _run(ranks.fr_records, 2, env={variable: "0"})
+        run = _run(ranks.fr_records, 2, env={variable: "0"}, pg_timeout_s=ranks.UNHURRIED_S)
         off[variable] = len((run["ranks"][0] or {}).get("entries", [None]))
     rows.append({"tool": "Flight Recorder: TORCH_FR_BUFFER_SIZE", "figures": off,
                  "verdict": WORKS if not any(off.values()) and names else NOT,
@@ -131,6 +132,9 @@ def analyze(*folders: Path) -> list[dict]:
 
 
 def hang() -> list[dict]:
+    if not any(hasattr(torch._C._distributed_c10d, name) for name in ranks.FR_DUMPS):
+        return [{"tool": "Flight Recorder: a hang", "verdict": NOT, "figures": {},
+                 "evidence": f"torch {torch.__version__} has none of {', '.join(ranks.FR_DUMPS)}"}]
     run = ranks.start(ranks.fr_hang, 2, env={"TORCH_FR_DUMP_TEMP_FILE": "{folder}/auto_trace_"})
     folder = run.pop("folder")
     try:
@@ -205,7 +209,7 @@ def barrier() -> list[dict]:
 
 
 def comm_debug_mode() -> list[dict]:
-    run = _run(ranks.comm_debug, 2)
+    run = _run(ranks.comm_debug, 2, pg_timeout_s=ranks.UNHURRIED_S)
     found = run["ranks"][0] or {}
     if "dtensor" not in found:
         return [{"tool": "CommDebugMode", "verdict": NOT, "figures": run, "evidence": short(found.get("raised"))}]
@@ -216,7 +220,7 @@ def comm_debug_mode() -> list[dict]:
 
 
 def profiler() -> list[dict]:
-    run = _run(ranks.profiled, 2)
+    run = _run(ranks.profiled, 2, pg_timeout_s=ranks.UNHURRIED_S)
     names = (run["ranks"][0] or {}).get("names", [])
     return [{"tool": "torch.profiler (CPU)", "figures": run,
              "verdict": WORKS if any(n.startswith("gloo:") for n in names) else NOT,
@@ -240,8 +244,9 @@ PROBES = (flight_recorder, hang, detail, barrier, comm_debug_mode, profiler, ncc
 def markdown(rows: list[dict], load) -> str:
     table = ["| tool | on gloo | what the ranks gave |", "|---|---|---|"]
     table += [f"| {row['tool']} | {row['verdict']} | {row['evidence'].replace('|', '/')} |" for row in rows]
-    return (f"torch {torch.__version__}, gloo on CPU ranks (2; 4 for monitored_barrier), each probe's process group "
-            f"timeout {ranks.PG_TIMEOUT_S:g} s; {os.cpu_count()} cores, load average {load_text(load)} before and "
+    return (f"torch {torch.__version__}, gloo on CPU ranks (2; 4 for monitored_barrier), a process group timeout of "
+            f"{ranks.PG_TIMEOUT_S:g} s where a rank waits in vain (a hang, a mismatch, an absent rank), "
+            f"{ranks.UNHURRIED_S:g} s elsewhere; {os.cpu_count()} cores, load average {load_text(load)} before and "
             f"after, {datetime.date.today()}. `python bench/debug_tools.py`; its module docstring says what each "
             "probe does.\n\n" + "\n".join(table) + "\n")
 
@@ -257,8 +262,8 @@ def main(argv=None) -> list[dict]:
     emit(args.json, title="PyTorch's debugging tools on gloo", markdown=markdown(rows, load),
          headline=[headline_row(f"debugging tools on gloo, torch {torch.__version__}",
                                 ", ".join(f"{n} {verdict}" for verdict, n in counts.items()), "1 run")],
-         figures={"torch": torch.__version__, "pg_timeout_s": ranks.PG_TIMEOUT_S, "load": load, "counts": counts,
-                  "rows": rows})
+         figures={"torch": torch.__version__, "pg_timeout_s": [ranks.PG_TIMEOUT_S, ranks.UNHURRIED_S], "load": load,
+                  "counts": counts, "rows": rows})
     return rows
 
 

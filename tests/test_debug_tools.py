@@ -70,6 +70,7 @@ def test_a_skipped_all_reduce_shows_in_the_buffers_and_the_analyzer_needs_the_gr
 @pytest.mark.parametrize("kind, differs", [("shape", "TensorShape=[5]"), ("op", "OpType=BROADCAST")])
 def test_detail_names_a_mismatched_collective_on_gloo_on_both_ranks(kind, differs):
     run = ranks.start(ranks.mismatch, 2, args=(kind,), env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    shutil.rmtree(run["folder"])
     for rank, found in run["ranks"].items():
         assert "Detected mismatch between collectives on ranks" in found["raised"], (rank, found)
         assert differs in found["raised"]

@@ -18,7 +18,8 @@ holds this, and that every module is in exactly one layer):
   experts, layout_cost, choosing.
   What each scheme sends and how long it takes, from formulas: arithmetic
   only, no torch and no views, so that a slider can ask them anything.
-- counting: comm, recorder, _call_sizes, _group_recording, _work_done, timeline, live_memory.
+- counting: comm, recorder, _call_sizes, _group_recording, _work_done, timeline, live_memory,
+  flight_records.
   What each rank sent and when: `comm` owns the records, `recorder` makes them
   by patching torch.distributed (and where its paths meet: `_group_recording`)
   while a rank runs, `timeline` adds compute spans.

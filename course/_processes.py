@@ -46,8 +46,9 @@ class _Rank:
 
 
 class Run:
-    def __init__(self, where, payload, timeout, num_threads, fn_name):
+    def __init__(self, where, payload, timeout, num_threads, fn_name, collective_timeout=None):
         self.where, self.payload, self.timeout = where, payload, timeout
+        self.collective_timeout = collective_timeout   # set: gloo's timeout fires first, every rank reports
         self.all_started = False   # every rank has begun fn: the timeout runs from then (a report says which ran out)
         self.num_threads, self.fn_name = num_threads, fn_name
         self.ranks: list[_Rank] = []
@@ -77,11 +78,12 @@ class Run:
         lo = _rank_process.loopback_interface()
         if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
             env["GLOO_SOCKET_IFNAME"] = lo  # every rank is on this machine
-        collective_timeout = (self.timeout or 1800) + 60  # ours fires first, with stacks
+        # Ours fires first, with stacks; unless the launch set one shorter, for ranks that report what they did.
+        collective_timeout = self.collective_timeout or (self.timeout or 1800) + 60
         for rank, device in enumerate(self.where.devices):
             spec = _worker.RankSpec(rank, self.where.world_size, self.where.backend, device,
                                     store_path, collective_timeout, self.num_threads,
-                                    self.payload, env)
+                                    self.payload, env, flight_records=self.collective_timeout is not None)
             control, control_child = context.Pipe(duplex=True)
             pipes = [context.Pipe(duplex=False) for _ in range(3)]  # stdout, stderr, stack
             process = context.Process(target=_worker.main, name=f"rank {rank}",
@@ -118,11 +120,11 @@ class Run:
             if not self.all_started and all(r.started for r in self.ranks):
                 self.all_started = True
                 deadline = None if self.timeout is None else min(deadline, now + self.timeout)
-            if first_failure is not None and now >= first_failure + _GRACE:
+            if first_failure is not None and now >= first_failure + self._grace:
                 return "failed"
             if deadline is not None and now >= deadline:
                 return "timeout"
-            limits = [t for t in (deadline, first_failure and first_failure + _GRACE) if t]
+            limits = [t for t in (deadline, first_failure and first_failure + self._grace) if t]
             wait = max(0.0, min(limits) - now) if limits else None
             for key, _ in self.selector.select(wait):
                 kind, rank = key.data[0], key.data[1]
@@ -176,7 +178,7 @@ class Run:
         self._drain_output()
         values, log, spans, seconds = {}, comm.CommLog(), timeline.Timeline(), {}
         for rank in self.ranks:
-            _, result, records, took = rank.reply
+            _, result, records, took, _ = rank.reply
             values[rank.rank] = cloudpickle.loads(result)
             rank_log, rank_spans = cloudpickle.loads(records)
             log.extend(rank_log)
@@ -194,7 +196,9 @@ class Run:
             returned = {r.rank: r.reply[3] for r in self.ranks if r.returned}
             # ranks that never began the function waited for their start as well
             waited = self.timeout + (0 if self.all_started else STARTUP_S)
-            return errors.timeout_error(waited, self.fn_name, returned, dumps, _worker.USER_ENTRY)
+            return errors.with_what_ranks_did(
+                errors.timeout_error(waited, self.fn_name, returned, dumps, _worker.USER_ENTRY),
+                self._what_ranks_did())
         failed = sorted((r for r in self.ranks if r.failed_at is not None),
                         key=lambda r: r.failed_at)
         raised = [r for r in failed if r.reply is not None]
@@ -203,11 +207,34 @@ class Run:
         self._kill()
         self._drain_output()
         if died and not own_cause:
-            return errors.exit_error({r.rank: r.exit_code for r in died}, self.fn_name)
-        culprit = (own_cause or raised)[0]
-        others = {r.rank: r.reply[1] for r in raised if r is not culprit}
-        return errors.rank_exception(culprit.rank, culprit.reply[1], others,
-                                     self.where.world_size)
+            error = errors.exit_error({r.rank: r.exit_code for r in died}, self.fn_name)
+        else:
+            culprit = (own_cause or raised)[0]
+            others = {r.rank: r.reply[1] for r in raised if r is not culprit}
+            error = errors.rank_exception(culprit.rank, culprit.reply[1], others,
+                                          self.where.world_size)
+        return errors.with_what_ranks_did(error, self._what_ranks_did())
+
+    @property
+    def _grace(self) -> float:
+        """Seconds to wait, after a rank failed, for the others' reports: a moment; or, where gloo's own
+        timeout was set short, long enough for a rank that waits in another call to time out as well."""
+        return _GRACE if self.collective_timeout is None else self.collective_timeout + 2 * _GRACE
+
+    def _what_ranks_did(self) -> tuple[dict, dict]:
+        """Of every rank that replied: ({rank: its CommLog}, {rank: its Flight Recorder entries or None})."""
+        records, flight = {}, {}
+        for rank in self.ranks:
+            if rank.reply is None:
+                continue
+            if rank.reply[0] == "result":
+                pickled, entries = rank.reply[2], rank.reply[4]
+            else:
+                pickled, entries = rank.reply[1].get("records"), rank.reply[1].get("flight")
+            if pickled is not None:
+                records[rank.rank] = cloudpickle.loads(pickled)[0]
+            flight[rank.rank] = entries
+        return records, flight
 
     def _stacks(self, ranks: list[_Rank]) -> dict[int, str]:
         """Each rank's Python stacks, dumped by faulthandler on SIGUSR1."""

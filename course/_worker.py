@@ -25,7 +25,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from course import _tracebacks, placement, recorder
+from course import _tracebacks, flight_records, placement, recorder
 
 # The frame of this function marks where the user's code begins, in tracebacks
 # and in stack dumps; the parent trims everything above it.
@@ -39,10 +39,11 @@ class RankSpec:
     backend: str
     device: str
     store_path: str  # the file the ranks meet through (a fresh one for each launch)
-    collective_timeout: float  # seconds, longer than the parent's deadline
+    collective_timeout: float  # seconds; longer than the parent's deadline unless the launch set it shorter
     num_threads: int
     payload: bytes  # cloudpickle of (fn, args, kwargs)
     env: dict = field(default_factory=dict)
+    flight_records: bool = False  # send the Flight Recorder's entries back (a launch with a collective_timeout)
 
 
 def main(spec: RankSpec, control, stdout_pipe, stderr_pipe, stack_pipe) -> None:
@@ -61,15 +62,19 @@ def main(spec: RankSpec, control, stdout_pipe, stderr_pipe, stack_pipe) -> None:
 
     os.environ.update(spec.env)
     torch.set_num_threads(spec.num_threads)
+    held: dict = {}  # the rank's Recorder, once it exists: its records go back with an error too
     try:
-        result, records, seconds = _run(spec, control)
+        result, records, seconds = _run(spec, control, held)
         try:
-            reply = ("result", _ResultPickler.dumps(result), cloudpickle.dumps(records), seconds)
+            reply = ("result", _ResultPickler.dumps(result), cloudpickle.dumps(records), seconds,
+                     _flight(spec))
         except Exception as error:  # noqa: BLE001 - e.g. a generator, an open file
             reply = ("error", error_report(error, spec.rank,
                                            while_doing="sending its return value to the cell"))
     except BaseException as error:  # noqa: BLE001 - everything goes to the parent
         reply = ("error", error_report(error, spec.rank))
+    if reply[0] == "error":
+        reply[1].update(_what_it_did(spec, held))
     _flush()
     control.send(reply)
     released.wait()
@@ -78,7 +83,7 @@ def main(spec: RankSpec, control, stdout_pipe, stderr_pipe, stack_pipe) -> None:
     _flush()
 
 
-def _run(spec: RankSpec, control):
+def _run(spec: RankSpec, control, held: dict):
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -89,11 +94,32 @@ def _run(spec: RankSpec, control):
                             timeout=datetime.timedelta(seconds=spec.collective_timeout))
     fn, args, kwargs = cloudpickle.loads(spec.payload)
     control.send(("started",))  # the launch's timeout runs from here: a loaded machine starts ranks slowly
-    calls = recorder.Recorder(spec.rank, spec.backend)
+    calls = held["calls"] = recorder.Recorder(spec.rank, spec.backend)
     started = time.perf_counter()
     with calls.patch():
         result = _call_user_function(fn, args, kwargs)
     return result, (calls.log, calls.spans), time.perf_counter() - started
+
+
+def _flight(spec: RankSpec):
+    """This rank's Flight Recorder entries where the launch asked for them (a collective_timeout), else None."""
+    if not spec.flight_records or not dist.is_initialized():
+        return None
+    try:
+        return flight_records.read()
+    except Exception:  # noqa: BLE001 - a diagnosis aid: its absence must not hide the rank's own error
+        return None
+
+
+def _what_it_did(spec: RankSpec, held: dict) -> dict:
+    """What a failed rank had done: its course records (CommLog, Timeline) up to the failure, pickled, and its
+    Flight Recorder entries (where asked for)."""
+    calls = held.get("calls")
+    try:
+        records = None if calls is None else cloudpickle.dumps((calls.log, calls.spans))
+    except Exception:  # noqa: BLE001 - as above
+        records = None
+    return {"records": records, "flight": _flight(spec)}
 
 
 def _call_user_function(fn, args, kwargs):

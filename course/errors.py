@@ -99,6 +99,19 @@ def rank_exception(rank: int, report: dict, others: dict, world_size: int) -> Ba
     return exception
 
 
+def with_what_ranks_did(error: BaseException, what: tuple[dict, dict]) -> BaseException:
+    """`error`, given what the ranks that replied had done: `error.records` ({rank: course.comm.CommLog of its
+    calls up to its failure or return}) and `error.flight_records` ({rank: its Flight Recorder entries, a list
+    of course.flight_records.FlightEntry, or None where the launch set no collective_timeout or this torch
+    keeps none}). A rank that died or was stopped without a word is in neither."""
+    records, flight = what
+    try:
+        error.records, error.flight_records = records, flight
+    except AttributeError:  # an exception type that takes no attributes: the error itself still says what
+        pass
+    return error
+
+
 def exit_error(exit_codes: dict, fn_name: str) -> RankExited:
     """Ranks that ended without a word, in the order they ended: rank -> code
     (negative: the signal that killed it)."""

@@ -115,7 +115,7 @@ class RankResults(Sequence):
 
 def launch(fn, world_size: int | None, args=(), kwargs=None, *, backend: str | None = None,
            device: str | None = None, timeout: float | None = FROM_ENVIRONMENT,
-           num_threads: int = 1) -> RankResults:
+           num_threads: int = 1, collective_timeout: float | None = None) -> RankResults:
     """Run `fn(*args, **kwargs)` on `world_size` ranks; return their results by rank.
 
     backend, device: see course.placement.choose (default: NCCL with a GPU per
@@ -129,6 +129,14 @@ def launch(fn, world_size: int | None, args=(), kwargs=None, *, backend: str | N
         or in the notebook's os.environ, and every launch waits that long.
     num_threads: torch threads per rank. One per rank on a CPU machine: more
         threads than cores makes every measurement lie.
+    collective_timeout: seconds a collective may wait for its peers before the
+        process group itself raises on the waiting rank (shorter than `timeout`).
+        A hang then ends with each rank's own error, and the exception carries what
+        every rank that replied had done: `error.records` ({rank: its CommLog}) and
+        `error.flight_records` ({rank: PyTorch's Flight Recorder entries,
+        course.flight_records}). None (the default): the launch's own timeout
+        fires first and reports where each rank waits. Under torchrun, the
+        process group is torchrun's and this is not used.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython's debugger steps over the launcher
     kwargs = dict(kwargs or {})
@@ -143,6 +151,11 @@ def launch(fn, world_size: int | None, args=(), kwargs=None, *, backend: str | N
         raise ValueError(f"timeout must be a positive number of seconds or None (wait forever), got {timeout!r}")
     if not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive whole number, got {num_threads!r}")
+    if collective_timeout is not None and not (
+            isinstance(collective_timeout, (int, float)) and math.isfinite(collective_timeout)
+            and 0 < collective_timeout and (timeout is None or collective_timeout < timeout)):
+        raise ValueError(f"collective_timeout must be a positive number of seconds under the launch's timeout "
+                         f"({timeout!r}), or None; got {collective_timeout!r}")
     if placement.under_torchrun():
         return _launch_in_process(fn, world_size, args, kwargs, num_threads)
     if placement.rank_device is not None:
@@ -157,8 +170,8 @@ def launch(fn, world_size: int | None, args=(), kwargs=None, *, backend: str | N
         raise TypeError(f"could not send {_name(fn)} and its arguments to the ranks: {error}. "
                         "Pass only data (tensors, numbers, lists) and functions or classes "
                         "defined in the notebook or in importable modules.") from error
-    values, log, spans, seconds = _processes.Run(where, payload, timeout, num_threads,
-                                                 _name(fn)).result()
+    values, log, spans, seconds = _processes.Run(where, payload, timeout, num_threads, _name(fn),
+                                                 collective_timeout).result()
     # While grading, the judge compares it with the wire (a launch that failed reports nothing).
     _wire_records.report(log, where.world_size)
     return RankResults(values, where.world_size, log, where.backend, where.devices, seconds, spans)

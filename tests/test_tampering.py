@@ -52,6 +52,11 @@ ATTACKS = {
     "referrers": ("import gc\ngc.get_referrers(check)", 2, "uses gc.get_referrers"),
     "numpy": ("np.testing.assert_allclose = print", 1, "rebinds np.testing.assert_allclose"),
     "REFERENCE": ("REFERENCE = None", 1, "rebinds REFERENCE"),
+    # the judge's seed decides a hidden case (lab 10's broken programs are drawn from it): read, it answers
+    "reads REFERENCE": ("def answer(records):\n    return REFERENCE.seed()", 2, "reads REFERENCE, the judge's"),
+    "reads REFERENCE through a name": ("judge = REFERENCE\ns = judge.seed()", 1, "reads REFERENCE, the judge's"),
+    "reads a hidden test's variable": ("def answer(records):\n    return judged_seed % 7", 2,
+                                       "reads judged_seed, which no cell of the notebook binds"),
     "del": ("del course.check.assert_close", 1, "deletes course.check.assert_close"),
     "global": ("def sneak():\n    global check\n    check = print\nsneak()", 3, "rebinds check"),
     "alias": ("from course import check as c\nc.assert_close = print", 2, "rebinds course.check.assert_close"),

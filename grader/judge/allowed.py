@@ -119,6 +119,8 @@ REACHING_BUILTINS = {"globals": "reads globals(), the kernel's namespace, where 
                      "get_ipython": "reaches the IPython shell, which holds the kernel's namespace and hooks",
                      "__builtins__": "reaches __builtins__", "__build_class__": "reaches __build_class__"}
 RUNS_TEXT = {"exec", "eval", "compile"}
+#: What IPython itself binds in a kernel (its history and shell): a cell may name them; `get_ipython` is reaching.
+IPYTHON_NAMES = {"In", "Out", "_ih", "_oh", "_dh", "_i", "_ii", "_iii", "_", "__", "___", "exit", "quit"}
 #: How the kernel finds the judge (course.grading's COURSE_REFERENCE_JUDGE, ...): named, it is talked to directly.
 JUDGE_WORDS = "COURSE_REFERENCE"
 NAMED_ACCESS = {"getattr": "reads", "setattr": "sets", "delattr": "deletes", "hasattr": "looks for"}
@@ -280,6 +282,11 @@ def _name(node: ast.Name, bound: set[str], is_called: bool) -> Finding | None:
         return Finding(0, f"uses {name}, which reaches past what the scan reads", True)
     if hasattr(builtins, name) and name not in ALLOWED_BUILTINS and name not in RUNS_TEXT:
         return Finding(0, f"uses the builtin {name}, outside what the labs' code uses", False)
+    if not hasattr(builtins, name) and name not in ALLOWED_BUILTINS and name not in IPYTHON_NAMES:
+        # Nothing the student wrote nor the released lab binds it: in the graded run only a hidden test's
+        # variable can answer to it (the judge's seed, a case drawn from it), and no answer needs one.
+        return Finding(0, f"reads {name}, which no cell of the notebook binds: under grading only a hidden "
+                          "test's variable has that name", True)
     return None
 
 

@@ -64,6 +64,7 @@ class LabNames:
         self.protected: set[str] = set()
         self.lines: set[str] = set()       # the lab's own code lines: copying one is no tampering
         self.bound: set[str] = set()       # every name the lab's own cells bind: not a builtin there
+        self.judge: set[str] = set()       # names bound to course.grading's objects (REFERENCE): the judge's
         for cell in released.get("cells", []):
             nbgrader = cell.get("metadata", {}).get("nbgrader", {})
             if cell.get("cell_type") != "code" or nbgrader.get("solution"):
@@ -80,6 +81,7 @@ class LabNames:
             for node in tree.body:   # REFERENCE = course.grading.Reference(...) and the like
                 if isinstance(node, ast.Assign) and "grading" in ast.unparse(node.value):
                     self.protected |= _defined(ast.Module(body=[node], type_ignores=[]))
+                    self.judge |= _defined(ast.Module(body=[node], type_ignores=[]))
         # What the course and the libraries its checks use are bound to; `time` or `os` rebound is no tampering.
         self.protected |= {name for name, bound in self.imports.items() if bound.split(".")[0] in GUARDED_ROOTS}
 

@@ -208,7 +208,10 @@ class Scanner(ast.NodeVisitor):
 
     def visit_Name(self, node):
         name = self.aliases.get(node.id, node.id)
-        if name.split(".")[0] == "ctypes":
+        if isinstance(node.ctx, ast.Load) and {node.id, name.split(".")[0]} & self.lab.judge:
+            self.flag(node, f"reads {node.id}, the judge's (course.grading): no answer needs its seed or its "
+                            "stored values")
+        elif name.split(".")[0] == "ctypes":
             self.flag(node, HOOKS["ctypes"])
         elif name.startswith("course.grading"):
             self.flag(node, "touches course.grading")

@@ -16,6 +16,8 @@ costs nothing. The scan flags, each withholding:
   builtins, ``sys.modules`` or ``get_ipython()`` hold (``course.check.assert_close = ...``);
 - rebinding a name the lab's own cells import, or its read-only cells define
   (``check = ...``, ``REFERENCE = ...``); the student's own functions are theirs;
+- reading ``REFERENCE`` (the judge's seed decides a hidden case), or a name no cell of
+  the notebook binds (under grading, only a hidden test's variable answers to it);
 - IPython hooks (AST and input transformers, custom exception handlers,
   event callbacks), tracing and profiling hooks, ctypes, ``gc.get_referrers``,
   and any mention of ``course.grading``;

@@ -19,9 +19,10 @@ with the error); a shape with as many elements completes (gloo moves bytes, not 
 different number of elements under one op is not drawn: gloo aborts a rank (SIGABRT, "Received data size
 doesn't match expected size") and that rank's records are lost.
 
-Under TORCH_DISTRIBUTED_DEBUG=DETAIL (`under_detail`) each rank raises "Detected mismatch between collectives"
-at the first call where the ranks disagree, whatever the kind, when the branching rank makes another call; a
-rank that skips its last collective and returns makes none, and the others hang with nothing reported.
+Under TORCH_DISTRIBUTED_DEBUG=DETAIL (`under_detail`), measured: where the branching rank makes another call,
+the ranks raise "Detected mismatch between collectives" at the first call where they disagree, whatever the
+kind; where it skips its last collective and returns, rank 0 raises "Ranks 2 failed to pass monitoredBarrier"
+(DETAIL's check begins with a barrier): the rank, not the call it left out.
 
 `shard_rows` and `regression_shard` give exercise 2's data: rows of a regression, 0 on some ranks.
 `broken_average_gradients` is the gradient average that hangs when a rank's shard is empty.
@@ -175,9 +176,10 @@ def run(program: Program, collective_timeout: float = 2.0) -> dict[int, list[fli
     return {rank: [entry for entry in found[rank] if entry.group == GROUP] for rank in sorted(found)}
 
 
-def records(seed: int, world_size: int, collective_timeout: float = 2.0) -> dict[int, list]:
-    """The entries of the program drawn from `seed` on `world_size` ranks (`run(draw(seed, world_size))`)."""
-    return run(draw(seed, world_size), collective_timeout)
+def records(seed: int, world_size: int, collective_timeout: float = 2.0, kind: str | None = None) -> dict[int, list]:
+    """The entries of the program drawn from `seed` on `world_size` ranks (`run(draw(seed, world_size, kind))`),
+    without handing the program to the caller."""
+    return run(draw(seed, world_size, kind), collective_timeout)
 
 
 # --- exercise 2: a gradient average over shards, some empty ------------------------------------

@@ -95,6 +95,7 @@ def test_a_skip_of_the_last_call_leaves_the_others_waiting_in_it():
 def test_records_draws_and_runs_as_run_does():
     shape = next(seed for seed in range(100) if hangs.draw(seed, 2).kind == "shape")   # no hang: quick
     assert hangs.records(shape, 2) == hangs.run(hangs.draw(shape, 2))
+    assert hangs.records(1, 2, kind="shape") == hangs.run(hangs.draw(1, 2, kind="shape"))
 
 
 def test_run_refuses_what_is_not_a_program():
@@ -110,6 +111,15 @@ def test_detail_names_a_shape_that_differs_at_the_call():
         course.launch(hangs.under_detail, 2, args=(program,), collective_timeout=2)
     assert f"TensorShape=[{shape[0]}, {shape[1]}]" in str(raised.value)
     assert f"TensorShape=[{shape[1]}, {shape[0]}]" in str(raised.value)
+
+
+@pytest.mark.timeout(120)
+def test_detail_names_the_rank_that_skips_its_last_call_and_returns_but_not_the_call():
+    drawn = hangs.draw(5, 4, kind="skip", empty=(2,))
+    program = hangs.Program(4, drawn.calls, "skip", len(drawn.calls) - 1, (2,), 5)
+    with pytest.raises(RuntimeError, match="Ranks 2 failed to pass monitoredBarrier in 2000 ms") as raised:
+        course.launch(hangs.under_detail, 4, args=(program, 2), collective_timeout=2)
+    assert "Detected mismatch" not in str(raised.value)
 
 
 def test_the_shards_are_slices_of_one_batch_and_the_model_leaves_the_random_state_alone():

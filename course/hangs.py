@@ -27,7 +27,7 @@ kind; where it skips its last collective and returns, rank 0 raises "Ranks 2 fai
 `shard_rows` and `regression_shard` give exercise 2's data: rows of a regression, 0 on some ranks.
 `broken_average_gradients` is the gradient average that hangs when a rank's shard is empty.
 
-Used in: lab 10 (10_debugging).
+Used in: lab 10 (10_debugging), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ bench/results/debug_tools.md.
 failed launch's exception carries every rank's entries (`error.flight_records`): what lab 10 diagnoses a
 hang from. A torch without a Flight Recorder dump (before 2.6 on a build without NCCL) gives None.
 
-Used by: course._worker
+Used in: lab 10 (10_debugging).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ nothing and cost nothing.
 
 Used in: lab 2 (02_data_parallel), lab 3 (03_model_parallel), lab 4 (04_hybrid), lab 5
 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), lab 7 (07_long_sequences), lab 8 (08_experts),
-the demo (solutions/demo.ipynb).
+lab 10 (10_debugging), the demo (solutions/demo.ipynb).
 """
 from __future__ import annotations
 

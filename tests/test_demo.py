@@ -343,7 +343,7 @@ def test_every_section_ends_with_speaker_notes_that_say_and_ask():
             sections[current] = []
         elif current:
             sections[current].append(cell)
-    assert sorted(sections, key=int) == [str(n) for n in range(1, 10)], sorted(sections)
+    assert sorted(sections, key=int) == [str(n) for n in range(1, 11)], sorted(sections)
     for number, cells in sections.items():
         notes = [c for c in cells if c.cell_type == "markdown" and c.source.startswith("**Speaker notes")]
         assert len(notes) == 1, f"section {number}: {len(notes)} speaker notes"

@@ -208,7 +208,7 @@ class Scanner(ast.NodeVisitor):
 
     def visit_Name(self, node):
         name = self.aliases.get(node.id, node.id)
-        if isinstance(node.ctx, ast.Load) and {node.id, name.split(".")[0]} & self.lab.judge:
+        if isinstance(node.ctx, ast.Load) and {node.id, name} & self.lab.judge:   # an attribute's own rule reads it
             self.flag(node, f"reads {node.id}, the judge's (course.grading): no answer needs its seed or its "
                             "stored values")
         elif name.split(".")[0] == "ctypes":

@@ -18,7 +18,7 @@ backward; "unbucketed", one all-reduce per parameter from a hook, inside the bac
 holds the time its rank waited: `course.timeline.compute_only` cuts it out); "synchronised", two micro-batches
 a step, each followed by an all-reduce of its loss for logging (a synchronisation in a loop).
 
-The delay (0.1 s a step at least, three steps) is large against what a loaded machine adds to a span, so
+The delay (0.15 s a step at least, three steps) is large against what a loaded machine adds to a span, so
 which rank and which span are slow never depends on the machine; the seconds do.
 
 Each rank's records and spans are timed on its own clock, seconds since it began its function. Ranks begin
@@ -45,8 +45,8 @@ SPANS = ("data", "forward", "backward", "optimizer")   # each step's spans, in t
 SLOW_SPANS = ("forward", "backward", "optimizer")      # where the drawn rank is slow
 VARIANTS = ("bucketed", "unbucketed", "synchronised")
 STEPS = 3
-LOADING = 0.25               # seconds every rank waits for its batch each step (the "data" span)
-DELAYS = (0.1, 0.12, 0.14)   # seconds a step the slow rank loses, drawn; all under LOADING
+LOADING = 0.3                # seconds every rank waits for its batch each step (the "data" span)
+DELAYS = (0.15, 0.18, 0.21)  # seconds a step the slow rank loses, drawn; all under LOADING
 MICRO_BATCHES = 2            # "synchronised": micro-batches a step, each with its loss all-reduced
 WIDTHS = (16, 32, 32, 4)     # the MLP's layers: 3 Linears, 6 parameters
 ROWS = 8                     # a rank's rows a step

@@ -19,6 +19,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_markdown_cell
 
+from grader.jail.uids import kill_until_gone
 from helpers import REPO
 from helpers.submissions import judge_values, keep_judge_values, released, write
 
@@ -46,27 +47,17 @@ def _rows(work) -> dict:
         return {row["student_id"]: row for row in csv.DictReader(f)}
 
 
-def _stop_what_it_left(tmp: str, within_s: float = 60) -> list[int]:
-    """Kill every process still running with TMPDIR=`tmp` (the killed grader's children in sessions of their
-    own, which its process group's kill missed: a kernel's ranks, the judge) and wait until none is left, so
-    that no process writes into `tmp` while it is removed. Returns those still there after `within_s`."""
-    marker, end = f"TMPDIR={tmp}".encode(), time.monotonic() + within_s
-    while True:
-        left = []
-        for entry in os.listdir("/proc"):
-            try:
-                if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    left.append(int(entry))
-            except OSError:         # gone meanwhile, or not ours to read
-                continue
-        if not left or time.monotonic() > end:
-            return left
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
+def _with_tmpdir(tmp: str) -> list[int]:
+    """The processes still running with TMPDIR=`tmp`: the killed grader's children in sessions of their own,
+    which its process group's kill missed (a kernel's ranks, the judge)."""
+    marker, found = f"TMPDIR={tmp}".encode(), []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except OSError:         # gone meanwhile, or not ours to read
+            continue
+    return found
 
 
 @pytest.mark.timeout(900)
@@ -91,7 +82,8 @@ def test_an_interrupted_run_resumes_and_a_second_run_grades_only_what_changed(tm
             time.sleep(0.2)
         os.killpg(grader.pid, signal.SIGKILL)
         grader.wait()
-        left = _stop_what_it_left(private_tmp)
+        # None may write into private_tmp while it is removed: killed, and waited for until gone.
+        left = kill_until_gone(lambda: _with_tmpdir(private_tmp), wait_s=60)
         assert not left, f"processes of the killed grader still run after a minute: {left}"
     keep_judge_values(work)
     finished = _status(work)

@@ -200,7 +200,7 @@ class _BlockPart(nn.Module):
         mixed, _ = context.attention(q, k, v, causal=True, query_positions=positions, key_positions=keys)
         mixed = mixed.movedim(1, 2).reshape(b, t, heads * self.head_dim)
         x = x + reduce_scatter(F.linear(mixed, self.out.weight), tp, 1) + self.out.bias
-        h = F.gelu(F.linear(gather(self.ln2(x), tp, 1), self.mlp[0].weight, self.mlp[0].bias))
+        h = self.mlp[1](F.linear(gather(self.ln2(x), tp, 1), self.mlp[0].weight, self.mlp[0].bias))   # GELU
         return x + reduce_scatter(F.linear(h, self.mlp[2].weight), tp, 1) + self.mlp[2].bias
 
 

@@ -131,13 +131,25 @@ class BucketedGradients:
 
 # The ring's two halves, and the same sums sent straight to each chunk's owner: the same chunks and
 # bytes as a ring, but each rank talks to every other instead of to its neighbours.
-RING_STEPS = """    for step in range(world_size - 1):       # reduce-scatter
-        partial = chunks[(rank - step - 1) % world_size]
-        incoming = torch.empty_like(partial)
-        pass_on((rank - step) % world_size, incoming)
-        partial += incoming
-    for step in range(world_size - 1):       # all-gather
-        pass_on((rank + 1 - step) % world_size, chunks[(rank - step) % world_size])
+RING_STEPS = """\
+    summed = [(rank - step - 1) % world_size for step in range(world_size - 1)]      # reduce-scatter step s: into
+    gathered = [(rank - step) % world_size for step in range(world_size - 1)]        # all-gather step s: into
+    # Every receive posted before the first send, each into its own place: a chunk lands as soon as it
+    # arrives, while this rank is still adding the one before (a receive posted late holds its sender up).
+    incoming = [torch.empty_like(chunks[i]) for i in summed]
+    receiving = [dist.irecv(buffer, src=left) for buffer in incoming]
+    receiving += [dist.irecv(chunks[i], src=left) for i in gathered]
+    sending = [dist.isend(chunks[rank], dst=right)]          # reduce-scatter step 0: chunk (rank - 0) % N
+    for step, into in enumerate(summed):                     # reduce-scatter
+        receiving[step].wait()
+        chunks[into].add_(incoming[step])
+        sending.append(dist.isend(chunks[into], dst=right))  # the next step's chunk; the last: the all-gather's first
+    for step, into in enumerate(gathered[:-1]):              # all-gather: pass each finished chunk on
+        receiving[world_size - 1 + step].wait()
+        sending.append(dist.isend(chunks[into], dst=right))
+    receiving[-1].wait()                                     # the last chunk: nothing to pass on
+    for request in sending:                                  # (a gloo request waited twice waits for another)
+        request.wait()
 """
 STRAIGHT_TO_EVERY_RANK = """    others = [other for other in range(world_size) if other != rank]
     sending = [dist.isend(chunks[other], dst=other) for other in others]
@@ -164,6 +176,18 @@ WHOLE_TENSOR_ROUND_THE_RING = """    passing = tensor.view(-1).clone()
         sending.wait()
         tensor.view(-1).add_(incoming)
         passing = incoming
+"""
+# The reduce-scatter a step at a time, then each finished chunk broadcast by its owner: the right sums, but
+# through a collective.
+BROADCAST_ALL_GATHER = """    for step in range(world_size - 1):       # reduce-scatter
+        partial = chunks[(rank - step - 1) % world_size]
+        incoming = torch.empty_like(partial)
+        sending = dist.isend(chunks[(rank - step) % world_size], dst=right)
+        dist.recv(incoming, src=left)
+        sending.wait()
+        partial += incoming
+    for owner in range(world_size):          # all-gather: each sum from its owner
+        dist.broadcast(chunks[(owner + 1) % world_size], src=owner)
 """
 SHARD_REFUSAL = """    if batch % world_size:
         raise ValueError(
@@ -307,13 +331,11 @@ MISTAKES = {
         {"ring_all_reduce": [(RING_STEPS, WHOLE_TENSOR_ROUND_THE_RING)]},
         "test_ring_all_reduce"),
     "the all-gather by broadcasts (a collective)": (
-        {"ring_all_reduce": [("    for step in range(world_size - 1):       # all-gather\n"
-                              "        pass_on((rank + 1 - step) % world_size, chunks[(rank - step) % world_size])\n",
-                              "    for owner in range(world_size):          # all-gather: each sum from its owner\n"
-                              "        dist.broadcast(chunks[(owner + 1) % world_size], src=owner)\n")]},
+        {"ring_all_reduce": [(RING_STEPS, BROADCAST_ALL_GATHER)]},
         "test_ring_all_reduce"),
     "each receive buffer sized like the rank's own chunk": (
-        {"ring_all_reduce": [("incoming = torch.empty_like(partial)", "incoming = torch.empty_like(chunks[rank])")]},
+        {"ring_all_reduce": [("incoming = [torch.empty_like(chunks[i]) for i in summed]",
+                              "incoming = [torch.empty_like(chunks[rank]) for i in summed]")]},
         "test_ring_all_reduce"),
     "the ring on a flat copy, rebound into the tensor (tensor.data = ...)": (
         {"ring_all_reduce": [("chunks = tensor.view(-1).tensor_split(world_size)",

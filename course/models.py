@@ -1,4 +1,4 @@
-"""The course's two small models, built so that each layer can be timed and split.
+"""The course's two small models, built so that each layer can be timed and split, and a stand-in that sleeps.
 
 Both are an `nn.Sequential` of named layers: iterating `model.named_children()`
 walks the forward pass layer by layer (lab 1 times each one), and the names say
@@ -7,6 +7,13 @@ differently).
 
     mlp()      layer1 -> layer2 -> output           (flat digits, 64 features)
     convnet()  conv1 -> conv2 -> dense -> output    (digit images, 1×8×8)
+    sleeping_mlp(seconds_per_row=7e-5)   mlp's layers, each sleeping instead of computing
+
+`sleeping_mlp` is for timing a schedule where the ranks outnumber the CPU cores: its layers
+are named as mlp's and each holds a narrow Linear (so that `course.stages.split` cuts it and
+the optimizer and the gradients work), but its time is a `Sleep` proportional to the rows of
+what passes (t a row forward, 2t backward). A sleeping rank holds no core, so ranks that
+share cores do not take turns, and the idle time measured is the schedule's.
 
 A `seed` makes the initial weights reproducible without touching the global
 random state (the notebook's own torch.manual_seed stays in effect).
@@ -16,6 +23,7 @@ lab 5 (05_sharded_data_parallel), lab 6 (06_pipeline_parallel), the demo (soluti
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 import torch
@@ -68,6 +76,53 @@ def convnet(channels: tuple[int, int] = (16, 32), dense: int = 128, classes: int
         )).to(dtype)
 
     return _seeded(seed, build)
+
+
+class _Slept(torch.autograd.Function):
+    """The identity, which sleeps `seconds` a row of its input forward and twice that backward."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds * len(x)
+        time.sleep(ctx.seconds)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, gradient):
+        time.sleep(2 * ctx.seconds)
+        return gradient, None
+
+
+class Sleep(nn.Module):
+    """A layer that passes its input through unchanged and sleeps `seconds_per_row` × its rows in the forward
+    pass, twice that in the backward pass (the usual backward = 2 × forward), holding no CPU core meanwhile."""
+
+    def __init__(self, seconds_per_row: float):
+        super().__init__()
+        if not seconds_per_row >= 0:
+            raise ValueError(f"seconds_per_row must be 0 or more, got {seconds_per_row!r}")
+        self.seconds_per_row = float(seconds_per_row)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Slept.apply(x, self.seconds_per_row)
+
+    def extra_repr(self) -> str:
+        return f"seconds_per_row={self.seconds_per_row:g}"
+
+
+def sleeping_mlp(in_features: int = 64, hidden: tuple[int, ...] = (16,) * 7, classes: int = 10, *,
+                 seconds_per_row: float, seed: int | None = 0) -> nn.Sequential:
+    """mlp's layers (layer1, ..., output), each a narrow Linear (ReLU on the hidden ones) then a `Sleep`.
+
+    A micro-batch of r rows takes about r × seconds_per_row a layer forward and twice that backward,
+    whatever the CPU's speed or load; the Linears' own compute is tiny beside it at the default widths."""
+    model = mlp(in_features, hidden, classes, seed=seed)
+    for name, layer in model.named_children():
+        if isinstance(layer, nn.Sequential):
+            layer.append(Sleep(seconds_per_row))
+        else:
+            setattr(model, name, nn.Sequential(layer, Sleep(seconds_per_row)))
+    return model
 
 
 @torch.no_grad()

@@ -68,16 +68,18 @@ def sleeping_stages(seed=0):
 
 
 def test_gpipe_on_4_sleeping_stages_measures_the_schedules_bubble():
-    """The point: 4 ranks on 2 cores computing for real measured 47 % at m = 1 and 59 % at m = 8 (formula
-    75 % and 27 %); the band below fails both. Sleeping, the bubble falls with m and lies near the formula."""
+    """The point: 4 ranks on 2 cores computing for real measured 47 % at m = 1 and 44 % at m = 4 (formula 75 %
+    and 43 %): the band below fails m = 1, and the fall asked for fails both. Sleeping, the bubble falls with m
+    and lies near the formula (measured 75 % and 45-46 % at load 4.5). m = 4, not 8: at m = 8 a micro-batch
+    sleeps 4.5 ms a stage, and a loaded machine's message latency and wake-ups add 5-12 points to the bubble."""
     lab = load("06_pipeline_parallel")
     x, y = data.synthetic(3 * lab.TIMED_BATCH, 64)
     bubbles = {}
-    for micro_batches in (1, 8):
+    for micro_batches in (1, 4):
         run = course.launch(lab.pipeline_training, 4, args=(lab.gpipe, sleeping_stages, x, y),
                             kwargs=dict(steps=3, batch_size=lab.TIMED_BATCH, micro_batches=micro_batches))
         bubbles[micro_batches] = lab.measured_bubble(run)
     formula = {m: pipeline.bubble_fraction(4, m) for m in bubbles}
     for m, measured in bubbles.items():
         assert abs(measured - formula[m]) <= 0.15, f"m = {m}: measured {measured:.1%}, formula {formula[m]:.1%}"
-    assert bubbles[8] < bubbles[1], f"the bubble grew with the micro-batches: {bubbles}"
+    assert bubbles[4] < bubbles[1] - 0.15, f"the bubble did not fall with the micro-batches: {bubbles}"

@@ -6,7 +6,10 @@ its dropless dispatch against capacity applied in the dispatch.
 1. The all-to-all: the lab's `all_to_all` (the student's, from isend/recv: each rank's counts first, then its
    rows) against `dist.all_to_all_single` on the same seeded rows (ROWS rows of WIDTH float32 features a rank,
    routed at random over 2 ranks), by the lab's `exchange_timing`, which alternates the two call by call. Time:
-   the slowest rank's median call, round by round; goal: ≤ 1.3× all_to_all_single's on gloo. Bytes, one call of
+   the slowest rank's median call, round by round; goal: ≤ 1.3× all_to_all_single's on gloo, from 1 MB a rank.
+   Beside them, on the same harness: all_to_all_single told nothing (the counts by an all_to_all_single first)
+   and the lab's counts alone, so that what the counts' round trip costs is measured, not guessed; and the rows'
+   bandwidth beside the loopback link's, measured in the same run (bench/_limits.py). Bytes, one call of
    each recorded: the rows the lab's isends carry against all_to_all_single's (the formula's, equal), and the
    bytes each rank wrote to its sockets (gloo's headers, and the lab's message of counts, apart).
 2. The expert-parallel layer: EXPERTS experts, k = TOP_K, one forward and backward, by three schemes on the same
@@ -32,6 +35,7 @@ import os
 import statistics
 import time
 
+import _limits
 import _script
 import torch
 import torch.distributed as dist
@@ -45,7 +49,7 @@ from grader.common.solution import load
 LAB = load("08_experts")
 RANKS = 2
 # Rows of `width` features a rank for the all-to-all; (hidden, ffn, tokens a rank) for the layer.
-FULL = {"exchange_rows": (4096, 32768), "width": 256,
+FULL = {"exchange_rows": (1024, 2048, 4096, 32768), "width": 256,          # 1, 2, 4, 32 MB a rank
         "layers": ((LAB.HIDDEN, LAB.FFN, 256), (256, 1024, 1024))}
 QUICK = {"exchange_rows": (512,), "width": 64, "layers": ((LAB.HIDDEN, LAB.FFN, 64),)}   # --quick: for the tests
 CALLS = 5          # all-to-all calls of each kind a round (the lab's exchange_timing alternates them)
@@ -61,15 +65,54 @@ def exchange_bytes(rows, width, seed=0):
     return LAB.exchange_timing(rows, width, 1, seed)["formula"]
 
 
+def _single_with_counts(rows, counts):
+    """torch's all-to-all told nothing, as the lab's is: the counts by an all_to_all_single first, then the rows."""
+    sent = torch.tensor([int(c) for c in counts], dtype=torch.int64)
+    heard = torch.empty_like(sent)
+    dist.all_to_all_single(heard, sent)
+    received = torch.empty((int(heard.sum()), *rows.shape[1:]), dtype=rows.dtype)
+    dist.all_to_all_single(received, rows, output_split_sizes=heard.tolist(), input_split_sizes=sent.tolist())
+    return received, heard.tolist()
+
+
+def _counts_alone(rows, counts):
+    """The lab's all-to-all's first half only: one count to each other rank and one from each, by isend/irecv,
+    every receive posted first (the reference's order): the round trip its rows wait for."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    others = [peer for peer in range(world_size) if peer != rank]
+    heard = [torch.zeros(1, dtype=torch.int64) for _ in others]
+    requests = [dist.irecv(count, peer) for count, peer in zip(heard, others)]
+    requests += [dist.isend(torch.tensor([int(counts[peer])]), peer) for peer in others]
+    for request in requests:
+        request.wait()
+    return None, None
+
+
+#: What each round times against all_to_all_single, on the lab's own harness (`exchange_timing`, its `all_to_all`
+#: swapped for each): the lab's, torch's with its counts exchanged first, and the lab's counts alone.
+EXCHANGES = {"yours": None, "with its counts": _single_with_counts, "counts alone": _counts_alone}
+
+
 @unrecorded
 def exchange_rounds(sizes, width, rounds, seed=0):
-    """Runs on every rank, unrecorded: {rows: [{"yours", "all_to_all_single"} median seconds per round]}."""
-    for rows in sizes:                                      # warm up: connections, allocations
-        LAB.exchange_timing(rows, width, 2, seed)
+    """Runs on every rank, unrecorded: {rows: [{exchange: (its median seconds, all_to_all_single's beside it)}
+    per round]}."""
+    harness = LAB.exchange_timing.__globals__
+    labs = harness["all_to_all"]
     times = {rows: [] for rows in sizes}
-    for _ in range(rounds):
-        for rows in sizes:
-            times[rows].append(LAB.exchange_timing(rows, width, CALLS, seed)["seconds"])
+    try:
+        for round_ in range(rounds + 1):                    # round 0 warms up: connections, allocations
+            for rows in sizes:
+                found = {}
+                LAB.exchange_timing(rows, width, 1, seed)   # untimed: the first calls after another size pay for it
+                for name, exchange in EXCHANGES.items():
+                    harness["all_to_all"] = labs if exchange is None else exchange
+                    seconds = LAB.exchange_timing(rows, width, CALLS if round_ else 2, seed)["seconds"]
+                    found[name] = (seconds["yours"], seconds["all_to_all_single"])
+                if round_:
+                    times[rows].append(found)
+    finally:
+        harness["all_to_all"] = labs
     return times
 
 
@@ -95,13 +138,22 @@ def exchange_rows(sizes, rounds) -> list[dict]:
                              "yours_messages": len(rows_sent) + len(counts_sent),
                              "all_to_all_single": int(theirs["predicted"].sum()),
                              "yours_measured": measured and measured[0], "theirs_measured": measured and measured[1]})
-        seconds = {name: [max(timed[r][rows][i][name] for r in timed.ranks) for i in range(rounds)]
-                   for name in ("yours", "all_to_all_single")}
-        ratio = spread(y / t for y, t in zip(seconds["yours"], seconds["all_to_all_single"]))
+        # Each round: each exchange's slowest rank, and all_to_all_single's beside it (timed in the same calls).
+        slowest = [{name: tuple(max(timed[r][rows][i][name][k] for r in timed.ranks) for k in (0, 1))
+                    for name in EXCHANGES} for i in range(rounds)]
+        yours = [s["yours"][0] for s in slowest]
+        single = [s["yours"][1] for s in slowest]
+        ratio = spread(y / t for y, t in zip(yours, single))
+        leaving = max(b["formula"] for b in per_rank)
         found.append({"rows": rows, "width": width, "bytes": per_rank,
-                      "yours_ms": spread(1e3 * t for t in seconds["yours"]),
-                      "all_to_all_single_ms": spread(1e3 * t for t in seconds["all_to_all_single"]),
-                      "time_ratio": ratio, "goal_met": ratio["median"] <= GOAL})
+                      "yours_ms": spread(1e3 * t for t in yours),
+                      "all_to_all_single_ms": spread(1e3 * t for t in single),
+                      "time_ratio": ratio, "goal_met": ratio["median"] <= GOAL,
+                      "with_counts_ms": spread(1e3 * s["with its counts"][0] for s in slowest),
+                      "over_with_counts": spread(s["yours"][0] / s["with its counts"][0] for s in slowest),
+                      "counts_alone_ms": spread(1e3 * s["counts alone"][0] for s in slowest),
+                      "yours_GBps": leaving / statistics.median(yours) / 1e9,
+                      "all_to_all_single_GBps": leaving / statistics.median(single) / 1e9})
     return found
 
 
@@ -267,6 +319,7 @@ def main(argv=None):
     sizes, rounds = args.sizes, args.rounds
     figures = {"quick": args.quick, "rounds": rounds, "cores": os.cpu_count(), "ranks": RANKS,
                "backend": course.placement.choose(RANKS).backend, "experts": LAB.EXPERTS, "top_k": LAB.TOP_K,
+               "limits": _limits.measure(rounds),
                "exchange": exchange_rows(sizes, rounds), "layer": layer_rows(sizes, rounds),
                "dispatch": dispatch_rows(sizes, rounds)}
     emit(args.json, title="Lab 8's all-to-all and expert parallelism against torch.distributed, one process and "
@@ -291,7 +344,9 @@ def headline(figures) -> list[dict]:
     for r in figures["exchange"]:
         rows.append(headline_row(f"lab 8's all_to_all / `all_to_all_single`, {figures['ranks']} ranks, {r['rows']:,} "
                                  f"rows of {r['width']} float32 a rank", f"{spread_text(r['time_ratio'], unit='×')} "
-                                 f"({goal_text(r)})", over))
+                                 f"({goal_text(r)}); its counts' round trip alone {r['counts_alone_ms']['median']:.2f} "
+                                 f"ms; / `all_to_all_single` with its counts "
+                                 f"{spread_text(r['over_with_counts'], unit='×')}", over))
     equal = all(b["yours_rows"] == b["all_to_all_single"] == b["formula"] for r in figures["exchange"]
                 for b in r["bytes"])
     rows.append(headline_row("lab 8's all_to_all: bytes of rows against `all_to_all_single`'s; on the sockets, beyond",
@@ -317,15 +372,26 @@ def markdown(figures) -> str:
     rounds = count(figures["rounds"], "round")
     lines = [f"{placement.backend}, {', '.join(sorted(set(placement.devices)))}, {figures['ranks']} ranks, "
              f"{figures['cores']} cores{quick}.", "",
-             f"The all-to-all: rows routed at random, the lab's `all_to_all` (isend/recv) and `all_to_all_single` "
-             f"alternating call by call ({CALLS} of each a round, the lab's `exchange_timing`); medians and ranges "
-             f"over {rounds} of the slowest rank's median call; course recording off.", "",
+             _limits.limits_text(figures["limits"]), "",
+             f"The all-to-all: rows routed at random, the lab's `all_to_all` (isend/recv, its counts first) and "
+             f"`all_to_all_single` (told the counts) alternating call by call ({CALLS} of each a round, the lab's "
+             f"`exchange_timing`); beside them, timed the same way, `all_to_all_single` told nothing (the counts by "
+             f"an `all_to_all_single` first, as a dispatcher does) and the lab's counts alone (one int64 each way "
+             f"to every other rank: the round trip its rows wait for). Medians and ranges over {rounds} of the "
+             f"slowest rank's median call; course recording off. Rows' bandwidth: the bytes that leave a rank over "
+             f"the call's time, and its share of the loopback link both ways.", "",
              f"| rows a rank | lab's all_to_all | all_to_all_single | lab's / all_to_all_single (range) | "
-             f"goal ≤ {GOAL}× |", "|---|---|---|---|---|"]
+             f"goal ≤ {GOAL}× | all_to_all_single with its counts | lab's / that | the counts alone | rows' "
+             f"bandwidth, lab's | all_to_all_single's |", "|---|---|---|---|---|---|---|---|---|---|"]
+    link = figures["limits"]["loopback_both_ways_GBps"]["median"]
     for r in figures["exchange"]:
-        lines.append(f"| {r['rows']:,} × {r['width']} | {r['yours_ms']['median']:.2f} ms | "
+        lines.append(f"| {r['rows']:,} × {r['width']} ({r['rows'] * r['width'] * 4 / 2**20:g} MiB) | "
+                     f"{r['yours_ms']['median']:.2f} ms | "
                      f"{r['all_to_all_single_ms']['median']:.2f} ms | {spread_text(r['time_ratio'])} | "
-                     f"{'met' if r['goal_met'] else '**missed**'} |")
+                     f"{'met' if r['goal_met'] else '**missed**'} | {r['with_counts_ms']['median']:.2f} ms | "
+                     f"{spread_text(r['over_with_counts'])} | {r['counts_alone_ms']['median']:.2f} ms | "
+                     f"{r['yours_GBps']:.2f} GB/s ({r['yours_GBps'] / link:.0%}) | "
+                     f"{r['all_to_all_single_GBps']:.2f} GB/s ({r['all_to_all_single_GBps'] / link:.0%}) |")
     lines += ["", "Bytes a rank sends in one call of each (recorded): the rows by the formula (rows that leave the "
               "rank × width × 4), what the lab's isends of rows and of counts carry, all_to_all_single's, and the "
               "bytes each wrote to its sockets (gloo's headers included).", "",

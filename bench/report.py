@@ -33,7 +33,7 @@ BENCH = Path(__file__).resolve().parent
 ARGUMENTS = {
     "launch_latency.py": ["--repeats", "10", "--spawn-repeats", "3"],
     "gloo_link.py": ["--runs", "3"],
-    "data_parallel.py": ["--rounds", "4"],
+    "data_parallel.py": ["--rounds", "15"],
     "model_parallel.py": ["--rounds", "5"],
     "sharded.py": ["--rounds", "10"],
     "pipeline.py": ["--rounds", "3"],

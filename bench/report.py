@@ -43,6 +43,7 @@ ARGUMENTS = {
     "composition.py": ["--rounds", "3"],
     "labs.py": ["--ranks", "4"],
     "grading.py": ["--rounds", "1"],
+    "grading_cost.py": ["--quick"],         # the slow kinds take 11 minutes: `python bench/grading_cost.py`
 }
 # Run in this order (others after, by name): grading.py reuses labs.py's runs of the same notebooks.
 ORDER = ["launch_latency.py", "comm_bytes.py", "gloo_link.py", "data_parallel.py", "model_parallel.py",

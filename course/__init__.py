@@ -29,7 +29,8 @@ holds this, and that every module is in exactly one layer):
   give each a device, and report what they returned, printed and raised.
 - lab kit: check, grading, data, models, throughput, mfu, datasheets, link_probe, sharding, stages,
   transformer, context, moe, expert_overlap, unfinished, checkpointing, causal_tiles, gpt, mesh, gpt_stage,
-  grid_step, grid_checkpoint, native_grid, grid_costs, spmd_check, stragglers, drift, wrong_gradients, hangs.
+  grid_step, grid_checkpoint, native_grid, grid_costs, spmd_check, stragglers, drift, mixture_step,
+  wrong_gradients, hangs.
   What the notebooks and their test cells use: comparisons whose messages say
   what differs, the judged reference values, the digits, the two models, the
   link the ranks run on (measured, for the time model).

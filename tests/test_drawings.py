@@ -104,8 +104,19 @@ class ThreadRing:
         tensor.copy_(self.mail[src, self.local.rank].get(timeout=30))
 
     def irecv(self, tensor, src):
-        self.recv(tensor, src)
-        return self
+        return _Receive(self, tensor, src)
+
+
+class _Receive:
+    """A posted receive: it takes its message when waited for (each peer's messages arrive in order)."""
+
+    def __init__(self, ring, tensor, src):
+        self.ring, self.tensor, self.src, self.done = ring, tensor, src, False
+
+    def wait(self):
+        if not self.done:
+            self.ring.recv(self.tensor, self.src)
+            self.done = True
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from _rounds import spread, unrecorded
 
 import course
-from course import comm
+from course import comm, transfer
 
 MESSAGE_MB, MESSAGES = 16, 8
 COPY_MB = 256
@@ -46,7 +46,7 @@ def measure(rounds: int) -> dict:
     both = [MESSAGES * MESSAGE_MB * 1e6 / max(a, b) / 1e9 for a, b in zip(run[0]["both"], run[1]["both"])]
     copy = [COPY_MB * 1e6 / s / 1e9 for s in run[0]["copy"]]
     written = {setting: [run[r]["written"][setting] for r in run.ranks] for setting in ("unset", "set")}
-    formula = 2 * (2 - 1) / 2 * PATH_MB * 1e6
+    formula = transfer.ring_all_reduce(PATH_MB * 1_000_000, 2)
     tcp = all(w is not None and w >= 0.9 * formula for ws in written.values() for w in ws)
     return {"rounds": rounds, "loopback_GBps": spread(loopback), "loopback_both_ways_GBps": spread(both),
             "copy_GBps": spread(copy),
@@ -58,8 +58,9 @@ def measure(rounds: int) -> dict:
 
 
 def bus_bandwidth(nbytes: float, ranks: int, seconds: float) -> float:
-    """An all-reduce's bus bandwidth, bytes a second: 2(N - 1)/N · S / t, what each rank's link carries."""
-    return 2 * (ranks - 1) / ranks * nbytes / seconds
+    """An all-reduce's bus bandwidth, bytes a second: what each rank's link carries, the ring's 2(N - 1)/N · S,
+    over t."""
+    return transfer.ring_all_reduce(nbytes, ranks) / seconds
 
 
 def limits_text(limits: dict) -> str:

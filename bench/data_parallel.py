@@ -184,8 +184,8 @@ def headline(report, rounds) -> list[dict]:
                          f"{ratio_text(r)} (goal ≤ {GOAL}×: {'met' if r['goal_met'] else 'missed'})", over)
             for r in report["all_reduce"]]
     limits = report["limits"]
-    rows.append(headline_row("loopback link through gloo's isend/irecv (16 MB messages): one way; each way, both at "
-                             "once; one copy in memory",
+    rows.append(headline_row(f"loopback link through gloo's isend/irecv ({_limits.MESSAGE_MB} MB messages): one way; "
+                             "each way, both at once; one copy in memory",
                              f"{limits['loopback_GBps']['median']:.2f} GB/s; "
                              f"{limits['loopback_both_ways_GBps']['median']:.2f} GB/s; "
                              f"{limits['copy_GBps']['median']:.2f} GB/s", count(limits["rounds"], "round")))

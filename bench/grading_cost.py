@@ -10,20 +10,25 @@ busy time, so that the jails' processes count however they were started: run it 
 3. the scaling: SCALING_SUBMISSIONS honest submissions of one lab (SCALING_LAB) with --jobs 1 and then --jobs 2;
 4. the slowest kinds, on the same lab: a submission with one exercise hanging (its test waits for the course's
    rank timeout, or the cell's limit where it calls the answer in the kernel), and one that floods its output
-   (the grader's caps).
+   (the grader's caps). With --for-report (`make bench`) only the hanging one, its cells stopped after
+   REPORT_CELL_LIMIT_S instead of nbgrader_config.py's limit, and its time at that limit projected: the cells
+   stopped, counted in its graded notebook, each held the short limit where it would have held the long one
+   (waiting computes nothing: its core-seconds stand as measured). An upper bound: a cell whose ranks wait
+   would stop at the graded rank timeout (grader.jail.bwrap.GRADED_RANK_TIMEOUT_S) first.
 
 From these, `class_bill` prices a class (STUDENTS students × TERM_LABS labs, all honest, or a share of them
 with a hanging exercise) on one node of NODE_CORES cores and on a Slurm array of such nodes: each submission
 takes its slot-seconds (its core-seconds, or its seconds where it held a core longer than it computed), packed
 onto the node's cores; the recordings once, before. docs/grading.md has the table and its assumptions.
 
-    python bench/grading_cost.py [--quick] [--lab 03_model_parallel ...] [--json bench/results/grading_cost.json]
+    python bench/grading_cost.py [--quick | --for-report] [--lab 03_model_parallel ...] [--json PATH]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -34,10 +39,15 @@ import nbformat
 from _results import emit, headline_row
 
 from grader import COURSE_ROOT, grade
+from grader.grading.verdict import explain_error
 from grader.grading.workspace import gradable_labs
+from grader.jail.bwrap import Limits
 from grader.record import record
 
 SCALING_LAB, SCALING_SUBMISSIONS = "03_model_parallel", 4
+# --for-report stops the hanging submission's cells here: above the slowest honest cell of SCALING_LAB graded
+# (a few seconds), so that only the hanging ones stop, and far below the configured limit (nbgrader_config.py).
+REPORT_CELL_LIMIT_S = 15.0
 STUDENTS, NODE_CORES, TERM_LABS = 500, 64, 8
 FLOOD = 'for _ in range(3000):\n    print("x" * 100_000)\n'
 
@@ -92,21 +102,49 @@ def flooding(lab: str):
     return notebook
 
 
-def graded(tmp: Path, name: str, labs: list[str], judge: Path, jobs: int, students: dict) -> dict:
-    """Grade `students` ({student: {lab: notebook}}) in one run; its seconds, core-seconds and each
-    submission's seconds from status.json."""
+def configured_cell_limit() -> float:
+    """nbgrader_config.py's limit on one cell (c.Execute.timeout), which a grading run keeps unless told."""
+    config = (COURSE_ROOT / "nbgrader_config.py").read_text(encoding="utf-8")
+    return float(re.search(r"^c\.Execute\.timeout\s*=\s*([\d.]+)", config, re.M).group(1))
+
+
+def cells_stopped(work: Path, cell_limit: float) -> int:
+    """Code cells of the graded notebooks under `work` that the grader stopped at the cell limit (the verdict's
+    own rule: grader.grading.verdict.explain_error)."""
+    stopped = 0
+    for path in work.rglob("autograded/*/*/*.ipynb"):
+        for cell in nbformat.read(path, as_version=4).cells:
+            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            stopped += bool(errors) and explain_error(errors[0], Limits(), cell_limit).startswith("ran past")
+    return stopped
+
+
+def graded(tmp: Path, name: str, labs: list[str], judge: Path, jobs: int, students: dict,
+           cell_limit: float | None = None) -> dict:
+    """Grade `students` ({student: {lab: notebook}}) in one run; its seconds, core-seconds, each submission's
+    seconds from status.json and the cells stopped at the cell limit (`cell_limit`, or the configured one)."""
     submissions, work = tmp / name / "submissions", tmp / name / "work"
     for student, notebooks in students.items():
         for lab, notebook in notebooks.items():
             hand_in(submissions, student, lab, notebook)
     run = measured(lambda: grade.grade(submissions, labs=labs, work=work, jobs=jobs, judge_values=judge,
-                                       say=lambda *_: None))
+                                       cell_timeout=cell_limit, say=lambda *_: None))
     status = json.loads((work / "status.json").read_text())
     run["submissions"] = {f"{student}/{lab}": {"seconds": entry["seconds"], "verdict": str(entry.get("verdict"))}
                           for student, entries in status.items() for lab, entry in entries.items()}
+    run["cells_stopped"] = cells_stopped(work, cell_limit or configured_cell_limit())
     del run["out"]
     shutil.rmtree(tmp / name, ignore_errors=True)
     return run
+
+
+def projected(run: dict, cell_limit: float, limit: float) -> dict:
+    """A run graded with cells stopped at `cell_limit`, at the configured `limit` instead: each stopped cell held
+    its slot `limit` s rather than `cell_limit` (waiting computes nothing, so the core-seconds stand). An upper
+    bound: a cell whose ranks wait stops at the graded rank timeout where that comes first."""
+    extra = run["cells_stopped"] * (limit - cell_limit)
+    return {**run, "seconds": run["seconds"] + extra, "measured_seconds": run["seconds"], "cell_limit": cell_limit,
+            "projected_to": limit}
 
 
 def slot_seconds(run: dict) -> float:
@@ -131,9 +169,14 @@ def class_bill(honest: dict, recordings: dict, slow_share: float, slow: dict) ->
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lab", dest="labs", action="append", help="only this lab (repeatable)")
-    parser.add_argument("--quick", action="store_true",
-                        help="the recordings and honest submissions only: no scaling, no slow kinds (about 11 "
-                             "minutes less: the hanging submission runs two cells to their 300 s limit)")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--quick", action="store_true",
+                       help="the recordings and honest submissions only: no scaling, no slow kinds (about 11 "
+                            "minutes less: the hanging submission runs two cells to their 300 s limit)")
+    modes.add_argument("--for-report", action="store_true",
+                       help=f"what `make bench` needs for the class's bill: the recordings, the honest submissions "
+                            f"and the hanging one, its cells stopped at {REPORT_CELL_LIMIT_S:g} s and its time "
+                            "projected to the configured limit; no scaling, no flood")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     labs = args.labs or list(gradable_labs(COURSE_ROOT))
@@ -148,13 +191,17 @@ def main(argv=None) -> None:
         for lab in labs:
             figures["honest"][lab] = graded(tmp, f"honest-{lab}", [lab], judge, 1, {"honest": {lab: solution(lab)}})
         if SCALING_LAB in labs and not args.quick:
-            many = {f"student-{i}": {SCALING_LAB: solution(SCALING_LAB)} for i in range(SCALING_SUBMISSIONS)}
-            figures["scaling"] = {jobs: graded(tmp, f"jobs-{jobs}", [SCALING_LAB], judge, jobs, many)
-                                  for jobs in (1, 2)}
+            if not args.for_report:
+                many = {f"student-{i}": {SCALING_LAB: solution(SCALING_LAB)} for i in range(SCALING_SUBMISSIONS)}
+                figures["scaling"] = {jobs: graded(tmp, f"jobs-{jobs}", [SCALING_LAB], judge, jobs, many)
+                                      for jobs in (1, 2)}
+                figures["flooding"] = graded(tmp, "flooding", [SCALING_LAB], judge, 1,
+                                             {"flooding": {SCALING_LAB: flooding(SCALING_LAB)}})
+            cell_limit = REPORT_CELL_LIMIT_S if args.for_report else None
             figures["hanging"] = graded(tmp, "hanging", [SCALING_LAB], judge, 1,
-                                        {"hanging": {SCALING_LAB: hanging(SCALING_LAB)}})
-            figures["flooding"] = graded(tmp, "flooding", [SCALING_LAB], judge, 1,
-                                         {"flooding": {SCALING_LAB: flooding(SCALING_LAB)}})
+                                        {"hanging": {SCALING_LAB: hanging(SCALING_LAB)}}, cell_limit)
+            if cell_limit:
+                figures["hanging"] = projected(figures["hanging"], cell_limit, configured_cell_limit())
     if len(figures["honest"]) >= TERM_LABS and "hanging" in figures:
         figures["bill"] = [class_bill(figures["honest"], figures["recording"], share, figures["hanging"])
                            for share in (0.0, 0.05, 0.2)]
@@ -176,11 +223,15 @@ def markdown(figures) -> str:
         lines += ["", f"`{SCALING_LAB}`, {SCALING_SUBMISSIONS} honest submissions in one run: --jobs 1 "
                   f"{one['seconds']:.0f} s ({one['core_seconds']:.0f} core-s), --jobs 2 {two['seconds']:.0f} s "
                   f"({two['core_seconds']:.0f} core-s): {one['seconds'] / two['seconds']:.2f}× faster on "
-                  f"{figures['cores']} cores.", "",
-                  f"The slowest kinds, `{SCALING_LAB}`, one submission each: one exercise hanging "
-                  f"{figures['hanging']['seconds']:.0f} s ({figures['hanging']['core_seconds']:.0f} core-s); its "
-                  "output flooded (300 MB printed) "
-                  f"{figures['flooding']['seconds']:.0f} s ({figures['flooding']['core_seconds']:.0f} core-s)."]
+                  f"{figures['cores']} cores."]
+    if "hanging" in figures:
+        hung = figures["hanging"]
+        lines += ["", f"The slowest kinds, `{SCALING_LAB}`, one submission each: one exercise hanging "
+                  f"{hung['seconds']:.0f} s ({hung['core_seconds']:.0f} core-s, {hung['cells_stopped']} cells "
+                  f"stopped at the cell limit{_projection(figures)})"
+                  + (f"; its output flooded (300 MB printed) {figures['flooding']['seconds']:.0f} s "
+                     f"({figures['flooding']['core_seconds']:.0f} core-s)." if "flooding" in figures else
+                     ". The scaling with --jobs and a flooded output: `python bench/grading_cost.py`, the whole run.")]
     if figures.get("bill"):
         bill = figures["bill"][0]
         lines += ["", f"The class: {bill['students']} students × {len(bill['labs'])} labs "
@@ -195,6 +246,14 @@ def markdown(figures) -> str:
     return "\n".join(lines)
 
 
+def _projection(figures) -> str:
+    run = figures["hanging"]
+    if "projected_to" not in run:
+        return ""
+    return (f": graded with a {run['cell_limit']:g} s limit, {run['measured_seconds']:.0f} s, and projected to "
+            f"nbgrader_config.py's {run['projected_to']:g} s, an upper bound where ranks would have timed out first")
+
+
 def _hours(hours: float) -> str:
     return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
 
@@ -202,10 +261,28 @@ def _hours(hours: float) -> str:
 def headline(figures) -> list[dict]:
     rows = [headline_row(f"grading one honest `{lab}` submission", f"{run['seconds']:.0f} s, "
                          f"{run['core_seconds']:.0f} core-s", "1 run") for lab, run in figures["honest"].items()]
+    rows.append(headline_row("recording every graded lab's values, once a grading run",
+                             f"{sum(r['seconds'] for r in figures['recording'].values()):.0f} s", "1 run"))
+    if "scaling" in figures:
+        one, two = figures["scaling"][1], figures["scaling"][2]
+        rows += [headline_row(f"{SCALING_SUBMISSIONS} `{SCALING_LAB}` submissions, --jobs 2 against --jobs 1",
+                              f"{one['seconds'] / two['seconds']:.2f}× faster ({one['seconds']:.0f} s, "
+                              f"{two['seconds']:.0f} s)", "1 run"),
+                 headline_row(f"grading a `{SCALING_LAB}` submission that prints 300 MB",
+                              f"{figures['flooding']['seconds']:.0f} s, {figures['flooding']['core_seconds']:.0f} "
+                              "core-s", "1 run")]
+    if "hanging" in figures:
+        hung = figures["hanging"]
+        rows.append(headline_row(f"grading a `{SCALING_LAB}` submission with one exercise hanging",
+                                 f"{hung['seconds']:.0f} s, {hung['core_seconds']:.0f} core-s"
+                                 + (f" (projected from {hung['cell_limit']:g} s cells)" if "projected_to" in hung
+                                    else ""), "1 run"))
     for bill in figures.get("bill", []):
-        rows.append(headline_row(f"a class: {bill['students']} students × {len(bill['labs'])} labs, "
-                                 f"{bill['slow_share']:.0%} hanging, one {bill['node_cores']}-core node",
-                                 f"{_hours(bill['nodes'][1])} ({bill['core_hours']:.0f} core-hours)", "1 run"))
+        for nodes, hours in bill["nodes"].items():
+            rows.append(headline_row(f"a class: {bill['students']} students × {len(bill['labs'])} labs, "
+                                     f"{bill['slow_share']:.0%} hanging, on {nodes} {bill['node_cores']}-core "
+                                     f"node{'s' if nodes > 1 else ''}",
+                                     f"{_hours(hours)} ({bill['core_hours']:.0f} core-hours)", "1 run"))
     return rows
 
 

@@ -197,18 +197,21 @@ def headline(rows: list[dict], rounds: int) -> list[dict]:
                                 f"**no**: {', '.join(late)}" if late else
                                 "yes" + (f" for {len(timed)} of {len(rows)}; the others failed"
                                          if len(timed) < len(rows) else ""), over))
-    on_four = [r for r in rows if r["ranks"] == 4]
+    # The promise is on 4 ranks; a run without the reruns (--ranks with no count) holds every run to it instead.
+    reran = any(r["env"] for r in rows)
+    on_four = [r for r in rows if r["ranks"] == 4] if reran else rows
     measured = [r for r in on_four if "error" not in r]
     if on_four:
         verdict = "yes" if all(r["within_limit"] for r in measured) else "**no**"
         if not measured:
-            verdict = "not known: every run on 4 ranks failed"
+            verdict = f"not known: every run {'on 4 ranks ' if reran else ''}failed"
         elif len(measured) < len(on_four):  # a failed run says nothing about its memory
             verdict = f"{verdict} for {len(measured)} of {len(on_four)}; the others failed"
         if measured:
             worst = max(measured, key=lambda r: r["peak"]["peak_bytes"])
             verdict += f" (most: `{worst['lab']}`, {gigabytes(worst['peak']['peak_bytes'])})"
-        out.append(headline_row(f"every lab on 4 ranks under {gigabytes(LIMIT_BYTES)}", verdict, over))
+        out.append(headline_row(f"every lab {'on 4 ranks' if reran else 'at its default ranks'} under "
+                                f"{gigabytes(LIMIT_BYTES)}", verdict, over))
     return out
 
 

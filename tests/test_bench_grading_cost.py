@@ -69,3 +69,56 @@ def test_the_bill_packs_slot_seconds_onto_the_node_s_cores_and_records_once():
     extra = 0.05 * grading_cost.STUDENTS * 8 * (400.0 - 80.0)
     assert slowed["core_hours"] == pytest.approx((slot + extra) / 3600)
     assert grading_cost.slot_seconds({"seconds": 10.0, "core_seconds": 3.0}) == 10.0
+
+
+def test_the_configured_cell_limit_is_the_one_nbgrader_reads():
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(grading_cost.COURSE_ROOT)).load_config()
+    assert grading_cost.configured_cell_limit() == float(config.Execute.timeout)
+
+
+def _graded_notebook(folder, errors: list[str]):
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    for ename in errors:
+        cell = nbformat.v4.new_code_cell("pass")
+        cell.outputs = [nbformat.v4.new_output("error", ename=ename, evalue="", traceback=[])] if ename else []
+        notebook.cells.append(cell)
+    folder.mkdir(parents=True)
+    nbformat.write(notebook, folder / "03_model_parallel.ipynb")
+
+
+def test_cells_stopped_counts_the_cells_the_grader_stopped_at_its_limit(tmp_path):
+    # the verdict's own rule: an interrupted cell ran past the limit; a cell that raised did not
+    _graded_notebook(tmp_path / "autograded" / "hanging" / "03_model_parallel",
+                     ["", "CellTimeoutError", "KeyboardInterrupt", "RankTimeout", "ValueError"])
+    _graded_notebook(tmp_path / "submitted" / "hanging" / "03_model_parallel", ["CellTimeoutError"])  # not graded
+    assert grading_cost.cells_stopped(tmp_path, 45.0) == 2
+
+
+def test_a_hanging_run_at_a_short_limit_is_projected_to_the_configured_one():
+    run = {"seconds": 107.0, "core_seconds": 30.0, "cells_stopped": 2}
+    at_limit = grading_cost.projected(run, 45.0, 300.0)
+    assert at_limit["seconds"] == pytest.approx(107.0 + 2 * 255.0)
+    assert at_limit["core_seconds"] == 30.0 and at_limit["measured_seconds"] == 107.0
+    assert grading_cost.projected({**run, "cells_stopped": 0}, 45.0, 300.0)["seconds"] == 107.0
+
+
+def test_grading_s_grades_from_grading_cost_are_recording_plus_honest_and_refuse_a_lost_point(tmp_path):
+    import json
+
+    import grading  # bench/grading.py
+
+    def figures(verdict):
+        return {"figures": {"recording": {"01_single_gpu": {"seconds": 4.0}},
+                            "honest": {"01_single_gpu": {"seconds": 10.0, "submissions": {
+                                "honest/01_single_gpu": {"seconds": 9.0, "verdict": verdict}}}}}}
+    path = tmp_path / "grading_cost.json"
+    path.write_text(json.dumps(figures("['graded: 12 of 12 points']")))
+    assert grading.reused_grades(path, ["01_single_gpu"]) == {"01_single_gpu": 14.0}
+    assert grading.reused_grades(None, ["01_single_gpu"]) == {}
+    path.write_text(json.dumps(figures("['graded: 10 of 12 points', 'test_x failed']")))
+    with pytest.raises(SystemExit, match="01_single_gpu: grading_cost.py's honest submission got"):
+        grading.reused_grades(path, ["01_single_gpu"])

@@ -90,7 +90,7 @@ def test_an_unknown_lab_is_named_with_the_labs_there_are():
 def _row(lab: str, peak_gb: float | None, seconds: float = 20.0, slowest_cell_s: float = 5.0,
          ranks: int | None = 4) -> dict:
     """A measured run (peak in GB), or a failed one (None), as bench/labs.py records it."""
-    run = {"lab": lab, "ranks": ranks, "env": {}}
+    run = {"lab": lab, "ranks": ranks, "env": {labs.RANKS_VARIABLE: "4"} if ranks == 4 else {}}
     if peak_gb is None:
         return {**run, "error": "cell 3: RankExited: rank 2 was killed"}
     peak = {"metric": "pss", "peak_bytes": peak_gb * 1e9, "peak_rss_bytes": 2 * peak_gb * 1e9,
@@ -125,6 +125,11 @@ def test_the_4_gb_verdict_judges_every_measured_run_and_names_failed_ones():
     assert verdict(_row("a", 1.0), _row("b", 4.2)).startswith("**no**")
     assert verdict(_row("a", 1.0), _row("b", None)) == "yes for 1 of 2; the others failed (most: `a`, 1.00 GB)"
     assert verdict(_row("b", None)) == "not known: every run on 4 ranks failed"
+    assert labs.headline([_row("a", 1.0)], 1)[-1]["figure"] == "every lab on 4 ranks under 4.00 GB"
+    # without the reruns on 4 ranks (make bench: --ranks with no count), every run is held to the limit
+    defaults = [_row("a", 1.0, ranks=2), _row("b", 4.2, ranks=None)]
+    assert labs.headline(defaults, 1)[-1] == {"figure": "every lab at its default ranks under 4.00 GB",
+                                              "value": "**no** (most: `b`, 4.20 GB)", "over": "1 run"}
     table = labs.markdown([_row("a", 4.2), _row("b", None)], 1, {"torch": "2.4", "cpu_count": 2, "gpus": []})
     assert "| `a` | 4 | 20.0 s | 4.20 GB | **no** |" in table
     assert "| `b` | 4 | FAILED: cell 3: RankExited: rank 2 was killed |" in table

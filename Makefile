@@ -29,8 +29,6 @@ DEMO := solutions/demo.ipynb
 # Its instructor's mode, made afresh by each `make demo` from deploy/demo/: the file browser folded away
 # (the JupyterLab workspace "demo") and larger type (JupyterLab settings of its own, not the user's).
 DEMO_HOME := build/demo
-# bench/_*.py are helpers the scripts share, not benchmarks; bench/report.py runs the others.
-BENCH_SCRIPTS = $(sort $(filter-out bench/_% bench/report.py,$(wildcard bench/*.py)))
 
 .PHONY: install jail-tools sandbox-tools browser-tools slurm-tools site-tools site hub hub-tools hub-remove test test-fast test-lab lint lab demo demo-home release handout reference grade bench check-hardware clean
 
@@ -139,11 +137,14 @@ grade: $(INSTALL_STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/submissions" >&2; exit 2; }
 	$(VENV)/bin/python -m grader grade '$(SUBMISSIONS)'
 
-# Every benchmark, one report: bench/results/report.md and report.json (under 10 minutes on
-# 2 cores). Fails when any benchmark fails; the report still says what the others measured.
+# Every benchmark, one report: bench/results/report.md and report.json (within 15 minutes on 2 cores; bench/_*.py
+# are helpers, bench/report.py says which scripts run and with what), then the figures README.md and
+# bench/README.md cite rewritten from it (bench/_citations.py prints each change; read them before committing).
+# Fails when any benchmark fails; the report still says what the others measured.
+# BENCH_FLAGS=--quick: each benchmark at its smallest, into build/bench-quick/ (a few minutes: that they run).
 bench: $(INSTALL_STAMP)
-	@test -n "$(BENCH_SCRIPTS)" || { echo "no bench/*.py to run" >&2; exit 1; }
-	$(VENV)/bin/python bench/report.py $(BENCH_SCRIPTS)
+	$(VENV)/bin/python bench/report.py $(BENCH_FLAGS)
+	$(if $(filter --quick,$(BENCH_FLAGS)),,$(VENV)/bin/python bench/_citations.py --update)
 
 # What an instructor runs on the cluster before the term: every lab's solution on this machine's devices
 # (NCCL with a GPU a rank where there are enough, gloo otherwise): time and peak host and GPU memory, its

@@ -12,7 +12,7 @@ gpt.one_process_training on the same batches (course.check's float32 tolerance).
 prediction for each layout (course.grid_costs.predicted, this machine as its cluster with its link measured
 now by course.link_probe, or --quick the stored local gloo link) and the lab's own formula for its bytes.
 
-    python bench/composition.py [--rounds 5] [--quick] [--json bench/results/composition.json]
+    python bench/composition.py [--rounds 5] [--quick] [--json PATH]
 
 Layouts on 4 ranks: dp2×tp2, pp2×tp2, pp2×dp2; dp2×tp2×pp2 on 8 ranks where the machine has 8 cores or
 more (one core a rank, or every time measured is the machine's sharing). No cp: PyTorch's context_parallel

@@ -18,7 +18,7 @@ steps) in that round; the ratio is taken round by round and reported as its
 median and range. Prints markdown tables; --json writes them with the figures
 (bench/_results.py).
 
-    python bench/data_parallel.py [--rounds 15] [--json bench/results/data_parallel.json]
+    python bench/data_parallel.py [--rounds 15] [--json PATH]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Which of PyTorch's debugging tools work on gloo CPU ranks with the installed torch: each tried on real ranks.
 
-    python bench/debug_tools.py [--json bench/results/debug_tools.json]
+    python bench/debug_tools.py [--json PATH]
 
 Every probe starts 2 gloo ranks (4 for monitored_barrier, so that it has two absent ranks to name), with a 2 s
 process group timeout where a rank is to wait in vain, 30 s elsewhere (bench/_debug_ranks.py: the ranks, and why

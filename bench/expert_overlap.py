@@ -11,7 +11,7 @@ its range, blocking − overlapped round by round, overlapped / blocking; from o
 the blocking step's slowest rank spent inside its all-to-alls (the most overlapping could hide), and
 the bytes each rank's all-to-alls sent, counted, against tokens·k·h·4·(N − 1)/N each.
 
-    python bench/expert_overlap.py [--rounds 9] [--quick] [--json bench/results/expert_overlap.json]
+    python bench/expert_overlap.py [--rounds 9] [--quick] [--json PATH]
 
 On CPU ranks gloo runs an asynchronous all-to-all on a thread that shares the cores with the compute:
 with as many ranks as cores little is left to hide it (say so beside the figures; on GPUs NCCL runs it

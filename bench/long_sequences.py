@@ -19,7 +19,7 @@
    ring on its zig-zag split against it, causal, one forward and backward, alternating; goal: ≤ 1.2× its
    step); elsewhere this script tries it on 2 CPU ranks and reports the error.
 
-    python bench/long_sequences.py [--rounds 5] [--quick] [--json bench/results/long_sequences.json]
+    python bench/long_sequences.py [--rounds 5] [--quick] [--json PATH]
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@
    on 2 and 4 stages. With fewer cores than stages the ranks share cores, and what is measured is
    partly time-sharing: the cores and the load average are recorded beside it.
 
-    python bench/pipeline.py [--rounds 15] [--quick] [--json bench/results/pipeline.json]
+    python bench/pipeline.py [--rounds 15] [--quick] [--json PATH]
 """
 from __future__ import annotations
 

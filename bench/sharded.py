@@ -16,7 +16,7 @@
    kind (the lab's `memory_by_kind`), against `course.memory.per_rank` in fp32: the goal is
    within 5 %.
 
-    python bench/sharded.py [--rounds 15] [--json bench/results/sharded.json]
+    python bench/sharded.py [--rounds 15] [--json PATH]
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ reported as one and never dropped, medians and ranges as measured.
 The benchmarks here are small fabricated scripts; the real ones take minutes."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -101,6 +102,21 @@ def test_a_report_of_good_benchmarks_has_their_headlines_sections_and_the_machin
     by_script = {b["script"]: b for b in saved["benchmarks"]}
     assert by_script["measuring.py"]["figures"]["seconds"]["median"] == pytest.approx(0.225)
     assert by_script["figures_only.py"]["figures"] == {"steps": 8}
+    # each section says when it ran, on what and how busy the machine was
+    started = by_script["measuring.py"]["started"]
+    assert datetime.datetime.fromisoformat(started).tzinfo is not None
+    section = md.split("## Fabricated latency", 1)[1]
+    assert f"`python bench/measuring.py`: {started}, " in section and f"{os.cpu_count()} cores" in section
+    assert "load average" in section and len(by_script["measuring.py"]["load"]) == 2
+
+
+def test_a_quick_report_says_so_and_goes_elsewhere_by_default(tmp_path, monkeypatch):
+    script = fabricate(tmp_path, "measuring.py", MEASURING)
+    monkeypatch.setattr(report, "QUICK_OUT", tmp_path / "quick")
+    assert report.main([str(script), "--quick"]) == 0
+    saved = json.loads((tmp_path / "quick" / "report.json").read_text())
+    assert saved["quick"] is True
+    assert (tmp_path / "quick" / "report.md").read_text().startswith("# Benchmark report (--quick")
 
 
 def test_a_failed_benchmark_is_reported_as_failed_and_fails_the_run(tmp_path):
@@ -139,12 +155,17 @@ def test_a_missing_script_is_named(tmp_path, capsys):
     assert "no such benchmark script" in capsys.readouterr().err
 
 
-def test_make_bench_runs_every_benchmark_through_the_report():
+def test_make_bench_runs_every_benchmark_through_the_report_then_rewrites_the_cited_figures():
     dry_run = subprocess.run(["make", "-n", "bench"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    command = next(line for line in dry_run.splitlines() if "bench/report.py" in line).split()
-    scripts = {Path(arg).name for arg in command[command.index("bench/report.py") + 1:]}
-    assert scripts == {p.name for p in report.benchmarks()}
-    assert "labs.py" in scripts and not any(name.startswith("_") for name in scripts)
+    commands = [line.split() for line in dry_run.splitlines() if "bench/" in line]
+    assert [c[1:] for c in commands] == [["bench/report.py"], ["bench/_citations.py", "--update"]]
+    scripts = {p.name for p in report.benchmarks()}
+    every = {p.name for p in (REPO / "bench").glob("*.py") if not p.name.startswith("_")} - {"report.py"}
+    assert scripts == every - report.HARDWARE_ONLY and "labs.py" in scripts and "grading_cost.py" in scripts
+    quick = subprocess.run(["make", "-n", "bench", "BENCH_FLAGS=--quick"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout
+    assert "bench/report.py --quick" in quick and "_citations.py" not in quick
+    assert set(report.QUICK_ARGUMENTS) <= scripts and set(report.ARGUMENTS) <= scripts
 
 
 def test_make_check_hardware_reports_each_lab_s_time_memory_values_bytes_and_mfu_in_one_report():

@@ -7,7 +7,7 @@ torch's default is on). On gloo with torch 2.13 it records collectives (not send
 its group's sequence number, operation, input shapes and the Python stack that called it; each call's state
 stays "scheduled" (gloo never reports "started" or "completed"), so the entries say what each rank began, not
 what finished: the last entry of a rank that hangs is the call it waited in. What works on gloo, measured:
-bench/results/debug_tools.md.
+bench/debug_tools.py, in bench/results/report.md.
 
 `course.launch` reads it in each rank that fails (and in each that returns, where the launch failed), so a
 failed launch's exception carries every rank's entries (`error.flight_records`): what lab 10 diagnoses a

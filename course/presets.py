@@ -7,7 +7,7 @@
 Models: GPT-3 (Brown et al. 2020, Table 2.1), LLaMA 2 (Touvron et al. 2023), Mixtral 8x7B (Jiang et al.
 2024, a mixture of experts: course.experts), and the labs' MLP.
 Clusters: DGX H100 and DGX A100 nodes, the 2013 setting of lab 4's sources, and this machine, whose
-processor and memory were measured (bench/results/report.md). Links and processors come from
+processor and memory were measured (`make bench` of 2026-11-24). Links and processors come from
 course.timemodel, GPU memories from course.memory, where their sources are given.
 
 Read by course.choosing and course.layout_cost.
@@ -124,12 +124,12 @@ A100_40GB = GpuMemory("NVIDIA A100 (40 GB)", 40 * 10**9, "A100 40GB datasheet: 4
 INFINIBAND_HDR = Link("InfiniBand HDR (200 Gbit/s per GPU)", 25e9, 5e-6,
                       "200 Gbit/s = 25 GB/s per direction, one ConnectX-6 per GPU (DGX A100 datasheet: 8 single-"
                       "port HDR cards for the compute network); latency assumed 5 us")
-#: one CPU rank of the course's machine; bench/results/report.md: lab 1's sweep MLP (399,370 parameters) at
+#: one CPU rank of the course's machine; `make bench` of 2026-11-24: lab 1's sweep MLP (399,370 parameters) at
 #: batch 1024 reaches 48,725 samples/s on 2 threads: 6 × 399,370 × 48,725 = 117 GFLOP/s, half a thread each.
 LOCAL_CPU = Processor("this machine, one CPU rank (measured)", 6 * 399_370 * 48_725 / 2, 1.0,
-                      "bench/results/report.md, lab 1's step at batch 1024 on 2 threads, halved for one thread")
+                      "make bench, 2026-11-24: lab 1's step at batch 1024 on 2 threads, halved for one thread")
 LOCAL_MEMORY = GpuMemory("this machine's memory, a quarter per rank", int(25.3e9 / 4),
-                         "bench/results/report.md: 25.3 GB, shared by up to 4 ranks")
+                         "make bench, 2026-11-24: 25.3 GB, shared by up to 4 ranks")
 H100_CLUSTER = "8 × H100 80 GB a node (NVLink 4, InfiniBand NDR)"
 LOCAL = "this machine: 2 CPU ranks a node, gloo"
 CLUSTERS = {c.name: c for c in (

@@ -4,8 +4,8 @@ What course.launch returns of a failed launch: `collective_timeout`, `error.reco
 
 A launch with a short collective_timeout ends a hang with each rank's own error, and its exception carries
 what every rank that replied had begun: PyTorch's Flight Recorder entries (gloo records collectives on the
-pinned torch: bench/results/debug_tools.md) and the course's records, from the ranks that raised and from the
-ranks that returned.
+pinned torch: bench/debug_tools.py, in bench/results/report.md) and the course's records, from the ranks that
+raised and from the ranks that returned.
 """
 from __future__ import annotations
 
